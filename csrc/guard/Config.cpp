@@ -1,0 +1,224 @@
+#include "guard/Config.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+namespace torch_ext {
+
+const char* checkModeName(CheckMode mode) {
+  switch (mode) {
+    case CheckMode::Off:
+      return "off";
+    case CheckMode::Async:
+      return "async";
+    case CheckMode::Strict:
+      return "strict";
+  }
+  return "?";
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = 0, e = s.size();
+  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
+  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
+  return s.substr(b, e - b);
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+[[noreturn]] void bad(const std::string& what, const std::string& value, const std::string& accepted) {
+  throw ConfigError(what + "=" + "'" + value + "' is invalid: expected " + accepted);
+}
+
+bool validName(const std::string& s) {
+  if (s.empty()) return false;
+  for (unsigned char c : s) {
+    if (!(std::isalnum(c) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
+} // namespace
+
+namespace detail {
+
+std::map<std::string, std::string> parseInner(const std::string& text, const std::string& what) {
+  const std::string accepted =
+      "comma-separated device:backend pairs such as 'cpu:gloo,cuda:nccl' (a backend "
+      "registered with torch.distributed, not 'guard' itself)";
+  std::map<std::string, std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos) bad(what, text, accepted);
+    std::string device = lower(trim(item.substr(0, colon)));
+    std::string backend = lower(trim(item.substr(colon + 1)));
+    if (!validName(device) || !validName(backend)) bad(what, text, accepted);
+    if (backend == "guard") {
+      throw ConfigError(
+          what + "='" + text + "' asks guard to wrap guard for device '" + device +
+          "': name the real backend to wrap instead, e.g. '" + device +
+          (device == "cuda" ? ":nccl'" : ":gloo'"));
+    }
+    if (out.count(device)) {
+      throw ConfigError(what + "='" + text + "' names device '" + device +
+                        "' twice: give each device one inner backend");
+    }
+    out[device] = backend;
+  }
+  if (out.empty()) bad(what, text, accepted);
+  return out;
+}
+
+double parseSeconds(const std::string& text, const std::string& what, double lo, double hi) {
+  std::string t = trim(text);
+  std::ostringstream acc;
+  acc << "a number of seconds between " << lo << " and " << hi;
+  if (t.empty()) bad(what, text, acc.str());
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(t.c_str(), &end);
+  if (errno != 0 || end != t.c_str() + t.size() || !std::isfinite(v) || v < lo || v > hi) {
+    bad(what, text, acc.str());
+  }
+  return v;
+}
+
+int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  std::string t = trim(text);
+  std::ostringstream acc;
+  acc << "an integer between " << lo << " and " << hi;
+  if (t.empty()) bad(what, text, acc.str());
+  char* end = nullptr;
+  errno = 0;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  if (errno != 0 || end != t.c_str() + t.size() || v < lo || v > hi) bad(what, text, acc.str());
+  return static_cast<int64_t>(v);
+}
+
+bool parseBool(const std::string& text, const std::string& what) {
+  std::string t = lower(trim(text));
+  if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
+  if (t == "0" || t == "false" || t == "no" || t == "off") return false;
+  bad(what, text, "one of 1, 0, true, false, yes, no, on, off");
+}
+
+CheckMode parseCheckMode(const std::string& text, const std::string& what) {
+  std::string t = lower(trim(text));
+  if (t == "off") return CheckMode::Off;
+  if (t == "async") return CheckMode::Async;
+  if (t == "strict") return CheckMode::Strict;
+  bad(what, text, "one of off, async, strict");
+}
+
+} // namespace detail
+
+const std::vector<EnvVarDoc>& envVarDocs() {
+  static const std::vector<EnvVarDoc> docs = {
+      {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl",
+       "Backend that guard wraps for each device type; any backend registered with torch.distributed."},
+      {"check", "TORCH_EXT_CHECK", "async",
+       "Mismatch detection: off, async (off the hot path, detected within ~1 s), strict (checked before each collective)."},
+      {"warn_after", "TORCH_EXT_WARN_AFTER", "60",
+       "Seconds a collective may wait before a hang report is logged and dumps are written (training goes on)."},
+      {"abort_after", "TORCH_EXT_ABORT_AFTER", "the group's timeout",
+       "Seconds after which a stuck collective fails on every live rank with CollectiveTimeoutError."},
+      {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)",
+       "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose."},
+      {"ledger_size", "TORCH_EXT_LEDGER_SIZE", "1024",
+       "Collectives remembered per group (a fixed ring, the flight recorder)."},
+      {"interval", "TORCH_EXT_INTERVAL", "0.2",
+       "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks."},
+      {"call_sites", "TORCH_EXT_CALL_SITES", "1",
+       "Record the user's Python call site (file:line, function) of each collective."},
+  };
+  return docs;
+}
+
+Config Config::resolve(const std::map<std::string, std::string>& overrides) {
+  Config cfg;
+  // Validate override names first: a typo in GuardOptions must not pass silently.
+  for (const auto& kv : overrides) {
+    bool known = false;
+    for (const auto& d : envVarDocs()) known |= (kv.first == d.option);
+    if (!known) {
+      std::string names;
+      for (const auto& d : envVarDocs()) names += std::string(names.empty() ? "" : ", ") + d.option;
+      throw ConfigError("GuardOptions has no option '" + kv.first + "': expected one of " + names);
+    }
+  }
+  for (const auto& d : envVarDocs()) {
+    std::string value, what;
+    auto it = overrides.find(d.option);
+    if (it != overrides.end()) {
+      value = it->second;
+      what = std::string("GuardOptions(") + d.option + ")";
+    } else if (const char* env = std::getenv(d.env); env != nullptr && *env != '\0') {
+      value = env;
+      what = d.env;
+    } else {
+      continue;
+    }
+    const std::string opt = d.option;
+    cfg.source[opt] = what;
+    if (opt == "inner") {
+      // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
+      for (auto& kv : detail::parseInner(value, what)) cfg.inner[kv.first] = kv.second;
+    } else if (opt == "check") {
+      cfg.check = detail::parseCheckMode(value, what);
+    } else if (opt == "warn_after") {
+      cfg.warnAfterS = detail::parseSeconds(value, what, 0.01, 1e7);
+    } else if (opt == "abort_after") {
+      cfg.abortAfterS = detail::parseSeconds(value, what, 0.01, 1e7);
+    } else if (opt == "dump_dir") {
+      cfg.dumpDir = value;
+    } else if (opt == "ledger_size") {
+      cfg.ledgerSize = detail::parseInt(value, what, 16, 1 << 20);
+    } else if (opt == "interval") {
+      cfg.intervalS = detail::parseSeconds(value, what, 0.01, 10.0);
+    } else if (opt == "call_sites") {
+      cfg.callSites = detail::parseBool(value, what);
+    }
+  }
+  return cfg;
+}
+
+std::chrono::milliseconds Config::abortAfter(std::chrono::milliseconds pgTimeout) const {
+  if (abortAfterS) {
+    return std::chrono::milliseconds(static_cast<int64_t>(*abortAfterS * 1000.0));
+  }
+  return pgTimeout;
+}
+
+std::string Config::describe() const {
+  std::ostringstream os;
+  os << "inner=";
+  bool first = true;
+  for (const auto& kv : inner) {
+    os << (first ? "" : ",") << kv.first << ":" << kv.second;
+    first = false;
+  }
+  os << " check=" << checkModeName(check) << " warn_after=" << warnAfterS << "s abort_after=";
+  if (abortAfterS) {
+    os << *abortAfterS << "s";
+  } else {
+    os << "timeout";
+  }
+  os << " dump_dir=" << (dumpDir.empty() ? "(none)" : dumpDir) << " ledger_size=" << ledgerSize
+     << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0);
+  return os.str();
+}
+
+} // namespace torch_ext

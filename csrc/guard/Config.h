@@ -1,0 +1,76 @@
+#pragma once
+
+// Config: the one place where torch_ext's settings are parsed and validated.
+//
+// Every TORCH_EXT_* environment variable is read here and nowhere else. A value
+// may also come from GuardOptions (Python) as a string override; an override wins
+// over the environment. Errors name the variable (or option), the bad value and
+// the accepted values, because they surface at init_process_group where a user
+// can still fix them.
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+enum class CheckMode : uint8_t { Off, Async, Strict };
+
+const char* checkModeName(CheckMode mode);
+
+// Raised for a malformed setting; the message names the source and the fix.
+class ConfigError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+struct Config {
+  // device type ("cpu", "cuda", ...) -> inner backend name ("gloo", "nccl", ...)
+  std::map<std::string, std::string> inner{{"cpu", "gloo"}, {"cuda", "nccl"}};
+  CheckMode check = CheckMode::Async;
+  double warnAfterS = 60.0;
+  // Unset means "the process group's timeout".
+  std::optional<double> abortAfterS;
+  std::string dumpDir;  // empty: no dump files
+  int64_t ledgerSize = 1024;
+  double intervalS = 0.2;
+  bool callSites = true;
+
+  // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
+  // "GuardOptions(inner=...)". Only settings that were given are present.
+  std::map<std::string, std::string> source;
+
+  // Reads the environment, then applies `overrides` (option name -> string
+  // value, as given by GuardOptions). Throws ConfigError on any bad value.
+  static Config resolve(const std::map<std::string, std::string>& overrides = {});
+
+  // The abort deadline for a group whose timeout is `pgTimeout`.
+  std::chrono::milliseconds abortAfter(std::chrono::milliseconds pgTimeout) const;
+
+  // One line per setting, for logs and `repr(GuardOptions)`.
+  std::string describe() const;
+};
+
+// A documented row of the README's configuration table: name, default, meaning.
+struct EnvVarDoc {
+  const char* option;  // GuardOptions field
+  const char* env;     // TORCH_EXT_* variable
+  const char* defaultValue;
+  const char* meaning;
+};
+const std::vector<EnvVarDoc>& envVarDocs();
+
+namespace detail {
+// Parses "cpu:gloo,cuda:nccl"; `what` names the source in errors.
+std::map<std::string, std::string> parseInner(const std::string& text, const std::string& what);
+double parseSeconds(const std::string& text, const std::string& what, double lo, double hi);
+int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
+bool parseBool(const std::string& text, const std::string& what);
+CheckMode parseCheckMode(const std::string& text, const std::string& what);
+} // namespace detail
+
+} // namespace torch_ext

@@ -1,0 +1,29 @@
+#include "guard/Errors.h"
+
+namespace torch_ext {
+
+const char* guardErrorKindName(GuardErrorKind kind) {
+  switch (kind) {
+    case GuardErrorKind::Mismatch:
+      return "mismatch";
+    case GuardErrorKind::Timeout:
+      return "timeout";
+    case GuardErrorKind::Failure:
+      return "failure";
+  }
+  return "?";
+}
+
+void throwGuardError(GuardErrorKind kind, const std::string& msg) {
+  switch (kind) {
+    case GuardErrorKind::Mismatch:
+      throw CollectiveMismatchError(msg);
+    case GuardErrorKind::Timeout:
+      throw CollectiveTimeoutError(msg);
+    case GuardErrorKind::Failure:
+      throw CollectiveFailureError(msg);
+  }
+  throw GuardError(kind, msg);
+}
+
+} // namespace torch_ext

@@ -1,0 +1,51 @@
+#pragma once
+
+// Typed failures of a guarded process group. They derive from
+// c10::DistBackendError, so code that catches torch.distributed.DistBackendError
+// keeps working; the bindings translate each one to its torch_ext Python class.
+
+#include <c10/util/Exception.h>
+
+#include <string>
+
+namespace torch_ext {
+
+enum class GuardErrorKind : uint8_t {
+  Mismatch,  // ranks issued different collectives (CollectiveMismatchError)
+  Timeout,   // a collective outlived abort_after (CollectiveTimeoutError)
+  Failure,   // the inner backend failed, e.g. a peer died (CollectiveFailureError)
+};
+
+const char* guardErrorKindName(GuardErrorKind kind);
+
+class GuardError : public c10::DistBackendError {
+ public:
+  GuardError(GuardErrorKind kind, std::string msg)
+      : c10::DistBackendError(std::move(msg)), kind_(kind) {}
+  GuardErrorKind kind() const {
+    return kind_;
+  }
+
+ private:
+  GuardErrorKind kind_;
+};
+
+// Throws the GuardError subclass for `kind` (so catch sites can be specific).
+[[noreturn]] void throwGuardError(GuardErrorKind kind, const std::string& msg);
+
+class CollectiveMismatchError : public GuardError {
+ public:
+  explicit CollectiveMismatchError(std::string msg) : GuardError(GuardErrorKind::Mismatch, std::move(msg)) {}
+};
+
+class CollectiveTimeoutError : public GuardError {
+ public:
+  explicit CollectiveTimeoutError(std::string msg) : GuardError(GuardErrorKind::Timeout, std::move(msg)) {}
+};
+
+class CollectiveFailureError : public GuardError {
+ public:
+  explicit CollectiveFailureError(std::string msg) : GuardError(GuardErrorKind::Failure, std::move(msg)) {}
+};
+
+} // namespace torch_ext

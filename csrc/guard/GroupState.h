@@ -1,0 +1,108 @@
+#pragma once
+
+// GroupState: everything the guard knows about one process group, shared by the
+// backend (issuing side), its works (completion side) and the watchdog (checking
+// side). Held by shared_ptr so the watchdog can keep working on a group while
+// the backend is being destroyed.
+
+#include "guard/Config.h"
+#include "guard/Errors.h"
+#include "guard/Ledger.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+struct GroupIdentity {
+  std::string name;  // torch's group name ("0" for the default group)
+  int rank = 0;      // this process's rank in the group
+  int size = 1;
+  std::vector<int64_t> globalRanks;  // group rank -> global rank; empty means identity
+  int64_t globalRank(int groupRank) const {
+    if (groupRank < 0 || static_cast<size_t>(groupRank) >= globalRanks.size()) return groupRank;
+    return globalRanks[groupRank];
+  }
+};
+
+struct Failure {
+  GuardErrorKind kind;
+  std::string report;
+};
+
+class GroupState {
+ public:
+  GroupState(GroupIdentity id, Config cfg, c10::intrusive_ptr<c10d::Store> store,
+             std::chrono::milliseconds timeout);
+
+  const GroupIdentity& id() const {
+    return id_;
+  }
+  const Config& config() const {
+    return cfg_;
+  }
+  Ledger& ledger() {
+    return ledger_;
+  }
+  const Ledger& ledger() const {
+    return ledger_;
+  }
+  // The group's store (already prefixed per group by torch).
+  const c10::intrusive_ptr<c10d::Store>& store() const {
+    return store_;
+  }
+  std::chrono::milliseconds timeout() const {
+    return timeout_;
+  }
+  std::chrono::milliseconds warnAfter() const;
+  std::chrono::milliseconds abortAfter() const;
+
+  // "default_pg" (the description torch gives) or the group name.
+  std::string label() const;
+  void setDesc(const std::string& desc);
+
+  // Failure: the first call wins; every pending and later operation of the group
+  // fails with it. Runs the abort hook (inner backends) outside the lock.
+  bool failed() const {
+    return failed_.load(std::memory_order_acquire);
+  }
+  void fail(GuardErrorKind kind, const std::string& report);
+  std::optional<Failure> failure() const;
+  // Throws the group's failure; `op` names the operation that ran into it.
+  [[noreturn]] void throwFailure(const std::string& op) const;
+  void setAbortHook(std::function<void()> hook);
+
+  // Wakes threads blocked in waitUntil() (a work completed or the group failed).
+  void notify();
+  // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
+  bool waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+
+  // Keys this rank created in the store, deleted at shutdown.
+  void rememberKey(const std::string& key);
+  std::vector<std::string> takeKeys();
+
+ private:
+  GroupIdentity id_;
+  Config cfg_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  Ledger ledger_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string desc_;
+  std::atomic<bool> failed_{false};
+  std::optional<Failure> failure_;
+  std::function<void()> abortHook_;
+  std::vector<std::string> keys_;
+};
+
+} // namespace torch_ext

@@ -1,0 +1,496 @@
+#include "guard/GuardBackend.h"
+
+#include "guard/CallSite.h"
+#include "guard/GuardWork.h"
+#include "guard/Report.h"
+#include "guard/Runtime.h"
+#include "guard/Watchdog.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceType.h>
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace torch_ext {
+
+namespace {
+
+// Inner backends of failed groups are kept alive on purpose: gloo joins its
+// worker threads on destruction, and a worker stuck waiting for a frozen peer
+// would turn a clean error exit into a hang.
+void keepForever(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  static auto* graveyard = new std::vector<c10::intrusive_ptr<c10d::Backend>>();
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  graveyard->push_back(backend);
+}
+
+std::string deviceName(c10::DeviceType t) {
+  return c10::DeviceTypeName(t, /*lower_case=*/true);
+}
+
+c10::DeviceType deviceOf(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (t.defined()) return t.device().type();
+  }
+  return c10::DeviceType::CPU;
+}
+
+c10::DeviceType deviceOf(const std::vector<std::vector<at::Tensor>>& lists) {
+  for (const auto& l : lists) {
+    for (const auto& t : l) {
+      if (t.defined()) return t.device().type();
+    }
+  }
+  return c10::DeviceType::CPU;
+}
+
+std::vector<int64_t> equalSplits(int64_t rows, int size) {
+  return std::vector<int64_t>(static_cast<size_t>(size), size > 0 ? rows / size : 0);
+}
+
+std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(t.defined() ? t.numel() : 0);
+  return out;
+}
+
+constexpr int64_t kStrictWords = 4;  // hash, seq, splitSend, splitRecv
+
+} // namespace
+
+GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                           std::chrono::milliseconds timeout, std::string groupName,
+                           std::vector<int64_t> globalRanks, Config config,
+                           std::map<std::string, InnerBackend> inner, c10::intrusive_ptr<c10d::Backend> helper)
+    : c10d::Backend(rank, size), inner_(std::move(inner)), helper_(std::move(helper)) {
+  strict_ = config.check == CheckMode::Strict;
+  TORCH_CHECK(!strict_ || helper_, "guard: strict mode needs a helper backend for its check collective");
+  for (const auto& kv : inner_) {
+    TORCH_CHECK(kv.second.backend, "guard: inner backend for device '", kv.first, "' is null");
+    TORCH_CHECK(kv.second.name != "guard", "guard cannot wrap guard (device '", kv.first, "')");
+    innerNames_ += (innerNames_.empty() ? "" : ",") + kv.first + ":" + kv.second.name;
+    if (kv.first == "cpu") cpu_ = kv.second.backend;
+    if (kv.first == "cuda") cuda_ = kv.second.backend;
+  }
+  GroupIdentity id;
+  id.name = std::move(groupName);
+  id.rank = rank;
+  id.size = size;
+  id.globalRanks = std::move(globalRanks);
+  state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(store), timeout);
+  pg_uid_ = state_->id().name;
+
+  // On failure: error every pending future, abort pending works and the inner
+  // backends (NCCL aborts its communicators; gloo has no abort, so its pending
+  // waits are released through the futures), and never destroy them.
+  std::vector<c10::intrusive_ptr<c10d::Backend>> inners;
+  for (const auto& kv : inner_) inners.push_back(kv.second.backend);
+  if (helper_) inners.push_back(helper_);
+  std::weak_ptr<GroupState> weak = state_;
+  state_->setAbortHook([weak, inners]() {
+    auto state = weak.lock();
+    if (!state) return;
+    auto failure = state->failure();
+    if (!failure) return;
+    std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures,
+                                &works);
+    std::exception_ptr err;
+    try {
+      throwGuardError(failure->kind, failure->report);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    for (auto& f : futures) f->setErrorIfNeeded(err);
+    for (auto& w : works) {
+      try {
+        w->abort();
+      } catch (const std::exception&) {
+        // Works that cannot abort are released by the inner backend's abort.
+      }
+    }
+    for (auto& b : inners) {
+      keepForever(b);
+      try {
+        b->abort();
+      } catch (const std::exception& e) {
+        logMessage(LogLevel::Warning, std::string("guard: abort() of an inner backend failed: ") + e.what());
+      }
+    }
+  });
+  init();
+  Watchdog::instance().add(state_);
+}
+
+GuardBackend::~GuardBackend() {
+  stopWatchdog();
+}
+
+void GuardBackend::stopWatchdog() {
+  if (stopped_) return;
+  stopped_ = true;
+  Watchdog::instance().remove(state_);
+}
+
+std::string GuardBackend::repr() const {
+  std::ostringstream os;
+  os << "GuardBackend(group=\"" << state_->label() << "\", rank=" << getRank() << ", size=" << getSize()
+     << ", inner=" << innerNames_ << ", check=" << checkModeName(state_->config().check) << ")";
+  return os.str();
+}
+
+c10::intrusive_ptr<c10d::Backend> GuardBackend::innerFor(c10::DeviceType device) const {
+  if (device == c10::DeviceType::CPU) return cpu_;
+  if (device == c10::DeviceType::CUDA) return cuda_;
+  auto it = inner_.find(deviceName(device));
+  return it == inner_.end() ? nullptr : it->second.backend;
+}
+
+c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
+  auto* b = device == c10::DeviceType::CPU ? cpu_.get() : device == c10::DeviceType::CUDA ? cuda_.get() : nullptr;
+  if (b != nullptr) return *b;
+  auto it = inner_.find(deviceName(device));
+  if (it != inner_.end()) return *it->second.backend;
+  const std::string dev = deviceName(device);
+  std::ostringstream os;
+  os << "guard: " << opName(op) << " on group \"" << state_->label() << "\" (rank " << getRank()
+     << ") got " << dev << " tensors, but no inner backend serves device '" << dev
+     << "' (inner backends: " << innerNames_ << "). Name one with TORCH_EXT_INNER=" << dev
+     << ":<backend> or GuardOptions(inner={\"" << dev << "\": ...}); a CUDA inner backend is only created when "
+     << "CUDA is available at init_process_group.";
+  throw c10::DistBackendError(os.str());
+}
+
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
+  Fingerprint fp = builder.finish();
+  const Op op = fp.op;
+  if (state_->failed()) state_->throwFailure(opName(op));
+  c10d::Backend& inner = innerOrThrow(device, op);
+  if (!descSynced_) {
+    // torch sets the description after creating the backend; pick it up on the
+    // first operation, on the issuing thread, where reading it cannot race.
+    descSynced_ = true;
+    state_->setDesc(pg_desc_);
+  }
+  const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
+  const bool strict = strict_ && !isP2P(op);
+  Fingerprint strictCopy;
+  if (strict) strictCopy = fp;
+  uint64_t seq = 0;
+  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq);
+  if (strict) {
+    try {
+      strictCheck(strictCopy, seq, site);
+    } catch (const std::exception& e) {
+      state_->ledger().complete(id, false, "strict check failed");
+      throw;
+    }
+  }
+  if (coalescing_ && nativeCoalescing_ == nullptr && coalescedWorks_.empty() && inner.supportsCoalescing()) {
+    inner.startCoalescing();
+    nativeCoalescing_ = &inner;
+    coalescedDevice_ = device;
+  }
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = call(inner);
+  } catch (c10::Error& e) {
+    state_->ledger().complete(id, false, e.what_without_backtrace());
+    std::ostringstream os;
+    os << "guard: inner backend '" << deviceName(device) << ":" << inner.getBackendName() << "' failed "
+       << opName(op);
+    if (seq) os << " #" << seq;
+    os << " on group \"" << state_->label() << "\" (rank " << getRank() << ")";
+    e.add_context(os.str());
+    throw;
+  } catch (const std::exception& e) {
+    state_->ledger().complete(id, false, e.what());
+    throw;
+  }
+  if (coalescing_ && nativeCoalescing_ != nullptr) {
+    // Native coalescing: the block's work comes from endCoalescing().
+    coalescedIds_.push_back(id);
+    return work;
+  }
+  if (!work) {
+    state_->ledger().complete(id, true);
+    return work;
+  }
+  auto wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, device);
+  if (coalescing_) coalescedWorks_.push_back(wrapped);
+  return wrapped;
+}
+
+void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite) {
+  const int size = getSize();
+  at::Tensor mine = at::empty({kStrictWords}, at::TensorOptions().dtype(at::kLong));
+  auto* p = mine.data_ptr<int64_t>();
+  p[0] = static_cast<int64_t>(fp.hash);
+  p[1] = static_cast<int64_t>(seq);
+  p[2] = static_cast<int64_t>(fp.splitSend);
+  p[3] = static_cast<int64_t>(fp.splitRecv);
+  at::Tensor all = at::empty({kStrictWords * size}, at::TensorOptions().dtype(at::kLong));
+  helper_->_allgather_base(all, mine)->wait();
+  const auto* a = all.data_ptr<int64_t>();
+  bool same = true;
+  uint64_t sendSum = 0, recvSum = 0;
+  for (int r = 0; r < size; ++r) {
+    same = same && a[r * kStrictWords] == p[0] && a[r * kStrictWords + 1] == p[1];
+    sendSum += static_cast<uint64_t>(a[r * kStrictWords + 2]);
+    recvSum += static_cast<uint64_t>(a[r * kStrictWords + 3]);
+  }
+  if (same && sendSum == recvSum) return;
+  // Slow path, taken by every rank since all saw the same all_gather: fetch
+  // the full fingerprints through the store and raise the same report everywhere.
+  std::vector<RankOp> ops = Watchdog::instance().exchangeStrictFingerprints(state_, fp, seq, callSite);
+  std::string report = formatMismatch(state_->label(), size, seq, ops,
+                                      same ? "all-to-all splits do not pair: what ranks send differs from what "
+                                             "their peers expect to receive"
+                                           : "");
+  state_->fail(GuardErrorKind::Mismatch, report);
+  state_->throwFailure("");
+}
+
+// --- collectives ---------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::Broadcast).tensors(tensors).root(opts.rootRank)), deviceOf(tensors),
+             [&](c10d::Backend& b) { return b.broadcast(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)),
+             deviceOf(tensors), [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                              const c10d::AllreduceOptions& opts) {
+  // Sparse tensors: only dtype and dense shape are comparable across ranks.
+  FingerprintBuilder b(Op::AllReduceSparse);
+  b.reduceOp(opts.reduceOp);
+  for (const auto& t : tensors) b.meta(t.scalar_type(), t.sizes(), t.device().type());
+  return run(std::move(b), deviceOf(tensors), [&](c10d::Backend& be) { return be.allreduce_sparse(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllReduceCoalesced).tensors(tensors).reduceOp(opts.reduceOp)),
+             deviceOf(tensors), [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::Reduce).tensors(tensors).reduceOp(opts.reduceOp).root(opts.rootRank)),
+             deviceOf(tensors), [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::AllgatherOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllGather).tensors(inputs)), deviceOf(inputs),
+             [&](c10d::Backend& b) { return b.allgather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllGatherIntoTensor).tensor(input)), input.device().type(),
+             [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllGatherCoalesced).tensors(inputs)), deviceOf(inputs),
+             [&](c10d::Backend& b) { return b.allgather_coalesced(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::AllgatherOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::AllGatherIntoTensorCoalesced).tensors(inputs)), deviceOf(inputs),
+             [&](c10d::Backend& b) { return b.allgather_into_tensor_coalesced(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs,
+                                                    const c10d::GatherOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::Gather).tensors(inputs).root(opts.rootRank)), deviceOf(inputs),
+             [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::Scatter).tensors(outputs).root(opts.rootRank)), deviceOf(outputs),
+             [&](c10d::Backend& b) { return b.scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const c10d::ReduceScatterOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::ReduceScatter).tensors(outputs).reduceOp(opts.reduceOp)),
+             deviceOf(outputs), [&](c10d::Backend& b) { return b.reduce_scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::ReduceScatterTensor).tensor(output).reduceOp(opts.reduceOp)),
+             output.device().type(), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  return run(std::move(FingerprintBuilder(Op::ReduceScatterTensorCoalesced).tensors(outputs).reduceOp(opts.reduceOp)),
+             deviceOf(outputs),
+             [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& outputSplitSizes,
+                                                           std::vector<int64_t>& inputSplitSizes,
+                                                           const c10d::AllToAllOptions& opts) {
+  // Splits count rows of dim 0; compare elements so row shapes need not match.
+  const int64_t inRow = input.dim() > 0 && input.size(0) > 0 ? input.numel() / input.size(0) : 0;
+  const int64_t outRow = output.dim() > 0 && output.size(0) > 0 ? output.numel() / output.size(0) : 0;
+  auto send = inputSplitSizes.empty() ? equalSplits(input.dim() ? input.size(0) : 0, getSize()) : inputSplitSizes;
+  auto recv = outputSplitSizes.empty() ? equalSplits(output.dim() ? output.size(0) : 0, getSize()) : outputSplitSizes;
+  for (auto& s : send) s *= inRow;
+  for (auto& s : recv) s *= outRow;
+  return run(std::move(FingerprintBuilder(Op::AllToAllSingle).rowShape(input).splits(getRank(), send, recv)),
+             input.device().type(),
+             [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllToAllOptions& opts) {
+  FingerprintBuilder b(Op::AllToAll);
+  if (!inputs.empty() && inputs[0].defined()) {
+    // Only the dtype is rank-invariant: per-peer tensors may have any shape.
+    b.meta(inputs[0].scalar_type(), {}, inputs[0].device().type());
+  }
+  b.splits(getRank(), numels(inputs), numels(outputs));
+  return run(std::move(b), deviceOf(inputs), [&](c10d::Backend& be) { return be.alltoall(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::barrier(const c10d::BarrierOptions& opts) {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  if (opts.device.has_value()) {
+    device = opts.device->type();
+  } else if (!opts.device_ids.empty()) {
+    device = c10::DeviceType::CUDA;
+  }
+  return run(FingerprintBuilder(Op::Barrier), device, [&](c10d::Backend& b) { return b.barrier(opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  return run(std::move(FingerprintBuilder(Op::Send).tensors(tensors).peer(dstRank, tag)), deviceOf(tensors),
+             [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  return run(std::move(FingerprintBuilder(Op::Recv).tensors(tensors).peer(srcRank, tag)), deviceOf(tensors),
+             [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return run(std::move(FingerprintBuilder(Op::RecvAnySource).tensors(tensors).peer(-1, tag)), deviceOf(tensors),
+             [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
+}
+
+void GuardBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  if (state_->failed()) state_->throwFailure("monitored_barrier");
+  innerOrThrow(c10::DeviceType::CPU, Op::Barrier).monitoredBarrier(opts, waitAllRanks);
+}
+
+// --- coalescing --------------------------------------------------------------
+
+void GuardBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "guard: startCoalescing() called twice without endCoalescing() on group \"",
+              state_->label(), "\"");
+  coalescing_ = true;
+  nativeCoalescing_ = nullptr;
+  coalescedIds_.clear();
+  coalescedWorks_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "guard: endCoalescing() without startCoalescing() on group \"", state_->label(), "\"");
+  coalescing_ = false;
+  if (nativeCoalescing_ != nullptr) {
+    c10d::Backend* inner = nativeCoalescing_;
+    nativeCoalescing_ = nullptr;
+    auto work = inner->endCoalescing();
+    auto ids = std::move(coalescedIds_);
+    coalescedIds_.clear();
+    if (!work) {
+      for (auto id : ids) state_->ledger().complete(id, true);
+      return work;
+    }
+    for (size_t i = 0; i + 1 < ids.size(); ++i) state_->ledger().pollLater(ids[i], work);
+    return GuardWork::wrap(state_, std::move(work), ids.empty() ? 0 : ids.back(), 0, Op::AllReduceCoalesced,
+                           coalescedDevice_);
+  }
+  auto works = std::move(coalescedWorks_);
+  coalescedWorks_.clear();
+  return c10::make_intrusive<CoalescedWork>(std::move(works));
+}
+
+// --- lifecycle and forwarding ---------------------------------------------
+
+void GuardBackend::setSequenceNumberForGroup() {
+  for (auto& kv : inner_) kv.second.backend->setSequenceNumberForGroup();
+}
+
+uint64_t GuardBackend::getSequenceNumberForGroup() {
+  auto b = cpu_ ? cpu_ : inner_.begin()->second.backend;
+  return b->getSequenceNumberForGroup();
+}
+
+void GuardBackend::setTimeout(std::chrono::milliseconds timeout) {
+  for (auto& kv : inner_) kv.second.backend->setTimeout(timeout);
+}
+
+void GuardBackend::setGroupUid(const std::string& pgUid) {
+  c10d::Backend::setGroupUid(pgUid);
+  for (auto& kv : inner_) kv.second.backend->setGroupUid(pgUid);
+}
+
+void GuardBackend::eagerConnectSingleDevice(at::Device device) {
+  if (auto b = innerFor(device.type())) b->eagerConnectSingleDevice(device);
+}
+
+c10d::ErrorType GuardBackend::getError() {
+  if (auto f = state_->failure()) {
+    return f->kind == GuardErrorKind::Timeout ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR;
+  }
+  if (cuda_) return cuda_->getError();
+  return c10d::ErrorType::SUCCESS;
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> GuardBackend::getBackendOptions() {
+  auto opts = c10::make_intrusive<c10d::Backend::Options>("guard", state_->timeout());
+  opts->group_name = state_->id().name;
+  opts->global_ranks_in_group.assign(state_->id().globalRanks.begin(), state_->id().globalRanks.end());
+  return opts;
+}
+
+void GuardBackend::abort() {
+  state_->fail(GuardErrorKind::Failure, "process group \"" + state_->label() + "\" was aborted on rank " +
+                                            std::to_string(getRank()) + " (abort() was called)");
+  stopWatchdog();
+}
+
+void GuardBackend::shutdown() {
+  stopWatchdog();
+  for (auto& kv : inner_) kv.second.backend->shutdown();
+}
+
+} // namespace torch_ext

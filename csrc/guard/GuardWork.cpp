@@ -1,0 +1,203 @@
+#include "guard/GuardWork.h"
+
+#include "guard/Watchdog.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace torch_ext {
+
+c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
+                                              c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
+                                              Op op, c10::DeviceType device) {
+  if (device != c10::DeviceType::CPU) {
+    state->ledger().pollLater(id, inner);
+    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Device, nullptr);
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
+  try {
+    innerFuture = inner->getFuture();
+  } catch (const std::exception&) {
+    // gloo's send/recv works have no future: observe completion in wait().
+  }
+  if (!innerFuture) {
+    state->ledger().pollLater(id, inner);
+    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
+  }
+  auto ours = c10::make_intrusive<c10::ivalue::Future>(innerFuture->elementType(), innerFuture->devices());
+  state->ledger().track(id, ours);
+  auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, ours);
+  // The callback holds the group state and the record id, not the work: a work
+  // the user dropped still completes its record.
+  innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
+    const bool ok = !f.hasError();
+    auto fut = state->ledger().complete(id, ok, ok ? std::string() : f.tryRetrieveErrorMessage());
+    if (fut) {
+      if (ok) {
+        fut->markCompleted(f.value());
+      } else {
+        fut->setError(f.exception_ptr());
+      }
+    }
+    state->notify();
+  });
+  return work;
+}
+
+GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id,
+                     uint64_t seq, Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> future)
+    : c10d::Work(state->id().rank, toOpType(op)),
+      state_(std::move(state)),
+      inner_(std::move(inner)),
+      id_(id),
+      seq_(seq),
+      op_(op),
+      mode_(mode),
+      future_(std::move(future)) {}
+
+std::string GuardWork::describe() const {
+  std::ostringstream os;
+  os << opName(op_);
+  if (seq_ > 0) os << " #" << seq_;
+  os << " on group \"" << state_->label() << "\"";
+  return os.str();
+}
+
+bool GuardWork::isCompleted() {
+  if (mode_ == Mode::Future) return future_->completed();
+  return state_->failed() || inner_->isCompleted();
+}
+
+bool GuardWork::isSuccess() const {
+  if (mode_ == Mode::Future) return future_->completed() && !future_->hasError();
+  return !state_->failed() && inner_->isSuccess();
+}
+
+std::exception_ptr GuardWork::exception() const {
+  if (mode_ == Mode::Future) return future_->completed() ? future_->exception_ptr() : nullptr;
+  return inner_->exception();
+}
+
+int GuardWork::sourceRank() const {
+  return inner_->sourceRank();
+}
+
+std::vector<at::Tensor> GuardWork::result() {
+  return inner_->result();
+}
+
+void GuardWork::synchronize() {
+  inner_->synchronize();
+}
+
+void GuardWork::blockCurrentStream() {
+  inner_->blockCurrentStream();
+}
+
+void GuardWork::abort() {
+  inner_->abort();
+}
+
+float GuardWork::getDuration() const {
+  return inner_->getDuration();
+}
+
+uint64_t GuardWork::getSequencenumber() const {
+  return inner_->getSequencenumber();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
+  if (mode_ == Mode::Future) return future_;
+  return inner_->getFuture();
+}
+
+void GuardWork::failFromInner(const std::string& err) {
+  if (!state_->failed()) {
+    std::string report = Watchdog::instance().failureReport(state_, id_, err);
+    state_->fail(GuardErrorKind::Failure, report);
+  }
+  state_->throwFailure(describe());
+}
+
+bool GuardWork::wait(std::chrono::milliseconds timeout) {
+  if (mode_ == Mode::Future) {
+    const bool done = state_->waitUntil([this] { return future_->completed(); }, timeout);
+    if (!future_->completed()) {
+      if (state_->failed()) state_->throwFailure(describe());
+      if (!done) {
+        std::ostringstream os;
+        os << describe() << ": wait(timeout=" << timeout.count() << " ms) expired before the collective completed";
+        throw c10::DistBackendError(os.str());
+      }
+    }
+    if (future_->hasError()) {
+      if (state_->failed()) state_->throwFailure(describe());
+      failFromInner(future_->tryRetrieveErrorMessage());
+    }
+    // Completed: the inner wait() returns at once and finishes its bookkeeping
+    // (e.g. stream sync for CUDA tensors on gloo).
+    inner_->wait(timeout);
+    return true;
+  }
+  if (state_->failed()) state_->throwFailure(describe());
+  bool result = false;
+  try {
+    result = inner_->wait(timeout);
+  } catch (const std::exception& e) {
+    state_->ledger().complete(id_, false, e.what());
+    if (state_->failed()) state_->throwFailure(describe());
+    failFromInner(e.what());
+  }
+  if (mode_ == Mode::Blocking) state_->ledger().complete(id_, true);
+  return result;
+}
+
+CoalescedWork::CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+
+bool CoalescedWork::isCompleted() {
+  for (auto& w : works_) {
+    if (!w->isCompleted()) return false;
+  }
+  return true;
+}
+
+bool CoalescedWork::isSuccess() const {
+  for (auto& w : works_) {
+    if (!w->isSuccess()) return false;
+  }
+  return true;
+}
+
+std::exception_ptr CoalescedWork::exception() const {
+  for (auto& w : works_) {
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  bool ok = true;
+  for (auto& w : works_) ok = w->wait(timeout) && ok;
+  return ok;
+}
+
+void CoalescedWork::synchronize() {
+  for (auto& w : works_) w->synchronize();
+}
+
+void CoalescedWork::abort() {
+  for (auto& w : works_) w->abort();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  futures.reserve(works_.size());
+  for (auto& w : works_) futures.push_back(w->getFuture());
+  c10::List<c10::intrusive_ptr<c10::ivalue::Future>> list(c10::FutureType::create(c10::AnyType::get()));
+  for (auto& f : futures) list.push_back(f);
+  return c10::collectAll(list);
+}
+
+} // namespace torch_ext

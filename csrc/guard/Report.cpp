@@ -1,0 +1,485 @@
+#include "guard/Report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+
+namespace torch_ext {
+
+namespace {
+
+std::string seconds(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(std::max<int64_t>(ns, 0)) / 1e9);
+  return buf;
+}
+
+std::string padRight(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::string stackText(const MainThreadStack& st) {
+  std::string text = st.frames.empty() ? std::string("(no Python frames)") : describeFrames(st.frames, 4);
+  if (!st.note.empty()) text += " [" + st.note + "]";
+  return text;
+}
+
+struct Found {
+  uint64_t seq = 0;
+  std::vector<RankOp> ops;
+  std::string note;
+};
+
+// First collective seq at which responding ranks disagree, within the windows
+// they sent. Ranks that have not reached it are listed as such.
+std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (!g) continue;
+    for (const auto& e : g->entries) {
+      if (e.isP2P) continue;
+      lo = std::min(lo, e.seq);
+      hi = std::max(hi, e.seq);
+    }
+  }
+  if (lo > hi) return std::nullopt;
+  int groupSize = static_cast<int>(ranks.size());
+  for (uint64_t s = lo; s <= hi; ++s) {
+    std::vector<std::pair<const RankInput*, const EntryView*>> seen;
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (!g) continue;
+      if (const EntryView* e = g->bySeq(s)) seen.emplace_back(&r, e);
+    }
+    if (seen.size() < 2 && groupSize > 1) continue;
+    std::set<uint64_t> hashes;
+    for (auto& p : seen) hashes.insert(p.second->hash);
+    std::string note;
+    bool bad = hashes.size() > 1;
+    const std::string& op = seen.front().second->op;
+    if (!bad && (op == "all_to_all" || op == "all_to_all_single") && static_cast<int>(seen.size()) == groupSize) {
+      uint64_t send = 0, recv = 0;
+      for (auto& p : seen) {
+        send += p.second->splitSend;
+        recv += p.second->splitRecv;
+      }
+      if (send != recv) {
+        bad = true;
+        note = "all-to-all splits do not pair: what ranks send differs from what their peers expect to receive";
+      }
+    }
+    if (!bad) continue;
+    Found f;
+    f.seq = s;
+    f.note = note;
+    for (const auto& r : ranks) {
+      RankOp op;
+      op.globalRank = r.globalRank;
+      const GroupView* g = r.group();
+      const EntryView* e = g ? g->bySeq(s) : nullptr;
+      if (e) {
+        op.text = e->text;
+        op.where = e->where();
+        op.hash = e->hash;
+      } else {
+        op.issued = false;
+        if (!r.responded) {
+          op.text = "did not answer (process gone or frozen)";
+        } else if (g && g->lastSeq < s) {
+          op.text = "has not issued #" + std::to_string(s) + " yet (last #" + std::to_string(g->lastSeq) + ")";
+        } else {
+          op.text = "#" + std::to_string(s) + " is no longer in its ledger (raise TORCH_EXT_LEDGER_SIZE)";
+        }
+      }
+      f.ops.push_back(std::move(op));
+    }
+    return f;
+  }
+  return std::nullopt;
+}
+
+enum class Pair : uint8_t { Found, NotPosted, Unknown };
+
+// The peer's op that pairs with `e` (same tag and ordinal, opposite direction,
+// pointing back at us). NotPosted only when the peer's window proves it has
+// not issued it: ordinals only grow and the window holds the newest records.
+Pair findCounterpart(const GroupView& peerView, const EntryView& e, int myGroupRank, const EntryView** out) {
+  const char* want = e.op == "send" ? "recv" : "send";
+  uint64_t maxOrdinal = 0;
+  for (const auto& f : peerView.entries) {
+    if (!f.isP2P || f.tag != e.tag || f.op != want || f.peer != myGroupRank) continue;
+    if (f.p2pOrdinal == e.p2pOrdinal) {
+      *out = &f;
+      return Pair::Found;
+    }
+    maxOrdinal = std::max(maxOrdinal, f.p2pOrdinal);
+  }
+  *out = nullptr;
+  if (maxOrdinal > 0) return maxOrdinal < e.p2pOrdinal ? Pair::NotPosted : Pair::Unknown;
+  const bool wholeHistory = peerView.entries.empty() || peerView.entries.front().id == 1;
+  return wholeHistory ? Pair::NotPosted : Pair::Unknown;
+}
+
+std::string p2pLine(const RankInput& r, const EntryView& e) {
+  std::ostringstream os;
+  os << "rank " << r.globalRank << ": " << e.text << " (#" << e.p2pOrdinal << ") at " << e.where();
+  return os.str();
+}
+
+// Send/receive pairs that cannot complete: a counterpart with another dtype or
+// size, or every rank blocked in a p2p op whose counterpart nobody posted.
+std::optional<std::string> findP2PMismatch(const std::string& label, const std::vector<RankInput>& ranks) {
+  std::vector<std::string> wrong;
+  std::vector<std::string> unmatched;
+  bool allBlockedUnmatched = true;
+  bool anyP2P = false;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (!g) {
+      allBlockedUnmatched = false;
+      continue;
+    }
+    bool blockedUnmatched = false;
+    bool blockedOther = false;
+    for (const auto& e : g->entries) {
+      if (e.state != "scheduled") continue;
+      if (!e.isP2P) {
+        blockedOther = true;
+        continue;
+      }
+      anyP2P = true;
+      if (e.op == "recv_any_source" || e.peer < 0 || e.peer >= static_cast<int>(ranks.size())) {
+        blockedOther = true;
+        continue;
+      }
+      const RankInput& peer = ranks[e.peer];
+      const GroupView* pg = peer.group();
+      if (!pg) {
+        blockedOther = true;
+        continue;
+      }
+      const EntryView* f = nullptr;
+      const Pair pair = findCounterpart(*pg, e, r.groupRank, &f);
+      if (pair == Pair::Unknown) {
+        blockedOther = true;  // the peer's window cannot tell: no verdict
+        continue;
+      }
+      if (pair == Pair::NotPosted) {
+        blockedUnmatched = true;
+        unmatched.push_back(p2pLine(r, e) + "; rank " + std::to_string(peer.globalRank) +
+                            " has posted no matching " + (e.op == "send" ? "recv" : "send"));
+      } else if (f->pairHash != e.pairHash) {
+        wrong.push_back(p2pLine(r, e) + "\n    but rank " + std::to_string(peer.globalRank) + " has " + f->text +
+                        " (#" + std::to_string(f->p2pOrdinal) + ") at " + f->where());
+      } else {
+        blockedOther = true;  // matched: waiting on the transport, not a mismatch
+      }
+    }
+    if (!blockedUnmatched || blockedOther) allBlockedUnmatched = false;
+  }
+  std::ostringstream os;
+  if (!wrong.empty()) {
+    os << "send/recv on group \"" << label << "\" do not pair (dtype, element count or tag differ):";
+    for (const auto& w : wrong) os << "\n  " << w;
+    return os.str();
+  }
+  if (anyP2P && allBlockedUnmatched && !unmatched.empty()) {
+    os << "send/recv on group \"" << label << "\" do not pair: every rank waits in a point-to-point op "
+       << "whose counterpart no peer has posted:";
+    for (const auto& u : unmatched) os << "\n  " << u;
+    return os.str();
+  }
+  return std::nullopt;
+}
+
+struct Subject {
+  bool p2p = false;
+  uint64_t seq = 0;
+  int posterGroupRank = -1;
+  uint64_t recordId = 0;
+};
+
+Subject parseSubject(const Incident& inc) {
+  Subject s;
+  s.posterGroupRank = static_cast<int>(inc.poster);
+  if (inc.subject.rfind("p2p-", 0) == 0) {
+    s.p2p = true;
+    auto dash = inc.subject.find('-', 4);
+    if (dash != std::string::npos) {
+      s.posterGroupRank = std::atoi(inc.subject.substr(4, dash - 4).c_str());
+      s.recordId = std::strtoull(inc.subject.substr(dash + 1).c_str(), nullptr, 10);
+    }
+  } else {
+    s.seq = std::strtoull(inc.subject.c_str(), nullptr, 10);
+  }
+  return s;
+}
+
+void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, const std::string& what) {
+  const GroupView* g = r.group();
+  os << "\n  rank " << r.globalRank << " has not arrived";
+  if (!what.empty()) os << " " << what;
+  os << ": ";
+  if (g && g->lastCompletedSeq > 0) {
+    os << "last completed #" << g->lastCompletedSeq;
+    if (g->lastCompletedNs > 0) os << " " << seconds(nowNs - g->lastCompletedNs) << " ago";
+  } else {
+    os << "no collective completed on this group yet";
+  }
+  if (g) {
+    if (const EntryView* p = g->oldestPending()) {
+      os << "; waiting in " << p->text;
+      if (p->seq) os << " #" << p->seq;
+      os << " at " << p->where();
+    }
+  }
+  os << "; main thread now at\n    " << stackText(r.snapshot.main);
+}
+
+} // namespace
+
+std::string formatRanks(const std::vector<int64_t>& ranks) {
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  return os.str();
+}
+
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
+                           const std::vector<RankOp>& ops, const std::string& note) {
+  // Group ranks by what they issued and where, in order of first appearance.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> lines;
+  std::vector<std::string> texts, wheres;
+  for (const auto& op : ops) {
+    std::string key = op.text + "\x1f" + op.where;
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == key; });
+    if (it == lines.end()) {
+      lines.emplace_back(key, std::vector<int64_t>{op.globalRank});
+      texts.push_back(op.text);
+      wheres.push_back(op.issued ? op.where : "");
+    } else {
+      it->second.push_back(op.globalRank);
+    }
+  }
+  size_t rankWidth = 0, textWidth = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    rankWidth = std::max(rankWidth, formatRanks(lines[i].second).size() + 1);
+    textWidth = std::max(textWidth, texts[i].size());
+  }
+  std::ostringstream os;
+  os << "collective #" << seq << " on group \"" << groupLabel << "\" (" << groupSize << " ranks) differs across ranks:";
+  for (size_t i = 0; i < lines.size(); ++i) {
+    os << "\n  " << padRight(formatRanks(lines[i].second) + ":", rankWidth + 1);
+    if (wheres[i].empty()) {
+      os << texts[i];
+    } else {
+      os << padRight(texts[i], textWidth) << "  at " << wheres[i];
+    }
+  }
+  if (!note.empty()) os << "\n  " << note;
+  return os.str();
+}
+
+const GroupView* RankInput::group() const {
+  return responded ? snapshot.group(groupName) : nullptr;
+}
+
+const char* Verdict::kindName(Kind k) {
+  switch (k) {
+    case Kind::None:
+      return "none";
+    case Kind::Mismatch:
+      return "mismatch";
+    case Kind::Hang:
+      return "hang";
+    case Kind::Failure:
+      return "failure";
+  }
+  return "?";
+}
+
+Json Verdict::toJson() const {
+  Json j = json.isObject() ? json : Json::object();
+  j.set("kind", kindName(kind));
+  j.set("text", text);
+  j.set("reporter", reporter);
+  j.set("seq", seq);
+  return j;
+}
+
+Verdict Verdict::fromJson(const Json& j) {
+  Verdict v;
+  const std::string& k = j.at("kind").asString("verdict kind");
+  if (k == "mismatch") {
+    v.kind = Kind::Mismatch;
+  } else if (k == "hang") {
+    v.kind = Kind::Hang;
+  } else if (k == "failure") {
+    v.kind = Kind::Failure;
+  } else {
+    v.kind = Kind::None;
+  }
+  v.text = j.at("text").asString("verdict text");
+  v.reporter = j.at("reporter").asInt("verdict reporter");
+  v.seq = static_cast<uint64_t>(j.at("seq").asInt("verdict seq"));
+  v.json = j;
+  return v;
+}
+
+Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
+                int64_t nowNs) {
+  Verdict v;
+  v.json = Json::object();
+  v.json.set("group", label);
+  v.json.set("incident", incident.id());
+  const int size = static_cast<int>(ranks.size());
+
+  if (auto m = findCollectiveMismatch(ranks)) {
+    v.kind = Verdict::Kind::Mismatch;
+    v.seq = m->seq;
+    v.text = formatMismatch(label, size, m->seq, m->ops, m->note);
+    int64_t lowest = -1;
+    for (const auto& r : ranks) {
+      if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
+    }
+    v.reporter = lowest;
+    Json lines = Json::array();
+    for (const auto& op : m->ops) {
+      Json l = Json::object();
+      l.set("rank", op.globalRank);
+      l.set("issued", op.issued);
+      l.set("op", op.text);
+      l.set("where", op.where);
+      lines.push(l);
+    }
+    v.json.set("ranks", lines);
+    return v;
+  }
+  if (auto p = findP2PMismatch(label, ranks)) {
+    v.kind = Verdict::Kind::Mismatch;
+    v.text = *p;
+    for (const auto& r : ranks) {
+      if (r.responded) {
+        v.reporter = r.globalRank;
+        break;
+      }
+    }
+    return v;
+  }
+  if (incident.kind == "mismatch" || incident.kind == "p2p") {
+    // Nothing definite in the windows: no verdict (the hang path still watches).
+    v.kind = Verdict::Kind::None;
+    v.text = "no mismatch found in the ledger windows of group \"" + label + "\" for incident " + incident.id();
+    return v;
+  }
+
+  const Subject subj = parseSubject(incident);
+  std::ostringstream os;
+  std::vector<int64_t> waiting, completed;
+  std::map<std::string, std::vector<int64_t>> waitingWhere;
+  std::vector<const RankInput*> notArrived, gone;
+  int64_t earliestStart = 0;
+  std::string opText;
+  const RankInput* poster = (subj.posterGroupRank >= 0 && subj.posterGroupRank < size) ? &ranks[subj.posterGroupRank] : nullptr;
+
+  if (!subj.p2p) {
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (!r.responded) {
+        gone.push_back(&r);
+        continue;
+      }
+      const EntryView* e = g ? g->bySeq(subj.seq) : nullptr;
+      if (e == nullptr) {
+        notArrived.push_back(&r);
+        continue;
+      }
+      if (opText.empty()) opText = e->text;
+      if (e->state == "scheduled" || e->state == "failed") {
+        waiting.push_back(r.globalRank);
+        waitingWhere[e->where()].push_back(r.globalRank);
+        if (earliestStart == 0 || e->startNs < earliestStart) earliestStart = e->startNs;
+      } else {
+        completed.push_back(r.globalRank);
+      }
+    }
+    os << "collective #" << subj.seq << " " << (opText.empty() ? "(unknown op)" : opText) << " on group \"" << label
+       << "\" ";
+  } else {
+    const GroupView* pg = poster ? poster->group() : nullptr;
+    const EntryView* e = nullptr;
+    if (pg) {
+      for (const auto& x : pg->entries) {
+        if (x.id == subj.recordId) e = &x;
+      }
+    }
+    opText = e ? e->text : "(point-to-point op)";
+    earliestStart = e ? e->startNs : 0;
+    if (poster) {
+      waiting.push_back(poster->globalRank);
+      waitingWhere[e ? e->where() : "(unknown call site)"].push_back(poster->globalRank);
+    }
+    os << opText << " on group \"" << label << "\" ";
+    if (e && e->peer >= 0 && e->peer < size) {
+      const RankInput& peer = ranks[e->peer];
+      if (!peer.responded) {
+        gone.push_back(&peer);
+      } else {
+        const GroupView* peerView = peer.group();
+        const EntryView* f = nullptr;
+        if (peerView) findCounterpart(*peerView, *e, subj.posterGroupRank, &f);
+        if (f && f->state == "scheduled") {
+          waiting.push_back(peer.globalRank);
+          waitingWhere[f->where()].push_back(peer.globalRank);
+        } else if (!f) {
+          notArrived.push_back(&peer);
+        }
+      }
+    }
+  }
+
+  if (incident.kind == "failure") {
+    v.kind = Verdict::Kind::Failure;
+    os << "failed on rank " << (poster ? poster->globalRank : incident.poster) << ": " << incident.error;
+  } else {
+    v.kind = Verdict::Kind::Hang;
+    os << "has waited " << seconds(earliestStart ? nowNs - earliestStart : 0);
+  }
+  v.seq = subj.seq;
+  for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
+  if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
+  for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
+  for (const RankInput* r : gone) {
+    os << "\n  rank " << r->globalRank << ": ";
+    if (r->heartbeatNs > 0) {
+      os << "no heartbeat for " << seconds(nowNs - r->heartbeatNs);
+    } else {
+      os << "no heartbeat";
+    }
+    os << " (process gone or frozen)";
+  }
+  v.text = os.str();
+  std::vector<int64_t> sortedWaiting = waiting;
+  std::sort(sortedWaiting.begin(), sortedWaiting.end());
+  v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
+
+  Json w = Json::array();
+  for (auto r : sortedWaiting) w.push(r);
+  v.json.set("waiting", w);
+  Json na = Json::array();
+  for (const RankInput* r : notArrived) na.push(r->globalRank);
+  v.json.set("not_arrived", na);
+  Json g = Json::array();
+  for (const RankInput* r : gone) g.push(r->globalRank);
+  v.json.set("gone", g);
+  Json c = Json::array();
+  for (auto r : completed) c.push(r);
+  v.json.set("completed", c);
+  v.json.set("op", opText);
+  return v;
+}
+
+} // namespace torch_ext

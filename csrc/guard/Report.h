@@ -1,0 +1,72 @@
+#pragma once
+
+// Report: turns the snapshots of all ranks of a group into "who is where" text
+// and JSON. The same analysis serves live incidents (snapshots exchanged through
+// the store) and post-mortem `diagnose` (snapshots read from dump files), so a
+// report never depends on where its inputs came from.
+
+#include "guard/Json.h"
+#include "guard/Snapshot.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+// One rank's view of one collective, for mismatch reports.
+struct RankOp {
+  int64_t globalRank = 0;
+  bool issued = true;  // false: the rank has not reached this seq
+  std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
+  std::string where;   // call site
+  uint64_t hash = 0;
+};
+
+// "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one
+// line per distinct (fingerprint, call site), ranks grouped.
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
+                           const std::vector<RankOp>& ops, const std::string& note = std::string());
+
+// "ranks 0,1,3" / "rank 2".
+std::string formatRanks(const std::vector<int64_t>& ranks);
+
+struct RankInput {
+  int groupRank = 0;
+  int64_t globalRank = 0;
+  bool responded = false;
+  RankSnapshot snapshot;           // valid if responded
+  int64_t heartbeatNs = 0;         // last heartbeat seen in the store (0: unknown)
+  const GroupView* group() const;  // this group's view inside snapshot, or null
+  std::string groupName;
+};
+
+struct Incident {
+  std::string kind;     // hang, abort, mismatch, p2p, failure, dump
+  std::string subject;  // collective seq ("57") or p2p record ("p2p-<group rank>-<record id>")
+  int64_t poster = -1;  // group rank that raised it
+  std::string error;    // failure: the inner backend's error
+  std::string id() const {
+    return kind + ":" + subject;
+  }
+};
+
+struct Verdict {
+  enum class Kind : uint8_t { None, Mismatch, Hang, Failure };
+  Kind kind = Kind::None;
+  std::string text;
+  int64_t reporter = -1;  // global rank that logs the report
+  uint64_t seq = 0;
+  Json json;
+
+  static const char* kindName(Kind k);
+  Json toJson() const;
+  static Verdict fromJson(const Json& j);
+};
+
+// Analyses one group. `ranks` has one input per group rank, in order.
+Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,
+                int64_t nowNs);
+
+} // namespace torch_ext

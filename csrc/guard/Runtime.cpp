@@ -1,0 +1,63 @@
+#include "guard/Runtime.h"
+
+#include <cstdio>
+
+namespace torch_ext {
+
+Runtime& Runtime::instance() {
+  // Leaked: the watchdog may log while static destructors run.
+  static auto* runtime = new Runtime();
+  return *runtime;
+}
+
+void Runtime::install(StackHook stack, LogHook log, IdleHook idle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stack_ = std::move(stack);
+  log_ = std::move(log);
+  idle_ = std::move(idle);
+}
+
+void Runtime::uninstall() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stack_ = nullptr;
+  log_ = nullptr;
+  idle_ = nullptr;
+}
+
+void Runtime::idle() const {
+  IdleHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = idle_;
+  }
+  if (hook) hook();
+}
+
+MainThreadStack Runtime::mainThreadStack(std::chrono::milliseconds budget) const {
+  StackHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = stack_;
+  }
+  if (!hook) {
+    MainThreadStack s;
+    s.note = "no Python runtime attached";
+    return s;
+  }
+  return hook(budget);
+}
+
+void Runtime::log(LogLevel level, const std::string& msg) const {
+  LogHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = log_;
+  }
+  if (hook) {
+    hook(level, msg);
+  } else if (level >= LogLevel::Warning) {
+    std::fprintf(stderr, "[torch_ext] %s\n", msg.c_str());
+  }
+}
+
+} // namespace torch_ext

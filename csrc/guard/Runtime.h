@@ -1,0 +1,56 @@
+#pragma once
+
+// Runtime: what the core needs from the host language, behind plain function
+// hooks so the core stays Python-free. The bindings install Python
+// implementations (python/PyRuntime.cpp); C++ tests run with the defaults.
+
+#include "guard/CallSite.h"
+
+#include <chrono>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+enum class LogLevel : int { Debug = 10, Info = 20, Warning = 30, Error = 40 };
+
+struct MainThreadStack {
+  std::vector<Frame> frames;  // innermost first, user frames only where possible
+  std::string note;           // e.g. "main thread holds the GIL (blocked in native code?)"
+  bool available = false;
+};
+
+class Runtime {
+ public:
+  // Samples the main thread's stack within about `budget`; must not block longer.
+  using StackHook = std::function<MainThreadStack(std::chrono::milliseconds budget)>;
+  // Hands a message to the host's logging; must not block (called from the watchdog).
+  using LogHook = std::function<void(LogLevel, const std::string&)>;
+
+  static Runtime& instance();
+
+  using IdleHook = std::function<void()>;
+
+  void install(StackHook stack, LogHook log, IdleHook idle);
+  void uninstall();  // back to the defaults (e.g. when the interpreter exits)
+
+  MainThreadStack mainThreadStack(std::chrono::milliseconds budget) const;
+  // Logs through the hook, or to stderr at warning and above when none is installed.
+  void log(LogLevel level, const std::string& msg) const;
+  // The watchdog stopped (no guarded group left): helpers may stop their threads.
+  void idle() const;
+
+ private:
+  mutable std::mutex mu_;
+  StackHook stack_;
+  LogHook log_;
+  IdleHook idle_;
+};
+
+inline void logMessage(LogLevel level, const std::string& msg) {
+  Runtime::instance().log(level, msg);
+}
+
+} // namespace torch_ext

@@ -1,0 +1,35 @@
+#pragma once
+
+// PyRuntime: the Python side of guard/Runtime.h and guard/CallSite.h. This and
+// bindings.cpp are the only C++ files that touch the interpreter.
+//
+//  - Call sites: with the GIL re-taken briefly, walk the issuing thread's frames
+//    to the first frame outside torch, torch_ext and the standard library; the
+//    (code object, instruction) pair is cached, so the strings are built once
+//    per call site.
+//  - Main-thread stacks for hang reports: a helper thread takes the GIL and
+//    reads the main thread's frames. If the GIL cannot be had within the budget,
+//    the main thread is holding it in native code, so its frames are not moving
+//    and are read without the GIL (as faulthandler does).
+//  - Logging: messages are queued and emitted on the helper thread through the
+//    `torch_ext` logger, so the watchdog never waits for the GIL.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch_ext::py {
+
+// Call with the GIL held, at import. Frames under `internal` (torch, torch_ext)
+// are never user frames; frames under `stdlib` are not either, unless they are
+// under `sitePackages` (which sits inside the stdlib folder). `mainThreadId` is
+// threading.main_thread().ident.
+void installRuntime(const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
+                    const std::vector<std::string>& sitePackages, unsigned long mainThreadId);
+// Call with the GIL held at interpreter exit: stops the helper thread and
+// detaches every hook.
+void uninstallRuntime();
+// Turns call-site capture on or off process-wide.
+void setCallSitesEnabled(bool enabled);
+
+} // namespace torch_ext::py

@@ -1,0 +1,274 @@
+// bindings.cpp: the pybind11 glue of torch_ext._C. The only file that includes
+// pybind11; C++ errors cross into Python here (typed guard errors become the
+// torch_ext exception classes).
+//
+// GuardBackend is handed to Python as a plain torch Backend (the type torch
+// registers); guard-specific calls take that object and check that it is ours.
+// This keeps us off torch's private pybind holder type.
+
+#include "guard/Config.h"
+#include "guard/Errors.h"
+#include "guard/GuardBackend.h"
+#include "guard/Report.h"
+#include "guard/Snapshot.h"
+#include "guard/Watchdog.h"
+#include "python/PyRuntime.h"
+
+#include <pybind11/chrono.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using torch_ext::GuardBackend;
+
+namespace {
+
+PyObject* g_excMismatch = nullptr;
+PyObject* g_excTimeout = nullptr;
+PyObject* g_excFailure = nullptr;
+PyObject* g_excGuard = nullptr;
+
+GuardBackend& asGuard(const c10::intrusive_ptr<c10d::Backend>& backend) {
+  auto* g = dynamic_cast<GuardBackend*>(backend.get());
+  if (g == nullptr) {
+    throw py::type_error("expected the backend of a process group created with backend=\"guard\", got backend '" +
+                         (backend ? backend->getBackendName() : std::string("None")) + "'");
+  }
+  return *g;
+}
+
+py::dict configDict(const torch_ext::Config& c) {
+  py::dict d;
+  d["inner"] = c.inner;
+  d["check"] = torch_ext::checkModeName(c.check);
+  d["warn_after"] = c.warnAfterS;
+  d["abort_after"] = c.abortAfterS ? py::cast(*c.abortAfterS) : py::none();
+  d["dump_dir"] = c.dumpDir;
+  d["ledger_size"] = c.ledgerSize;
+  d["interval"] = c.intervalS;
+  d["call_sites"] = c.callSites;
+  d["source"] = c.source;
+  return d;
+}
+
+torch_ext::Config resolve(const std::map<std::string, std::string>& overrides) {
+  try {
+    return torch_ext::Config::resolve(overrides);
+  } catch (const torch_ext::ConfigError& e) {
+    throw py::value_error(e.what());
+  }
+}
+
+} // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const torch_ext::CollectiveMismatchError& e) {
+      if (!g_excMismatch) throw;
+      PyErr_SetString(g_excMismatch, e.what_without_backtrace());
+    } catch (const torch_ext::CollectiveTimeoutError& e) {
+      if (!g_excTimeout) throw;
+      PyErr_SetString(g_excTimeout, e.what_without_backtrace());
+    } catch (const torch_ext::CollectiveFailureError& e) {
+      if (!g_excFailure) throw;
+      PyErr_SetString(g_excFailure, e.what_without_backtrace());
+    } catch (const torch_ext::GuardError& e) {
+      if (!g_excGuard) throw;
+      PyErr_SetString(g_excGuard, e.what_without_backtrace());
+    }
+  });
+
+  m.def(
+      "_register_exceptions",
+      [](py::object guard, py::object mismatch, py::object timeout, py::object failure) {
+        // Kept alive for the life of the process: the translator may run at exit.
+        g_excGuard = guard.release().ptr();
+        g_excMismatch = mismatch.release().ptr();
+        g_excTimeout = timeout.release().ptr();
+        g_excFailure = failure.release().ptr();
+      },
+      "Installs the Python classes raised for guard errors.");
+
+  m.def(
+      "resolve_config", [](const std::map<std::string, std::string>& overrides) { return configDict(resolve(overrides)); },
+      py::arg("overrides") = std::map<std::string, std::string>{},
+      "Validated settings from TORCH_EXT_* and the given overrides (raises ValueError naming the bad setting).");
+
+  m.def(
+      "env_var_docs",
+      []() {
+        std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
+        for (const auto& d : torch_ext::envVarDocs()) out.emplace_back(d.option, d.env, d.defaultValue, d.meaning);
+        return out;
+      },
+      "(option, env var, default, meaning) for every setting.");
+
+  m.def(
+      "_announce", [](const c10::intrusive_ptr<c10d::Store>& store, int rank) { torch_ext::Watchdog::announce(*store, rank); },
+      py::call_guard<py::gil_scoped_release>());
+
+  m.def(
+      "_create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutS, const std::string& groupName,
+         const std::vector<int64_t>& globalRanks, const std::map<std::string, std::string>& overrides,
+         const std::map<std::string, std::pair<std::string, c10::intrusive_ptr<c10d::Backend>>>& inner,
+         const std::optional<c10::intrusive_ptr<c10d::Backend>>& helper) -> c10::intrusive_ptr<c10d::Backend> {
+        torch_ext::Config cfg = resolve(overrides);
+        std::map<std::string, torch_ext::InnerBackend> inners;
+        for (const auto& kv : inner) inners[kv.first] = torch_ext::InnerBackend{kv.second.first, kv.second.second};
+        auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000.0));
+        py::gil_scoped_release release;
+        return c10::make_intrusive<GuardBackend>(store, rank, size, timeout, groupName, globalRanks, std::move(cfg),
+                                                 std::move(inners), helper.value_or(nullptr));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
+      py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none());
+
+  m.def("_is_guard", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    return dynamic_cast<GuardBackend*>(b.get()) != nullptr;
+  });
+  m.def("_repr", [](const c10::intrusive_ptr<c10d::Backend>& b) { return asGuard(b).repr(); });
+  m.def("_inner", [](const c10::intrusive_ptr<c10d::Backend>& b, const std::string& device) {
+    auto& g = asGuard(b);
+    auto it = g.inners().find(device);
+    return it == g.inners().end() ? c10::intrusive_ptr<c10d::Backend>() : it->second.backend;
+  });
+  m.def("_inner_names", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    std::map<std::string, std::string> out;
+    for (const auto& kv : asGuard(b).inners()) out[kv.first] = kv.second.name;
+    return out;
+  });
+  m.def("_config", [](const c10::intrusive_ptr<c10d::Backend>& b) { return configDict(asGuard(b).state()->config()); });
+  m.def(
+      "_group_json",
+      [](const c10::intrusive_ptr<c10d::Backend>& b, size_t maxEntries) {
+        auto& st = *asGuard(b).state();
+        return torch_ext::toJson(torch_ext::GroupView::from(st, maxEntries ? maxEntries : st.ledger().capacity())).dump();
+      },
+      py::arg("backend"), py::arg("max_entries") = 0, py::call_guard<py::gil_scoped_release>());
+  m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
+    auto f = asGuard(b).state()->failure();
+    if (!f) return py::none();
+    return py::make_tuple(torch_ext::guardErrorKindName(f->kind), f->report);
+  });
+
+  m.def(
+      "_snapshot_json", [](const std::string& reason) { return torch_ext::toJson(torch_ext::Watchdog::instance().snapshot(reason)).dump(); },
+      py::arg("reason") = "manual", py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "_dump", [](const std::string& reason, const std::string& dir) { return torch_ext::Watchdog::instance().writeDump(reason, dir); },
+      py::arg("reason") = "manual", py::arg("dir") = "", py::call_guard<py::gil_scoped_release>());
+  m.def("_watchdog_stats", []() {
+    auto s = torch_ext::Watchdog::instance().stats();
+    py::dict d;
+    d["ticks"] = s.ticks;
+    d["store_ops"] = s.storeOps;
+    d["incidents"] = s.incidents;
+    d["groups"] = s.groups;
+    d["running"] = s.running;
+    return d;
+  });
+
+  m.def(
+      "_check_snapshot",
+      [](const std::string& text) {
+        try {
+          auto snap = torch_ext::snapshotFromJson(torch_ext::Json::parse(text));
+          std::vector<std::string> groups;
+          for (const auto& g : snap.groups) groups.push_back(g.name);
+          return py::make_tuple(snap.rank, groups);
+        } catch (const torch_ext::JsonError& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      "Validates one dump; returns (rank, group names) or raises ValueError saying what is wrong.");
+
+  m.def(
+      "_analyze_dumps",
+      [](const std::vector<std::string>& texts) {
+        // Post-mortem: one verdict per group found in the dumps.
+        std::vector<torch_ext::RankSnapshot> snaps;
+        for (const auto& t : texts) snaps.push_back(torch_ext::snapshotFromJson(torch_ext::Json::parse(t)));
+        std::map<std::string, std::pair<int, std::string>> groups;  // name -> (size, label)
+        for (const auto& s : snaps) {
+          for (const auto& g : s.groups) groups[g.name] = {g.size, g.label()};
+        }
+        int64_t now = 0;
+        for (const auto& s : snaps) now = std::max(now, s.timeNs);
+        std::vector<std::string> out;
+        for (const auto& [name, info] : groups) {
+          std::vector<torch_ext::RankInput> inputs(info.first);
+          for (int r = 0; r < info.first; ++r) {
+            inputs[r].groupRank = r;
+            inputs[r].globalRank = r;
+            inputs[r].groupName = name;
+          }
+          std::string incident;
+          for (const auto& s : snaps) {
+            const auto* g = s.group(name);
+            if (!g || g->rank >= info.first) continue;
+            auto& in = inputs[g->rank];
+            in.responded = true;
+            in.snapshot = s;
+            in.globalRank = g->globalRank(g->rank);
+            in.heartbeatNs = s.timeNs;
+            if (incident.empty()) incident = s.incident;
+          }
+          for (auto& in : inputs) {
+            if (in.responded) continue;
+            for (const auto& s : snaps) {
+              if (const auto* g = s.group(name)) in.globalRank = g->globalRank(in.groupRank);
+            }
+          }
+          // Pick the oldest pending collective as the subject of the analysis.
+          torch_ext::Incident inc{"hang", "0", -1, ""};
+          int64_t oldest = 0;
+          for (const auto& in : inputs) {
+            const auto* g = in.group();
+            if (!g) continue;
+            for (const auto& e : g->entries) {
+              if (e.state != "scheduled") continue;
+              if (oldest == 0 || e.startNs < oldest) {
+                oldest = e.startNs;
+                inc.subject = e.isP2P ? "p2p-" + std::to_string(g->rank) + "-" + std::to_string(e.id) : std::to_string(e.seq);
+                inc.poster = g->rank;
+              }
+              break;
+            }
+          }
+          auto v = torch_ext::analyze(info.second, inputs, inc, now);
+          auto j = v.toJson();
+          j.set("group_name", name);
+          j.set("pending", oldest != 0);
+          j.set("dump_incident", incident);
+          out.push_back(j.dump());
+        }
+        return out;
+      },
+      "Cross-rank analysis of dump texts (already validated); one verdict JSON per group.");
+
+  m.def(
+      "_install_runtime",
+      [](const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
+         const std::vector<std::string>& site, unsigned long mainThreadId) {
+        torch_ext::py::installRuntime(internal, stdlib, site, mainThreadId);
+      });
+  m.def("_uninstall_runtime", []() {
+    {
+      // The watchdog never needs the GIL, but the runtime's helper may.
+      py::gil_scoped_release release;
+      torch_ext::Watchdog::instance().stopThread();
+    }
+    torch_ext::py::uninstallRuntime();
+  });
+  m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
+}

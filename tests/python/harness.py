@@ -1,0 +1,204 @@
+"""Multi-process test harness: real processes, gloo over loopback, a deadline on everything.
+
+``run_ranks(fn, world_size, ...)`` starts one process per rank (forked from a
+forkserver that has torch and torch_ext preloaded, so a rank starts in ~0.1 s),
+connects them through a TCPStore served by the test process, optionally calls
+``init_process_group``, runs ``fn(rank, world_size, *args)`` and returns one
+:class:`RankResult` per rank: the return value or the exception, the exit code,
+the rank's output, and whether it was still running at the deadline (then it is
+killed). Every rank's outcome is reported, not only the last one's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing as mp
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch.distributed as dist
+
+_CTX = None
+
+
+def _context():
+    global _CTX
+    if _CTX is None:
+        _CTX = mp.get_context("forkserver")
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch_ext"])
+    return _CTX
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    exitcode: int | None = None
+    value: Any = None
+    error_type: str | None = None
+    error: str | None = None
+    traceback: str | None = None
+    log: str = ""
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None and not self.timed_out and self.exitcode == 0
+
+    def describe(self) -> str:
+        state = "TIMED OUT" if self.timed_out else f"exit {self.exitcode}"
+        head = f"--- rank {self.rank}: {state}"
+        if self.error_type:
+            head += f", raised {self.error_type}"
+        body = self.traceback or ""
+        return f"{head}\n{body}\n[output]\n{self.log[-6000:]}"
+
+
+def _child(
+    fn: Callable[..., Any],
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str | None,
+    pg_options: Any,
+    pg_timeout: float,
+    env: dict[str, str],
+    args: tuple,
+    kwargs: dict,
+    conn: Any,
+    log_path: str,
+    natural_exit: bool,
+) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.environ.update(env)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s %(levelname)s: %(message)s",
+                        stream=sys.stderr, force=True)
+    code = 0
+    try:
+        if backend is not None:
+            store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
+                                  timeout=timedelta(seconds=60))
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(seconds=pg_timeout), pg_options=pg_options)
+        value = fn(rank, world_size, *args, **kwargs)
+        conn.send(("ok", value, None, None, None))
+        if backend is not None and dist.is_initialized():
+            dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - report everything to the parent
+        code = 1
+        try:
+            conn.send(("error", None, type(e).__name__, str(e), traceback.format_exc()))
+        except Exception:  # noqa: BLE001
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if natural_exit:
+        sys.exit(code)
+    os._exit(code)
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str | None = "guard",
+    timeout: float = 60.0,
+    pg_timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    pg_options: Any = None,
+    natural_exit: bool = False,
+    **kwargs: Any,
+) -> list[RankResult]:
+    """Runs ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
+
+    ``backend=None`` skips ``init_process_group`` (the store address is still in
+    MASTER_ADDR/MASTER_PORT). Ranks still running after ``timeout`` seconds are
+    killed and marked ``timed_out``.
+    """
+    ctx = _context()
+    server = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    port = server.port
+    logdir = tempfile.mkdtemp(prefix="torch_ext_ranks_")
+    procs, conns, logs = [], [], []
+    for rank in range(world_size):
+        parent, child = ctx.Pipe(duplex=False)
+        log_path = os.path.join(logdir, f"rank{rank}.log")
+        p = ctx.Process(
+            target=_child,
+            args=(fn, rank, world_size, port, backend, pg_options, pg_timeout, dict(env or {}), args, kwargs,
+                  child, log_path, natural_exit),
+            daemon=True,
+        )
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+        logs.append(log_path)
+
+    results = [RankResult(rank=r) for r in range(world_size)]
+    deadline = time.monotonic() + timeout
+    pending = set(range(world_size))
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        for r in list(pending):
+            if conns[r].poll(0):
+                _receive(conns[r], results[r])
+            procs[r].join(timeout=0)
+            if procs[r].exitcode is not None:
+                if conns[r].poll(0):
+                    _receive(conns[r], results[r])
+                pending.discard(r)
+        if pending:
+            # Wait on the processes' sentinels rather than sleeping blindly.
+            mp.connection.wait([procs[r].sentinel for r in pending] + [conns[r] for r in pending],
+                               timeout=min(remaining, 0.5))
+    for r in pending:
+        results[r].timed_out = True
+        if conns[r].poll(0):
+            _receive(conns[r], results[r])
+        try:
+            os.kill(procs[r].pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for r, p in enumerate(procs):
+        p.join(timeout=10)
+        results[r].exitcode = p.exitcode
+        with open(logs[r], errors="replace") as f:
+            results[r].log = f.read()
+    del server
+    return results
+
+
+def _receive(conn: Any, result: RankResult) -> None:
+    try:
+        status, value, etype, msg, tb = conn.recv()
+    except (EOFError, OSError):
+        return
+    if status == "ok":
+        result.value = value
+    else:
+        result.error_type, result.error, result.traceback = etype, msg, tb
+
+
+def report(results: list[RankResult]) -> str:
+    return "\n".join(r.describe() for r in results)
+
+
+def assert_all_ok(results: list[RankResult]) -> list[Any]:
+    """Asserts every rank returned normally; returns their values in rank order."""
+    bad = [r for r in results if not r.ok]
+    assert not bad, "some ranks failed:\n" + report(results)
+    return [r.value for r in results]

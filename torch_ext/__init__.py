@@ -1,0 +1,59 @@
+"""torch_ext: distributed PyTorch training that never hangs silently.
+
+``import torch_ext`` registers the c10d backend ``guard`` (mismatch detection and
+live hang reports around gloo/NCCL) and loads the ``torch.ops.torch_ext`` ops.
+"""
+from __future__ import annotations
+
+import torch  # noqa: F401  (loads libtorch before our extension)
+import torch.distributed  # noqa: F401
+
+from torch_ext import _C
+from torch_ext import _runtime
+from torch_ext.errors import (
+    CollectiveFailureError,
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    GuardError,
+)
+from torch_ext.backend import (
+    BACKEND_NAME,
+    GuardOptions,
+    describe,
+    dump,
+    failure,
+    group_state,
+    inner_backend,
+    ledger,
+    register as _register,
+)
+from torch_ext.ops import *  # noqa: F401,F403
+from torch_ext.ops import __all__ as _ops_all
+from torch_ext.step_sync import *  # noqa: F401,F403
+from torch_ext.step_sync import __all__ as _step_sync_all
+from torch_ext.samplers import *  # noqa: F401,F403
+from torch_ext.samplers import __all__ as _samplers_all
+
+__version__ = "0.1.0"
+
+_C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError)
+_runtime.install()
+_register()
+
+__all__ = [
+    "BACKEND_NAME",
+    "GuardOptions",
+    "GuardError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CollectiveFailureError",
+    "describe",
+    "dump",
+    "failure",
+    "group_state",
+    "inner_backend",
+    "ledger",
+    *_ops_all,
+    *_step_sync_all,
+    *_samplers_all,
+]

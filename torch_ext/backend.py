@@ -1,0 +1,274 @@
+"""The ``guard`` c10d backend: registration, options and inspection.
+
+Importing :mod:`torch_ext` registers the backend, after which::
+
+    dist.init_process_group(backend="guard")          # CPU tensors on gloo, CUDA on NCCL
+    dist.init_process_group(backend="cpu:guard,cuda:guard")
+    dist.new_group(ranks, backend="guard")
+    dist.init_process_group(backend="guard", pg_options=GuardOptions(check="strict"))
+
+The work happens in C++ (``torch_ext._C``): this module only creates the inner
+backends torch already knows how to create, and hands them to the C++ wrapper.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from datetime import timedelta
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+from torch.distributed import Backend, PrefixStore
+
+from torch_ext import _C
+
+__all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure"]
+
+BACKEND_NAME = "guard"
+# The inner backend's own timeout is the group's plus this grace, so the guard's
+# diagnostics (abort_after defaults to the group's timeout) always fire first.
+_INNER_GRACE = timedelta(seconds=10)
+_BUILTIN = {"gloo", "nccl", "mpi", "ucc", "xccl"}
+
+# Options of the default group, inherited by subgroups created without options.
+_default_overrides: dict[str, str] = {}
+
+
+@dataclasses.dataclass
+class GuardOptions:
+    """Options of a ``guard`` process group (pass as ``pg_options=``).
+
+    Every field left at ``None`` takes its value from the matching ``TORCH_EXT_*``
+    environment variable, else the default (see the README's table). Values are
+    validated by the C++ core when the group is created.
+
+    Args:
+        inner: backend per device type, e.g. ``{"cpu": "gloo", "cuda": "nccl"}``
+            or the string ``"cpu:gloo,cuda:nccl"`` (TORCH_EXT_INNER).
+        check: ``"off"``, ``"async"`` or ``"strict"`` (TORCH_EXT_CHECK).
+        warn_after: seconds before a hang report (TORCH_EXT_WARN_AFTER).
+        abort_after: seconds before a stuck collective fails (TORCH_EXT_ABORT_AFTER).
+        dump_dir: folder for per-rank JSON dumps (TORCH_EXT_DUMP_DIR).
+        ledger_size: collectives remembered per group (TORCH_EXT_LEDGER_SIZE).
+        interval: watchdog tick in seconds (TORCH_EXT_INTERVAL).
+        call_sites: record Python call sites (TORCH_EXT_CALL_SITES).
+    """
+
+    inner: Mapping[str, str] | str | None = None
+    check: str | None = None
+    warn_after: float | None = None
+    abort_after: float | None = None
+    dump_dir: str | os.PathLike[str] | None = None
+    ledger_size: int | None = None
+    interval: float | None = None
+    call_sites: bool | None = None
+
+    def overrides(self) -> dict[str, str]:
+        """The options that were set, as strings for the C++ parser."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.name == "inner" and isinstance(value, Mapping):
+                value = ",".join(f"{dev}:{name}" for dev, name in value.items())
+            elif isinstance(value, bool):
+                value = "1" if value else "0"
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            out[f.name] = str(value)
+        return out
+
+    def resolved(self) -> dict[str, Any]:
+        """The effective settings (environment + these options), validated."""
+        return _C.resolve_config(self.overrides())
+
+
+def _overrides_from(pg_options: Any) -> dict[str, str]:
+    if pg_options is None:
+        return dict(_default_overrides)
+    if isinstance(pg_options, GuardOptions):
+        return pg_options.overrides()
+    raise TypeError(
+        f"backend 'guard' takes pg_options=torch_ext.GuardOptions(...), got {type(pg_options).__name__}; "
+        "options of the inner backend are not supported yet"
+    )
+
+
+def _inner_value(cfg: Mapping[str, Any], overrides: Mapping[str, str]) -> tuple[str, str]:
+    source = cfg["source"].get("inner", "TORCH_EXT_INNER")
+    if "inner" in overrides:
+        return "GuardOptions(inner=...)", overrides["inner"]
+    return source, os.environ.get("TORCH_EXT_INNER", "cpu:gloo,cuda:nccl")
+
+
+def _accepted_backends() -> list[str]:
+    names = {"gloo"} if dist.is_gloo_available() else set()
+    if dist.is_nccl_available():
+        names.add("nccl")
+    if dist.is_mpi_available():
+        names.add("mpi")
+    if dist.is_ucc_available():
+        names.add("ucc")
+    names |= {n.lower() for n in Backend._plugins if n.lower() != BACKEND_NAME}
+    return sorted(names)
+
+
+def _make_inner(
+    name: str,
+    device: str,
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    group_name: str,
+    global_ranks: list[int],
+    where: tuple[str, str],
+) -> dist.ProcessGroup:
+    source, value = where
+    accepted = ", ".join(_accepted_backends())
+    if name == "gloo" and dist.is_gloo_available():
+        pg = dist.ProcessGroupGloo(store, rank, size, timeout)
+        pg._set_sequence_number_for_group()
+        return pg
+    if name == "nccl" and dist.is_nccl_available():
+        opts = dist.ProcessGroupNCCL.Options()
+        opts.is_high_priority_stream = False
+        opts._timeout = timeout
+        opts.global_ranks_in_group = global_ranks
+        opts.group_name = group_name
+        pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+        pg._set_sequence_number_for_group()
+        return pg
+    if name == "ucc" and dist.is_ucc_available():
+        from torch._C._distributed_c10d import ProcessGroupUCC  # type: ignore[attr-defined]
+
+        return ProcessGroupUCC(store, rank, size, timeout)
+    plugin = Backend._plugins.get(name.upper())
+    if plugin is not None and name != BACKEND_NAME:
+        if not plugin.extended_api:
+            return plugin.creator_fn(store, rank, size, timeout)
+        opts = dist.distributed_c10d._DistributedBackendOptions()
+        opts.store = store
+        opts.group_rank = rank
+        opts.group_size = size
+        opts.timeout = timeout
+        opts.group_id = group_name
+        opts.global_ranks_in_group = global_ranks
+        return plugin.creator_fn(opts, None)
+    raise ValueError(
+        f"{source}='{value}' names inner backend '{name}' for device '{device}', which is not available "
+        f"here: accepted values are {accepted} (any backend registered with "
+        "torch.distributed.Backend.register_backend)"
+    )
+
+
+def _device_available(device: str) -> bool:
+    if device == "cpu":
+        return True
+    if device == "cuda":
+        return torch.cuda.is_available()
+    mod = getattr(torch, device, None)
+    return bool(mod is not None and getattr(mod, "is_available", lambda: False)())
+
+
+def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
+    """Creator registered with ``Backend.register_backend(extended_api=True)``."""
+    global _default_overrides
+    overrides = _overrides_from(pg_options)
+    cfg = _C.resolve_config(overrides)  # ValueError naming the bad setting
+    store = dist_opts.store
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    group_name = str(dist_opts.group_id)
+    global_ranks = [int(r) for r in dist_opts.global_ranks_in_group] or list(range(size))
+    if not dist_opts.global_ranks_in_group:
+        _default_overrides = dict(overrides)
+
+    # Announce before the inner backends rendezvous, so the watchdog's first
+    # reads of its neighbours find their keys.
+    _C._announce(store, rank)
+    inner_timeout = timeout + max(_INNER_GRACE, timeout / 10)
+    where = _inner_value(cfg, overrides)
+    created: dict[str, Any] = {}
+    inner: dict[str, tuple[str, Any]] = {}
+    for device, name in sorted(cfg["inner"].items()):
+        if not _device_available(device):
+            continue
+        if name not in created:
+            created[name] = _make_inner(
+                name, device, PrefixStore(f"inner/{name}/", store), rank, size, inner_timeout, group_name,
+                global_ranks, where,
+            )
+        inner[device] = (name, created[name])
+    if not inner:
+        raise ValueError(f"{where[0]}='{where[1]}' leaves no inner backend for any available device")
+    helper = None
+    if cfg["check"] == "strict":
+        # Strict mode's one small check collective runs on its own CPU group.
+        helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
+    return _C._create_backend(
+        store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper
+    )
+
+
+def register() -> None:
+    """Registers ``guard`` with torch.distributed (done at ``import torch_ext``)."""
+    if BACKEND_NAME.upper() in Backend._plugins:
+        return
+    Backend.register_backend(BACKEND_NAME, _create_guard, extended_api=True, devices=["cpu", "cuda"])
+
+
+def _guard_backend(group: dist.ProcessGroup | None) -> Any:
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    if not _C._is_guard(backend):
+        raise TypeError(
+            f"group was created with backend '{dist.get_backend(pg)}', not 'guard': "
+            "use init_process_group(backend='guard') or new_group(..., backend='guard')"
+        )
+    return backend
+
+
+def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> dict[str, Any]:
+    """The guard's view of ``group``: identity, progress and its ledger (a dict)."""
+    return json.loads(_C._group_json(_guard_backend(group), max_entries))
+
+
+def ledger(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> list[dict[str, Any]]:
+    """The recent operations of ``group``, oldest first.
+
+    Each entry follows PyTorch's Flight Recorder fields where they overlap
+    (``record_id``, ``collective_seq_id``, ``profiling_name``, ``input_sizes``,
+    ``input_dtypes``, ``state``, ``frames``, ...) plus torch_ext's own (``op``,
+    ``fingerprint``, ``hash``, ``peer``, ``reduce_op``, ...).
+    """
+    return group_state(group, max_entries)["entries"]
+
+
+def describe(group: dist.ProcessGroup | None = None) -> str:
+    """``GuardBackend(group="default_pg", rank=0, size=4, inner=cpu:gloo, check=async)``."""
+    return _C._repr(_guard_backend(group))
+
+
+def inner_backend(group: dist.ProcessGroup | None = None, device: str = "cpu") -> Any:
+    """The backend that ``guard`` wraps for ``device`` in ``group`` (None if none)."""
+    return _C._inner(_guard_backend(group), device)
+
+
+def failure(group: dist.ProcessGroup | None = None) -> tuple[str, str] | None:
+    """``(kind, report)`` if ``group`` has failed, else None."""
+    return _C._failure(_guard_backend(group))
+
+
+def dump(dir: str | os.PathLike[str] | None = None, reason: str = "manual") -> str:
+    """Writes this rank's dump (all guarded groups) now; returns the file path.
+
+    Without ``dir``, uses the groups' dump_dir (TORCH_EXT_DUMP_DIR); returns ""
+    when neither is set.
+    """
+    return _C._dump(reason, os.fspath(dir) if dir is not None else "")

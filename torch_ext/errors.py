@@ -1,0 +1,45 @@
+"""Errors raised by guarded process groups.
+
+All derive from :class:`torch.distributed.DistBackendError`, so code that already
+catches that keeps working. The C++ core raises the matching C++ types and the
+bindings translate them to these classes.
+"""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+__all__ = [
+    "GuardError",
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "CollectiveFailureError",
+]
+
+
+class GuardError(dist.DistBackendError):
+    """Base class: a guarded process group failed and says why, naming ranks."""
+
+
+class CollectiveMismatchError(GuardError):
+    """Ranks issued different collectives (op, shape, dtype, reduce op, root, order).
+
+    Raised on every rank of the group, before the inner collective runs (strict
+    mode) or on the pending and following collectives (async mode). The message
+    names the group, the sequence number and, per distinct fingerprint, the ranks
+    that issued it with their call sites.
+    """
+
+
+class CollectiveTimeoutError(GuardError):
+    """A collective waited longer than ``abort_after`` (TORCH_EXT_ABORT_AFTER).
+
+    The message carries the hang report: which ranks wait, which have not arrived
+    and where their main thread is, which are gone.
+    """
+
+
+class CollectiveFailureError(GuardError):
+    """The inner backend failed a collective (e.g. a peer process died).
+
+    The message carries the cross-rank report, e.g. which rank has no heartbeat.
+    """

@@ -1,0 +1,4 @@
+"""Placeholder: filled in by its issue."""
+from __future__ import annotations
+
+__all__: list[str] = []
