@@ -1,0 +1,93 @@
+// Config: every TORCH_EXT_* setting parsed in one place, with errors that name
+// the variable, the bad value and the accepted values.
+#include "guard/Config.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+using torch_ext::CheckMode;
+using torch_ext::Config;
+using torch_ext::ConfigError;
+
+namespace {
+
+struct EnvGuard {
+  explicit EnvGuard(const char* name, const char* value) : name_(name) {
+    setenv(name, value, 1);
+  }
+  ~EnvGuard() {
+    unsetenv(name_);
+  }
+  const char* name_;
+};
+
+std::string errorOf(const std::map<std::string, std::string>& overrides) {
+  try {
+    Config::resolve(overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+} // namespace
+
+TEST(Config, Defaults) {
+  Config c = Config::resolve();
+  EXPECT_EQ(c.inner.at("cpu"), "gloo");
+  EXPECT_EQ(c.inner.at("cuda"), "nccl");
+  EXPECT_EQ(c.check, CheckMode::Async);
+  EXPECT_DOUBLE_EQ(c.warnAfterS, 60.0);
+  EXPECT_FALSE(c.abortAfterS.has_value());
+  EXPECT_EQ(c.abortAfter(std::chrono::milliseconds(5000)).count(), 5000);
+  EXPECT_EQ(c.ledgerSize, 1024);
+}
+
+TEST(Config, EnvironmentAndOverrides) {
+  EnvGuard inner("TORCH_EXT_INNER", "cuda:gloo");
+  EnvGuard check("TORCH_EXT_CHECK", "STRICT");
+  EnvGuard abort("TORCH_EXT_ABORT_AFTER", "2.5");
+  Config c = Config::resolve();
+  EXPECT_EQ(c.inner.at("cpu"), "gloo");  // partial spec keeps other defaults
+  EXPECT_EQ(c.inner.at("cuda"), "gloo");
+  EXPECT_EQ(c.check, CheckMode::Strict);
+  EXPECT_EQ(c.abortAfter(std::chrono::milliseconds(1)).count(), 2500);
+  EXPECT_EQ(c.source.at("check"), "TORCH_EXT_CHECK");
+  // An option wins over the environment.
+  Config o = Config::resolve({{"check", "off"}});
+  EXPECT_EQ(o.check, CheckMode::Off);
+  EXPECT_EQ(o.source.at("check"), "GuardOptions(check)");
+}
+
+TEST(Config, ErrorsNameVariableValueAndAcceptedValues) {
+  {
+    EnvGuard e("TORCH_EXT_CHECK", "sometimes");
+    std::string msg = errorOf({});
+    EXPECT_NE(msg.find("TORCH_EXT_CHECK"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("'sometimes'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("off, async, strict"), std::string::npos) << msg;
+  }
+  {
+    EnvGuard e("TORCH_EXT_WARN_AFTER", "-3");
+    std::string msg = errorOf({});
+    EXPECT_NE(msg.find("TORCH_EXT_WARN_AFTER='-3'"), std::string::npos) << msg;
+  }
+  {
+    EnvGuard e("TORCH_EXT_INNER", "cpu:guard");
+    std::string msg = errorOf({});
+    EXPECT_NE(msg.find("guard to wrap guard"), std::string::npos) << msg;
+  }
+  EXPECT_NE(errorOf({{"inner", "cpu-gloo"}}).find("device:backend"), std::string::npos);
+  EXPECT_NE(errorOf({{"inner", "cpu:gloo,cpu:mpi"}}).find("twice"), std::string::npos);
+  EXPECT_NE(errorOf({{"ledger_size", "3"}}).find("between 16"), std::string::npos);
+  EXPECT_NE(errorOf({{"call_sites", "maybe"}}).find("GuardOptions(call_sites)"), std::string::npos);
+  EXPECT_NE(errorOf({{"chek", "off"}}).find("no option 'chek'"), std::string::npos);
+}
+
+TEST(Config, EveryDocumentedOptionParses) {
+  for (const auto& d : torch_ext::envVarDocs()) {
+    EXPECT_TRUE(std::string(d.env).rfind("TORCH_EXT_", 0) == 0) << d.env;
+    EXPECT_GT(std::string(d.meaning).size(), 10u) << d.env;
+  }
+}
