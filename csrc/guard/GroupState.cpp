@@ -31,11 +31,11 @@ void GroupState::setDesc(const std::string& desc) {
   desc_ = desc;
 }
 
-void GroupState::fail(GuardErrorKind kind, const std::string& report) {
+bool GroupState::fail(GuardErrorKind kind, const std::string& report) {
   std::function<void()> hook;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (failure_) return;
+    if (failure_) return false;
     failure_ = Failure{kind, report};
     failed_.store(true, std::memory_order_release);
     hook = abortHook_;
@@ -48,6 +48,7 @@ void GroupState::fail(GuardErrorKind kind, const std::string& report) {
       logMessage(LogLevel::Warning, std::string("aborting the inner backend failed: ") + e.what());
     }
   }
+  return true;
 }
 
 std::optional<Failure> GroupState::failure() const {
@@ -85,18 +86,6 @@ bool GroupState::waitUntil(const std::function<bool()>& pred, std::chrono::milli
     return true;
   }
   return cv_.wait_for(lock, timeout, done);
-}
-
-void GroupState::rememberKey(const std::string& key) {
-  std::lock_guard<std::mutex> lock(mu_);
-  keys_.push_back(key);
-}
-
-std::vector<std::string> GroupState::takeKeys() {
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<std::string> out;
-  out.swap(keys_);
-  return out;
 }
 
 } // namespace torch_ext

@@ -74,9 +74,11 @@ class GroupState {
   bool failed() const {
     return failed_.load(std::memory_order_acquire);
   }
-  void fail(GuardErrorKind kind, const std::string& report);
+  // Returns true if this call set the failure.
+  bool fail(GuardErrorKind kind, const std::string& report);
   std::optional<Failure> failure() const;
-  // Throws the group's failure; `op` names the operation that ran into it.
+  // Throws the group's failure. `op` names a later operation that ran into an
+  // earlier failure ("" for the operation that caused it).
   [[noreturn]] void throwFailure(const std::string& op) const;
   void setAbortHook(std::function<void()> hook);
 
@@ -84,10 +86,6 @@ class GroupState {
   void notify();
   // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
   bool waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
-
-  // Keys this rank created in the store, deleted at shutdown.
-  void rememberKey(const std::string& key);
-  std::vector<std::string> takeKeys();
 
  private:
   GroupIdentity id_;
@@ -102,7 +100,6 @@ class GroupState {
   std::atomic<bool> failed_{false};
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
-  std::vector<std::string> keys_;
 };
 
 } // namespace torch_ext

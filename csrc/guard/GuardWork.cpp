@@ -113,18 +113,19 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
 }
 
 void GuardWork::failFromInner(const std::string& err) {
+  // A work is pending when its group fails, so the report speaks for it as is.
   if (!state_->failed()) {
     std::string report = Watchdog::instance().failureReport(state_, id_, err);
     state_->fail(GuardErrorKind::Failure, report);
   }
-  state_->throwFailure(describe());
+  state_->throwFailure("");
 }
 
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
   if (mode_ == Mode::Future) {
     const bool done = state_->waitUntil([this] { return future_->completed(); }, timeout);
     if (!future_->completed()) {
-      if (state_->failed()) state_->throwFailure(describe());
+      if (state_->failed()) state_->throwFailure("");
       if (!done) {
         std::ostringstream os;
         os << describe() << ": wait(timeout=" << timeout.count() << " ms) expired before the collective completed";
@@ -132,7 +133,7 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
       }
     }
     if (future_->hasError()) {
-      if (state_->failed()) state_->throwFailure(describe());
+      if (state_->failed()) state_->throwFailure("");
       failFromInner(future_->tryRetrieveErrorMessage());
     }
     // Completed: the inner wait() returns at once and finishes its bookkeeping
@@ -140,13 +141,13 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
     inner_->wait(timeout);
     return true;
   }
-  if (state_->failed()) state_->throwFailure(describe());
+  if (state_->failed()) state_->throwFailure("");
   bool result = false;
   try {
     result = inner_->wait(timeout);
   } catch (const std::exception& e) {
     state_->ledger().complete(id_, false, e.what());
-    if (state_->failed()) state_->throwFailure(describe());
+    if (state_->failed()) state_->throwFailure("");
     failFromInner(e.what());
   }
   if (mode_ == Mode::Blocking) state_->ledger().complete(id_, true);

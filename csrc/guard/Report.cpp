@@ -55,11 +55,21 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (const EntryView* e = g->bySeq(s)) seen.emplace_back(&r, e);
     }
     if (seen.size() < 2 && groupSize > 1) continue;
-    std::set<uint64_t> hashes;
-    for (auto& p : seen) hashes.insert(p.second->hash);
+    std::set<uint64_t> hashes, rollings;
+    for (auto& p : seen) {
+      hashes.insert(p.second->hash);
+      rollings.insert(p.second->rolling);
+    }
     std::string note;
     bool bad = hashes.size() > 1;
     const std::string& op = seen.front().second->op;
+    if (!bad && rollings.size() > 1) {
+      // Same op at s, different histories: the first difference is older than
+      // the windows the ranks sent (only possible at the start of the windows).
+      bad = true;
+      note = "the ranks' histories already differ before #" + std::to_string(s) +
+             ": the first differing collective is no longer in the ledger (raise TORCH_EXT_LEDGER_SIZE)";
+    }
     if (!bad && (op == "all_to_all" || op == "all_to_all_single") && static_cast<int>(seen.size()) == groupSize) {
       uint64_t send = 0, recv = 0;
       for (auto& p : seen) {

@@ -155,23 +155,33 @@ void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
 }
 
 void Watchdog::leaveGroup(GroupCtx& ctx) {
+  // Incident keys stay until every rank has left, so a rank that leaves early
+  // (after acting on a verdict) cannot take the verdict away from the others.
+  // Their names are derived from the alert counter, so the last rank to leave
+  // can remove them all.
   GroupState& st = *ctx.state;
   const int size = st.id().size;
-  sset(st, "st/" + std::to_string(st.id().rank), "left " + std::to_string(wallNs()), false);
-  for (const auto& k : st.takeKeys()) {
-    try {
-      st.store()->deleteKey(k);
-      ++storeOps_;
-    } catch (const std::exception&) {
-    }
-  }
+  sset(st, "st/" + std::to_string(st.id().rank), "left " + std::to_string(wallNs()));
   try {
-    // The last rank to leave removes the shared keys.
-    if (st.store()->add(key("leave"), 1) >= size) {
-      for (int r = 0; r < size; ++r) st.store()->deleteKey(key("st/" + std::to_string(r)));
-      st.store()->deleteKey(key("alerts"));
-      st.store()->deleteKey(key("leave"));
+    c10d::Store& store = *st.store();
+    if (store.add(key("leave"), 1) < size) return;
+    const int64_t alerts = store.add(key("alerts"), 0);
+    std::vector<std::string> keys;
+    for (int64_t k = 1; k <= alerts; ++k) {
+      const std::string alert = key("alert/" + std::to_string(k));
+      if (!store.check({alert})) continue;
+      std::string desc = str(store.get(alert));
+      std::string iid = desc.substr(0, desc.find('\n'));
+      keys.push_back(alert);
+      keys.push_back(key("once/" + iid));
+      keys.push_back(key("report/" + iid));
+      for (int r = 0; r < size; ++r) keys.push_back(key("snap/" + iid + "/" + std::to_string(r)));
     }
+    for (int r = 0; r < size; ++r) keys.push_back(key("st/" + std::to_string(r)));
+    keys.push_back(key("alerts"));
+    keys.push_back(key("leave"));
+    for (const auto& k : keys) store.deleteKey(k);
+    storeOps_ += keys.size() + 2 * alerts + 2;
   } catch (const std::exception&) {
     // The store may already be gone at exit.
   }
@@ -201,11 +211,10 @@ Watchdog::Stats Watchdog::stats() const {
   return s;
 }
 
-bool Watchdog::sset(GroupState& st, const std::string& k, const std::string& value, bool remember) {
+bool Watchdog::sset(GroupState& st, const std::string& k, const std::string& value) {
   try {
     st.store()->set(key(k), bytes(value));
     ++storeOps_;
-    if (remember) st.rememberKey(key(k));
     return true;
   } catch (const std::exception& e) {
     logMessage(LogLevel::Debug, std::string("guard watchdog: store set failed: ") + e.what());
@@ -286,7 +295,7 @@ void Watchdog::tick(GroupCtx& ctx) {
   std::string status = formatStatus(now, p);
   std::string body = status.substr(status.find(' ', 3));
   if (body != ctx.lastStatus || now - ctx.lastPublishNs > 500'000'000) {
-    if (sset(st, "st/" + std::to_string(rank), status, false)) {
+    if (sset(st, "st/" + std::to_string(rank), status)) {
       ctx.lastStatus = body;
       ctx.lastPublishNs = now;
     }
@@ -362,11 +371,10 @@ void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
     ++storeOps_;
     auto cur = str(st.store()->compareSet(onceKey, {}, bytes(me)));
     if (cur != me) return;  // another rank raised it first; we join via the alert
-    st.rememberKey(onceKey);
     ++storeOps_;
     int64_t k = st.store()->add(key("alerts"), 1);
     std::string desc = iid + "\n" + me + "\n" + inc.error;
-    sset(st, "alert/" + std::to_string(k), desc, true);
+    sset(st, "alert/" + std::to_string(k), desc);
     ++incidents_;
   } catch (const std::exception& e) {
     logMessage(LogLevel::Warning, std::string("guard watchdog: could not raise incident ") + iid + ": " + e.what());
@@ -415,7 +423,7 @@ void Watchdog::respond(GroupCtx& ctx, const Incident& inc) {
   GroupState& st = *ctx.state;
   const size_t window = inc.kind == "mismatch" ? st.ledger().capacity() : kHangWindow;
   RankSnapshot snap = snapshot(inc.id(), &st, window);
-  sset(st, "snap/" + inc.id() + "/" + std::to_string(st.id().rank), toJson(snap).dump(), true);
+  sset(st, "snap/" + inc.id() + "/" + std::to_string(st.id().rank), toJson(snap).dump());
   writeDump(inc.id());
 }
 
@@ -475,7 +483,7 @@ bool Watchdog::tryAnalyse(GroupCtx& ctx, const Awaiting& a, bool force) {
     }
   }
   Verdict v = analyze(st.label(), inputs, a.incident, wallNs());
-  sset(st, "report/" + iid, v.toJson().dump(), true);
+  sset(st, "report/" + iid, v.toJson().dump());
   act(ctx, a.incident, v);
   return true;
 }
@@ -544,10 +552,16 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
     ctx->requests.push_back(inc);
     wake_ = true;
     cv_.notify_all();
-    cv_.wait_for(lock, budget, [&] { return results_.count(resultKey) > 0 || !thread_.joinable(); });
+    // Another incident (e.g. a mismatch verdict) may fail the group first: its
+    // report explains this failure better than a lost connection does.
+    cv_.wait_for(lock, budget,
+                 [&] { return results_.count(resultKey) > 0 || !thread_.joinable() || state->failed(); });
   }
   auto it = results_.find(resultKey);
-  if (it == results_.end()) return fallback + "\n  (no cross-rank report within the time limit)";
+  if (it == results_.end()) {
+    if (state->failed()) return fallback;  // the group's own failure wins; this text is unused
+    return fallback + "\n  (no cross-rank report within the time limit)";
+  }
   return it->second;
 }
 

@@ -116,7 +116,7 @@ class Watchdog {
   void leaveGroup(GroupCtx& ctx);
 
   // Store helpers that count operations and never throw.
-  bool sset(GroupState& st, const std::string& key, const std::string& value, bool remember);
+  bool sset(GroupState& st, const std::string& key, const std::string& value);
   bool scheck(GroupState& st, const std::string& key);
   std::optional<std::string> sget(GroupState& st, const std::string& key);  // only if it exists
 

@@ -176,8 +176,11 @@ def run_ranks(
     for r, p in enumerate(procs):
         p.join(timeout=10)
         results[r].exitcode = p.exitcode
-        with open(logs[r], errors="replace") as f:
-            results[r].log = f.read()
+        try:
+            with open(logs[r], errors="replace") as f:
+                results[r].log = f.read()
+        except FileNotFoundError:
+            results[r].log = "(no output: the rank did not start)"
     del server
     return results
 
