@@ -413,8 +413,18 @@ void GuardBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
 // --- coalescing --------------------------------------------------------------
 
 void GuardBackend::startCoalescing() {
-  TORCH_CHECK(!coalescing_, "guard: startCoalescing() called twice without endCoalescing() on group \"",
-              state_->label(), "\"");
+  if (coalescing_) {
+    // The previous block was abandoned (an op inside raised before torch called
+    // endCoalescing): drop it rather than leak its works into this one.
+    logMessage(LogLevel::Warning, "guard: a coalescing block on group \"" + state_->label() +
+                                      "\" was never ended (an op in it raised?); starting a new one");
+    if (nativeCoalescing_ != nullptr) {
+      try {
+        nativeCoalescing_->endCoalescing();
+      } catch (const std::exception&) {
+      }
+    }
+  }
   coalescing_ = true;
   nativeCoalescing_ = nullptr;
   coalescedIds_.clear();

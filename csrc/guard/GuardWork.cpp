@@ -114,11 +114,12 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
 
 void GuardWork::failFromInner(const std::string& err) {
   // A work is pending when its group fails, so the report speaks for it as is.
-  if (!state_->failed()) {
-    std::string report = Watchdog::instance().failureReport(state_, id_, err);
-    state_->fail(GuardErrorKind::Failure, report);
-  }
-  state_->throwFailure("");
+  if (state_->failed()) state_->throwFailure("");
+  std::string report = Watchdog::instance().failureReport(state_, id_, err);
+  // The verdict fails the whole group only when a rank is gone; an op the inner
+  // backend rejected (e.g. an unsupported reduce op) fails just this op.
+  if (state_->failed()) state_->throwFailure("");
+  throw CollectiveFailureError(report);
 }
 
 bool GuardWork::wait(std::chrono::milliseconds timeout) {

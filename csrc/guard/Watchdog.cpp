@@ -515,10 +515,14 @@ void Watchdog::act(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
         logMessage(LogLevel::Warning, text);
       }
       break;
-    case Verdict::Kind::Failure:
+    case Verdict::Kind::Failure: {
       if (reporter) logMessage(LogLevel::Error, text);
-      st.fail(GuardErrorKind::Failure, text);
+      // With a rank gone the group cannot recover: fail it on every rank, so
+      // ranks that have not reached the collective yet fail fast too.
+      const Json* gone = v.json.get("gone");
+      if (gone != nullptr && gone->isArray() && !gone->asArray().empty()) st.fail(GuardErrorKind::Failure, text);
       break;
+    }
     case Verdict::Kind::None:
       logMessage(LogLevel::Debug, text);
       break;
@@ -540,10 +544,12 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
     subject = e.seq ? std::to_string(e.seq) : "p2p-" + std::to_string(state->id().rank) + "-" + std::to_string(e.id);
     opText = e.fp.describe() + (e.seq ? " #" + std::to_string(e.seq) : "");
   }
+  // Inner errors carry a C++ backtrace after this marker: keep the message only.
+  std::string shortError = error.substr(0, error.find("\nException raised from"));
   std::string fallback = opText + " on group \"" + state->label() + "\" failed on rank " +
-                         std::to_string(state->id().globalRank(state->id().rank)) + ": " + error;
+                         std::to_string(state->id().globalRank(state->id().rank)) + ": " + shortError;
   if (!ctx || subject.empty()) return fallback + "\n  (no cross-rank report: the group is not watched)";
-  Incident inc{"failure", subject, state->id().rank, error};
+  Incident inc{"failure", subject, state->id().rank, shortError};
   const std::string resultKey = state->id().name + "/" + inc.id();
   const auto budget = std::chrono::milliseconds(
       std::max<int64_t>(5000, static_cast<int64_t>(25 * state->config().intervalS * 1000)));
@@ -562,7 +568,11 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
     if (state->failed()) return fallback;  // the group's own failure wins; this text is unused
     return fallback + "\n  (no cross-rank report within the time limit)";
   }
-  return it->second;
+  // The verdict's first line speaks for the rank that raised the incident; put
+  // this rank's own op and error first, then the cross-rank lines.
+  const std::string& verdict = it->second;
+  auto nl = verdict.find('\n');
+  return nl == std::string::npos ? fallback : fallback + verdict.substr(nl);
 }
 
 std::vector<RankOp> Watchdog::exchangeStrictFingerprints(const std::shared_ptr<GroupState>& state,

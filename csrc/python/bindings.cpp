@@ -136,7 +136,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("_is_guard", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     return dynamic_cast<GuardBackend*>(b.get()) != nullptr;
   });
-  m.def("_repr", [](const c10::intrusive_ptr<c10d::Backend>& b) { return asGuard(b).repr(); });
+  m.def("_repr", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    auto& g = asGuard(b);
+    g.state()->setDesc(g.getGroupDesc());  // torch set it after creating the backend
+    return g.repr();
+  });
   m.def("_inner", [](const c10::intrusive_ptr<c10d::Backend>& b, const std::string& device) {
     auto& g = asGuard(b);
     auto it = g.inners().find(device);

@@ -77,8 +77,12 @@ def _child(
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.environ.update(env)
+    # The test process serves the store; with the agent-store flag, env:// rendezvous
+    # (e.g. Lightning's) connects every rank to it as a client.
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+                       "TORCHELASTIC_RESTART_COUNT": "0"})
     import logging
 
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s %(levelname)s: %(message)s",
@@ -107,6 +111,12 @@ def _child(
     os._exit(code)
 
 
+class RunResults(list):
+    """The per-rank results, plus the store's keys once every rank has exited."""
+
+    store_keys: list[str]
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int,
@@ -118,7 +128,7 @@ def run_ranks(
     pg_options: Any = None,
     natural_exit: bool = False,
     **kwargs: Any,
-) -> list[RankResult]:
+) -> RunResults:
     """Runs ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
 
     ``backend=None`` skips ``init_process_group`` (the store address is still in
@@ -146,7 +156,7 @@ def run_ranks(
         conns.append(parent)
         logs.append(log_path)
 
-    results = [RankResult(rank=r) for r in range(world_size)]
+    results = RunResults(RankResult(rank=r) for r in range(world_size))
     deadline = time.monotonic() + timeout
     pending = set(range(world_size))
     while pending:
@@ -181,6 +191,7 @@ def run_ranks(
                 results[r].log = f.read()
         except FileNotFoundError:
             results[r].log = "(no output: the rank did not start)"
+    results.store_keys = server.list_keys()
     del server
     return results
 

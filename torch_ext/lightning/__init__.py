@@ -1,4 +1,6 @@
-"""Lightning integration (imported on demand: ``import torch_ext.lightning``)."""
+"""Lightning integration: ``import torch_ext.lightning`` registers ``strategy="ddp_guard"``."""
 from __future__ import annotations
 
-__all__: list[str] = []
+from torch_ext.lightning.strategy import GuardDDPStrategy
+
+__all__: list[str] = ["GuardDDPStrategy"]
