@@ -464,6 +464,11 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : gone) {
     os << "\n  rank " << r->globalRank << ": ";
+    if (r->left) {
+      os << "left the group (destroy_process_group) " << seconds(nowNs - r->heartbeatNs) << " ago after issuing #"
+         << r->leftAfterSeq << ": it finished early (ran out of data?)";
+      continue;
+    }
     if (r->heartbeatNs > 0) {
       os << "no heartbeat for " << seconds(nowNs - r->heartbeatNs);
     } else {

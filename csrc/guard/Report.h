@@ -38,6 +38,8 @@ struct RankInput {
   bool responded = false;
   RankSnapshot snapshot;           // valid if responded
   int64_t heartbeatNs = 0;         // last heartbeat seen in the store (0: unknown)
+  bool left = false;               // it destroyed the group (status "left")
+  uint64_t leftAfterSeq = 0;       // the last collective it issued before leaving
   const GroupView* group() const;  // this group's view inside snapshot, or null
   std::string groupName;
 };

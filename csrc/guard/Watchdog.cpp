@@ -38,7 +38,7 @@ std::string str(const std::vector<uint8_t>& v) {
 
 struct Status {
   bool valid = false;
-  bool left = false;
+  bool left = false;  // "left <hb> <lastSeq>": the rank destroyed the group
   int64_t hbNs = 0;
   uint64_t lastSeq = 0;
   uint64_t rolling = 0;
@@ -57,7 +57,7 @@ Status parseStatus(const std::string& s) {
   is >> tag;
   if (tag == "left") {
     st.left = true;
-    is >> st.hbNs;
+    is >> st.hbNs >> st.lastSeq;
     st.valid = true;
     return st;
   }
@@ -161,7 +161,8 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   // can remove them all.
   GroupState& st = *ctx.state;
   const int size = st.id().size;
-  sset(st, "st/" + std::to_string(st.id().rank), "left " + std::to_string(wallNs()));
+  sset(st, "st/" + std::to_string(st.id().rank),
+       "left " + std::to_string(wallNs()) + " " + std::to_string(st.ledger().progress().lastSeq));
   try {
     c10d::Store& store = *st.store();
     if (store.add(key("leave"), 1) < size) return;
@@ -479,7 +480,12 @@ bool Watchdog::tryAnalyse(GroupCtx& ctx, const Awaiting& a, bool force) {
       }
     }
     if (!in.responded) {
-      if (auto s = sget(st, "st/" + std::to_string(r))) in.heartbeatNs = parseStatus(*s).hbNs;
+      if (auto s = sget(st, "st/" + std::to_string(r))) {
+        Status status = parseStatus(*s);
+        in.heartbeatNs = status.hbNs;
+        in.left = status.left;
+        in.leftAfterSeq = status.lastSeq;
+      }
     }
   }
   Verdict v = analyze(st.label(), inputs, a.incident, wallNs());
