@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
-__all__ = ["BucketBatchSampler", "epoch_length"]
+__all__ = ["BucketBatchSampler", "RankSamplerView", "epoch_length"]
 
 _POLICIES = ("pad", "drop")
 _STATE_VERSION = 1
@@ -169,10 +169,16 @@ class BucketBatchSampler(Sampler[list[int]]):
         if epoch != self.epoch:
             self.epoch = epoch
             self._resume = None
-            self._active = False
-            self._exhausted = False
-            self._pass_start = 0
-            self._yielded = 0
+            self._detach_iterators()
+
+    def _detach_iterators(self) -> None:
+        # Iterators created before a new epoch or a loaded state keep yielding their
+        # old plan but no longer count towards this sampler's position.
+        self._pass += 1
+        self._active = False
+        self._exhausted = False
+        self._pass_start = 0
+        self._yielded = 0
 
     def __len__(self) -> int:
         """Batches this rank yields in the current pass (or the next one, if none is running)."""
@@ -331,10 +337,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.seed = _check_seed(state_dict["seed"])
         self.epoch = _check_int("epoch", state_dict["epoch"], minimum=0)
         self._resume = consumed
-        self._active = False
-        self._exhausted = False
-        self._pass_start = 0
-        self._yielded = 0
+        self._detach_iterators()
 
     def check_consistent(self, group: Any = None) -> None:
         """Checks, with one all_gather, that every rank plans the same epoch.

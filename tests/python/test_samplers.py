@@ -247,6 +247,18 @@ def test_state_at_epoch_end_and_explicit_consumed_batches():
         s.state_dict(consumed_batches=99)
 
 
+def test_set_epoch_during_an_iteration_detaches_it():
+    keys = skewed_keys(100)
+    s = BucketBatchSampler(keys, BATCH, num_replicas=2, rank=0, seed=1)
+    it = iter(s)
+    next(it)
+    s.set_epoch(1)
+    rest = list(it)  # the old iterator finishes epoch 0's plan...
+    assert len(rest) == len(s) - 1
+    assert s.state_dict()["consumed_batches"] == 0  # ...without moving epoch 1's position
+    assert s.state_dict()["epoch"] == 1
+
+
 def test_load_state_dict_from_another_dataset_or_setting_is_refused():
     keys = skewed_keys(120)
     state = BucketBatchSampler(keys, BATCH, num_replicas=2, rank=0).state_dict()
