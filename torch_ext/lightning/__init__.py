@@ -1,6 +1,12 @@
-"""Lightning integration: ``import torch_ext.lightning`` registers ``strategy="ddp_guard"``."""
+"""Lightning integration.
+
+``import torch_ext.lightning`` registers ``strategy="ddp_guard"`` (see
+:class:`GuardDDPStrategy`) and provides :class:`BucketDataLoader`, a loader for
+:class:`torch_ext.BucketBatchSampler` that Lightning does not re-wrap per rank.
+"""
 from __future__ import annotations
 
+from torch_ext.lightning.data import BucketDataLoader
 from torch_ext.lightning.strategy import GuardDDPStrategy
 
-__all__: list[str] = ["GuardDDPStrategy"]
+__all__: list[str] = ["BucketDataLoader", "GuardDDPStrategy"]
