@@ -30,7 +30,7 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch_ext"])
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "torch_ext"])
     return _CTX
 
 
@@ -148,7 +148,9 @@ def run_ranks(
             target=_child,
             args=(fn, rank, world_size, port, backend, pg_options, pg_timeout, dict(env or {}), args, kwargs,
                   child, log_path, natural_exit),
-            daemon=True,
+            # Not daemonic, so ranks can start DataLoader workers; every rank is
+            # joined or killed below.
+            daemon=False,
         )
         p.start()
         child.close()

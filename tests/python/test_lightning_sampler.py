@@ -13,8 +13,6 @@ silently splitting the data twice.
 from __future__ import annotations
 
 import collections
-import os
-import socket
 
 import pytest
 import torch
@@ -29,12 +27,6 @@ KEYS = [0.5, 1.0, 1.0, 2.0, 1.0] * 13 + [0.5, 2.0]  # 67 samples: no even split 
 BATCH = {0.5: 3, 1.0: 4, 2.0: 2}
 SEED = 3
 EPOCHS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fit(mode: str, world: int):
@@ -77,9 +69,8 @@ def _fit(mode: str, world: int):
     return {"seen": dict(model.seen), "num_training_batches": trainer.num_training_batches}
 
 
-def _lightning_ranks(rank, world, port, modes):
-    # The harness's store owns MASTER_PORT; Lightning rendezvouses through env:// on its own port.
-    os.environ["MASTER_PORT"] = str(port)
+def _lightning_ranks(rank, world, modes):
+    # Lightning rendezvouses through env://, on the harness's store.
     return {mode: _fit(mode, world) for mode in modes}
 
 
@@ -92,7 +83,7 @@ def _expected(rank: int, world: int, epoch: int) -> list[list[int]]:
 def test_lightning_ddp_keeps_bucket_batches_per_rank():
     world = 2
     modes = ["bucket_loader", "plain_loader_no_distributed_sampler", "plain_loader_default"]
-    results = run_ranks(_lightning_ranks, world, _free_port(), modes, backend=None, timeout=120)
+    results = run_ranks(_lightning_ranks, world, modes, backend=None, timeout=120)
     values = assert_all_ok(results)
     for mode in modes[:2]:
         for rank in range(world):

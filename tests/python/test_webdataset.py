@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import io
 import os
-import socket
 import tarfile
 
 import pytest
@@ -186,15 +185,8 @@ def test_even_batches_ends_the_epoch_together_when_counts_are_unknown(shards):
 # ------------------------------------------------------------------ Lightning
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _lightning_webdataset(rank, world, port, urls):
-    os.environ["MASTER_PORT"] = str(port)  # the harness's store owns its port; Lightning uses env://
-    import lightning.pytorch as pl
+def _lightning_webdataset(rank, world, urls):
+    import lightning.pytorch as pl  # rendezvous through env://, on the harness's store
 
     class Model(pl.LightningModule):
         def __init__(self):
@@ -224,7 +216,7 @@ def _lightning_webdataset(rank, world, port, urls):
 def test_lightning_knows_the_webdataset_epoch_length(shards):
     pytest.importorskip("lightning")
     world = 2
-    results = run_ranks(_lightning_webdataset, world, _free_port(), shards, backend=None, timeout=120)
+    results = run_ranks(_lightning_webdataset, world, shards, backend=None, timeout=120)
     values = assert_all_ok(results)
     n = min(rank_batches(shards, SIZES, BATCH, world_size=world))
     for total, steps in values:
