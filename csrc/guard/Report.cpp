@@ -453,7 +453,8 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
 
   if (incident.kind == "failure") {
     v.kind = Verdict::Kind::Failure;
-    os << "failed on rank " << (poster ? poster->globalRank : incident.poster) << ": " << incident.error;
+    os << "failed in the inner backend (rank " << (poster ? poster->globalRank : incident.poster)
+       << " saw: " << incident.error << ")";
   } else {
     v.kind = Verdict::Kind::Hang;
     os << "has waited " << seconds(earliestStart ? nowNs - earliestStart : 0);

@@ -498,23 +498,30 @@ void Watchdog::act(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
   GroupState& st = *ctx.state;
   const bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
   std::string text = v.text;
+  auto abortText = [&](const std::string& body) {
+    std::ostringstream os;
+    os << body << "\n  aborting: the collective exceeded abort_after ("
+       << std::chrono::duration<double>(st.abortAfter()).count()
+       << " s, TORCH_EXT_ABORT_AFTER) and fails on every live rank";
+    return os.str();
+  };
   switch (v.kind) {
     case Verdict::Kind::Mismatch:
-      if (st.config().check == CheckMode::Off) {
-        // Checks are off: say what is wrong, fail nothing.
-        if (reporter) logMessage(LogLevel::Warning, text);
-      } else {
+      if (st.config().check != CheckMode::Off) {
         if (reporter) logMessage(LogLevel::Error, text);
         st.fail(GuardErrorKind::Mismatch, text);
+      } else if (inc.kind == "abort") {
+        // Checks are off, but the deadline is not: abort, saying what differs.
+        text = abortText(text);
+        if (reporter) logMessage(LogLevel::Error, text);
+        st.fail(GuardErrorKind::Timeout, text);
+      } else if (reporter) {
+        logMessage(LogLevel::Warning, text);  // checks are off: say what is wrong, fail nothing
       }
       break;
     case Verdict::Kind::Hang:
       if (inc.kind == "abort") {
-        std::ostringstream os;
-        os << text << "\n  aborting: the collective exceeded abort_after ("
-           << std::chrono::duration<double>(st.abortAfter()).count()
-           << " s, TORCH_EXT_ABORT_AFTER) and fails on every live rank";
-        text = os.str();
+        text = abortText(text);
         if (reporter) logMessage(LogLevel::Error, text);
         st.fail(GuardErrorKind::Timeout, text);
       } else if (reporter) {
@@ -548,12 +555,12 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
   for (const auto& e : state->ledger().entriesAfter(entryId ? entryId - 1 : 0, 1)) {
     if (e.id != entryId) continue;
     subject = e.seq ? std::to_string(e.seq) : "p2p-" + std::to_string(state->id().rank) + "-" + std::to_string(e.id);
-    opText = e.fp.describe() + (e.seq ? " #" + std::to_string(e.seq) : "");
+    opText = e.seq ? "collective #" + std::to_string(e.seq) + " " + e.fp.describe() : e.fp.describe();
   }
   // Inner errors carry a C++ backtrace after this marker: keep the message only.
   std::string shortError = error.substr(0, error.find("\nException raised from"));
-  std::string fallback = opText + " on group \"" + state->label() + "\" failed on rank " +
-                         std::to_string(state->id().globalRank(state->id().rank)) + ": " + shortError;
+  std::string fallback = opText + " on group \"" + state->label() + "\" failed in the inner backend (rank " +
+                         std::to_string(state->id().globalRank(state->id().rank)) + " saw: " + shortError + ")";
   if (!ctx || subject.empty()) return fallback + "\n  (no cross-rank report: the group is not watched)";
   Incident inc{"failure", subject, state->id().rank, shortError};
   const std::string resultKey = state->id().name + "/" + inc.id();

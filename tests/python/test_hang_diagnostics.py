@@ -1,0 +1,317 @@
+"""Live hang reports that name the culprit ranks, across real processes.
+
+Each scenario reproduces a classic way a data-parallel job hangs and checks what
+the guard says about it: who waits in which collective (seq, op, shapes, call
+site), who has not arrived and where its main thread is, who is gone; that the
+report comes from the lowest waiting rank within 2 s of TORCH_EXT_WARN_AFTER;
+that every rank writes a dump; and that TORCH_EXT_ABORT_AFTER turns the hang into
+an error on every live rank.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_ext
+from harness import assert_all_ok, report, run_ranks
+
+FAST = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_INTERVAL": "0.1"}
+
+
+class _Records(logging.Handler):
+    """Collects the torch_ext logger's records with their arrival time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[float, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((time.monotonic(), record.levelname, record.getMessage()))
+
+
+def _capture() -> _Records:
+    h = _Records()
+    logging.getLogger("torch_ext").addHandler(h)
+    return h
+
+
+def _reports(records, word="has waited"):
+    return [(t, lvl, msg) for t, lvl, msg in records if word in msg]
+
+
+# --- a rank sleeping in Python before a collective ------------------------------
+
+def _slow_validation(hold: float) -> None:
+    time.sleep(hold)  # stands for a long rank-local validation
+
+
+def _sleepy(rank: int, world: int, hold: float) -> dict:
+    cap = _capture()
+    dist.all_reduce(torch.ones(1))  # #1 completes everywhere
+    start = time.monotonic()
+    if rank == world - 1:
+        _slow_validation(hold)
+    t = torch.ones(8)
+    dist.all_reduce(t)  # #2 waits for the last rank
+    return {"start": start, "records": cap.records, "value": t.tolist()}
+
+
+def test_sleeping_rank_is_reported_by_lowest_waiting_rank_and_training_goes_on(tmp_path):
+    world, hold = 3, 4.0
+    env = dict(FAST, TORCH_EXT_DUMP_DIR=str(tmp_path))
+    values = assert_all_ok(run_ranks(_sleepy, world, hold, env=env, timeout=60))
+    assert all(v["value"] == [3.0] * 8 for v in values)  # a slow rank is no error
+
+    reports = _reports(values[0]["records"])
+    assert len(reports) == 1, values[0]["records"]
+    when, level, text = reports[0]
+    assert level == "WARNING"
+    assert 'collective #2 all_reduce(float32[8], SUM) on group "default_pg" has waited' in text
+    assert "waiting: ranks 0,1 at test_hang_diagnostics.py:" in text and "in _sleepy" in text
+    assert "rank 2 has not arrived: last completed #1" in text
+    assert "main thread now at" in text and "in _slow_validation" in text
+    # Within 2 s of the warn threshold.
+    assert when - (values[0]["start"] + 1.0) < 2.0, text
+    # Only the lowest waiting rank logs it.
+    for r in (1, 2):
+        assert not _reports(values[r]["records"]), values[r]["records"]
+
+    # Every live rank wrote a dump; diagnose reads them alone (post-mortem).
+    assert sorted(os.listdir(tmp_path)) == ["rank0.json", "rank1.json", "rank2.json"]
+    dump = json.loads((tmp_path / "rank0.json").read_text())
+    entry = dump["groups"][0]["entries"][-1]
+    for field in ("record_id", "collective_seq_id", "profiling_name", "time_created_ns", "input_sizes",
+                  "input_dtypes", "state", "frames"):
+        assert field in entry  # Flight Recorder fields
+    html = tmp_path.parent / "report.html"
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path), "--html", str(html)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "rank 2 has not arrived" in out.stdout and "in _slow_validation" in out.stdout, out.stdout
+    page = html.read_text()
+    assert "<svg" in page and "rank 2 (culprit)" in page and "class='pending stuck'" in page
+
+
+# --- a rank blocked in C code while holding the GIL -----------------------------
+
+def _hold_gil(seconds: int) -> None:
+    libc = ctypes.PyDLL(ctypes.util.find_library("c"))  # PyDLL: the GIL stays held during the call
+    libc.sleep(seconds)
+
+
+def _gil_holder(rank: int, world: int) -> dict:
+    cap = _capture()
+    dist.all_reduce(torch.ones(1))
+    if rank == world - 1:
+        _hold_gil(4)
+    dist.all_reduce(torch.ones(2))
+    return {"records": cap.records}
+
+
+def test_rank_blocked_in_native_code_holding_the_gil_is_located():
+    values = assert_all_ok(run_ranks(_gil_holder, 2, env=FAST, timeout=60))
+    reports = _reports(values[0]["records"])
+    assert len(reports) == 1, values[0]["records"]
+    text = reports[0][2]
+    assert "rank 1 has not arrived" in text
+    assert "in _hold_gil" in text, text  # its stack, read although it never released the GIL
+    assert "held the GIL" in text, text
+
+
+# --- rank-0-only validation that itself runs a collective -------------------------
+
+def _validate() -> None:
+    dist.all_reduce(torch.ones(2))  # a metric sync only rank 0 reaches
+
+
+def _rank0_validation(rank: int, world: int) -> str:
+    dist.all_reduce(torch.ones(4))
+    try:
+        if rank == 0:
+            _validate()
+        dist.barrier()
+    except torch_ext.CollectiveMismatchError as e:
+        return str(e)
+    return "no error"
+
+
+def test_rank0_only_validation_collective_is_a_mismatch_on_every_rank():
+    values = assert_all_ok(run_ranks(_rank0_validation, 3, env=FAST, timeout=60))
+    for text in values:
+        assert 'collective #2 on group "default_pg" (3 ranks) differs across ranks:' in text, text
+        assert "rank 0:" in text and "all_reduce(float32[2], SUM)" in text and "in _validate" in text, text
+        assert "ranks 1,2:" in text and "barrier()" in text and "in _rank0_validation" in text, text
+
+
+def _rank0_validation_unchecked(rank: int, world: int) -> dict:
+    cap = _capture()
+    dist.all_reduce(torch.ones(4))
+    try:
+        if rank == 0:
+            _validate()
+        dist.barrier()
+    except torch_ext.CollectiveTimeoutError as e:
+        return {"error": str(e), "records": cap.records}
+    return {"error": None, "records": cap.records}
+
+
+def test_with_checks_off_the_hang_report_still_says_what_differs_and_abort_ends_it():
+    env = dict(FAST, TORCH_EXT_CHECK="off", TORCH_EXT_ABORT_AFTER="3")
+    values = assert_all_ok(run_ranks(_rank0_validation_unchecked, 2, env=env, timeout=60))
+    warned = [m for _, lvl, m in values[0]["records"] if lvl == "WARNING" and "differs across ranks" in m]
+    assert warned, values[0]["records"]
+    for v in values:
+        assert v["error"] and "differs across ranks" in v["error"] and "aborting" in v["error"], v
+
+
+# --- a rank killed with SIGKILL -----------------------------------------------------
+
+def _killed(rank: int, world: int) -> str:
+    dist.all_reduce(torch.ones(1))
+    if rank == world - 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(3))
+    except torch_ext.CollectiveFailureError as e:
+        return str(e)
+    return "no error"
+
+
+def test_killed_rank_is_named_as_gone():
+    results = run_ranks(_killed, 3, env=FAST, timeout=60)
+    assert results[2].exitcode == -signal.SIGKILL
+    for r in results[:2]:
+        assert r.ok, report(results)
+        assert 'collective #2 all_reduce(float32[3], SUM) on group "default_pg" failed in the inner backend' in r.value
+        assert "rank 2: no heartbeat" in r.value and "process gone or frozen" in r.value, r.value
+
+
+# --- a rank that left its loop early (uneven data) ----------------------------------
+
+def _uneven(rank: int, world: int, final: str) -> str:
+    batches = 2 if rank == 0 else 4
+    try:
+        for _ in range(batches):
+            dist.all_reduce(torch.ones(4))
+        if final == "barrier":
+            dist.barrier()  # "wait for the others" after the loop
+        else:
+            dist.destroy_process_group()  # done: leave
+            return "left"
+    except (torch_ext.CollectiveMismatchError, torch_ext.CollectiveFailureError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def test_rank_that_ran_out_of_data_and_waits_in_barrier_is_a_mismatch():
+    for text in assert_all_ok(run_ranks(_uneven, 2, "barrier", env=FAST, timeout=60)):
+        assert text.startswith("CollectiveMismatchError"), text
+        assert "collective #3" in text and "rank 0:" in text and "barrier()" in text, text
+        assert "rank 1:" in text and "all_reduce(float32[4], SUM)" in text and "in _uneven" in text, text
+
+
+def test_rank_that_ran_out_of_data_and_left_is_named():
+    values = assert_all_ok(run_ranks(_uneven, 2, "leave", env=FAST, timeout=60))
+    assert values[0] == "left"
+    text = values[1]
+    assert text.startswith("CollectiveFailureError"), text
+    assert "rank 0: left the group (destroy_process_group)" in text and "after issuing #2" in text, text
+
+
+# --- an async-mode mismatch that would hang -----------------------------------------
+
+def _crossed_reduce(rank: int, world: int) -> dict:
+    start = time.monotonic()
+    try:
+        dist.reduce(torch.ones(5), dst=rank)  # each rank believes it is the root: both wait forever
+    except torch_ext.CollectiveMismatchError as e:
+        return {"error": str(e), "after": time.monotonic() - start}
+    return {"error": None}
+
+
+def test_async_mismatch_that_hangs_fails_every_rank_instead():
+    values = assert_all_ok(run_ranks(_crossed_reduce, 2, env={"TORCH_EXT_INTERVAL": "0.1"}, timeout=60))
+    for v in values:
+        assert v["error"], v
+        assert "reduce(float32[5], SUM, dst=0)" in v["error"] and "reduce(float32[5], SUM, dst=1)" in v["error"]
+        assert v["after"] < 10.0  # detected off the hot path long before any timeout
+
+
+# --- abort_after: the hang becomes an error on every live rank ----------------------
+
+def _abort(rank: int, world: int) -> None:
+    dist.all_reduce(torch.ones(1))
+    if rank == world - 1:
+        _slow_validation(6.0)
+    dist.all_reduce(torch.ones(1))  # raises CollectiveTimeoutError (the late rank too)
+
+
+def test_abort_after_fails_every_live_rank_and_the_job_exits_nonzero():
+    env = dict(FAST, TORCH_EXT_ABORT_AFTER="2")
+    results = run_ranks(_abort, 3, env=env, timeout=60, natural_exit=True)
+    for r in results:
+        assert not r.timed_out, report(results)  # nobody hangs, at exit either
+        assert r.exitcode == 1 and r.error_type == "CollectiveTimeoutError", report(results)
+        assert "has waited" in r.error and "aborting" in r.error and "rank 2 has not arrived" in r.error
+    # The late rank learned of the abort without ever joining the collective.
+    assert "rank 2 has not arrived" in results[2].error
+
+
+# --- an unwritable dump directory ---------------------------------------------------
+
+def _unwritable(rank: int, world: int) -> dict:
+    cap = _capture()
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:
+        _slow_validation(2.5)
+    dist.all_reduce(torch.ones(1))
+    return {"records": cap.records}
+
+
+def test_unwritable_dump_dir_warns_once_and_training_goes_on():
+    env = dict(FAST, TORCH_EXT_DUMP_DIR="/proc/torch_ext_cannot_write_here")
+    values = assert_all_ok(run_ranks(_unwritable, 2, env=env, timeout=60))
+    warnings = [m for _, _, m in values[0]["records"] if "cannot write dumps" in m]
+    assert len(warnings) == 1 and "TORCH_EXT_DUMP_DIR" in warnings[0], values[0]["records"]
+
+
+# --- diagnose on bad input ------------------------------------------------------------
+
+def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
+    good = tmp_path / "good"
+    good.mkdir()
+    env = dict(FAST, TORCH_EXT_DUMP_DIR=str(good))
+    assert_all_ok(run_ranks(_sleepy, 2, 2.5, env=env, timeout=60))
+    text = (good / "rank0.json").read_text()
+    (good / "rank0.json").write_text(text[: len(text) // 2])  # truncated
+    (good / "flight_recorder.json").write_text(json.dumps({"version": "2.10", "entries": []}))  # foreign
+    (good / "notes.txt").write_text("not json")
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(good)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "rank0.json: truncated JSON" in out.stdout, out.stdout
+    assert "flight_recorder.json: not a valid torch_ext dump" in out.stdout and "version '2.10'" in out.stdout
+    assert "notes.txt: invalid JSON" in out.stdout
+    assert "1 dump(s) from rank(s) 1" in out.stdout  # the rest is analysed
+    empty = tmp_path / "missing"
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(empty)], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 2 and "is not a directory" in out.stderr
+
+
+@pytest.mark.parametrize("world", [4])
+def test_report_lists_several_culprits(world):
+    values = assert_all_ok(run_ranks(_sleepy, world, 3.0, env=FAST, timeout=60))
+    text = _reports(values[0]["records"])[0][2]
+    assert "waiting: ranks 0,1,2" in text and "rank 3 has not arrived" in text
