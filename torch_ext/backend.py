@@ -208,8 +208,9 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     if not inner:
         raise ValueError(f"{where[0]}='{where[1]}' leaves no inner backend for any available device")
     helper = None
-    if cfg["check"] == "strict":
-        # Strict mode's one small check collective runs on its own CPU group.
+    if cfg["check"] != "off" and dist.is_gloo_available():
+        # The guard's own small check collectives (strict mode's per-collective
+        # check, async mode's all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     return _C._create_backend(
         store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper

@@ -2,6 +2,8 @@
 
 #include "guard/CallSite.h"
 #include "guard/GuardWork.h"
+#include "guard/Json.h"
+#include "guard/Snapshot.h"
 #include "guard/Report.h"
 #include "guard/Runtime.h"
 #include "guard/Watchdog.h"
@@ -178,17 +180,27 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
     state_->setDesc(pg_desc_);
   }
   const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
-  const bool strict = strict_ && !isP2P(op);
+  const bool p2p = isP2P(op);
+  const bool strict = strict_ && !p2p;
+  const bool strictP2P = strict_ && p2p && op != Op::RecvAnySource;
+  const bool audit = helper_ && !strict_ && (op == Op::AllToAll || op == Op::AllToAllSingle);
+  const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv;
   Fingerprint strictCopy;
-  if (strict) strictCopy = fp;
-  uint64_t seq = 0;
-  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq);
-  if (strict) {
+  if (strict || strictP2P) strictCopy = fp;
+  uint64_t seq = 0, ordinal = 0;
+  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal);
+  if (strict || strictP2P) {
     try {
-      strictCheck(strictCopy, seq, site);
-    } catch (const std::exception& e) {
+      if (strict) {
+        strictCheck(strictCopy, seq, site);
+      } else {
+        strictP2PCheck(strictCopy, ordinal, site);
+      }
+    } catch (const GuardError&) {
       state_->ledger().complete(id, false, "strict check failed");
       throw;
+    } catch (const std::exception& e) {
+      failWhileIssuing(id, e);  // the check's own transport failed (a peer is gone?)
     }
   }
   if (coalescing_ && nativeCoalescing_ == nullptr && coalescedWorks_.empty() && inner.supportsCoalescing()) {
@@ -209,9 +221,11 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
     e.add_context(os.str());
     throw;
   } catch (const std::exception& e) {
-    state_->ledger().complete(id, false, e.what());
-    throw;
+    // Not a c10::Error: the transport failed while issuing (e.g. gloo found the
+    // connection to a peer closed).
+    failWhileIssuing(id, e);
   }
+  if (audit) auditSplits(seq, splitSend, splitRecv);
   if (coalescing_ && nativeCoalescing_ != nullptr) {
     // Native coalescing: the block's work comes from endCoalescing().
     coalescedIds_.push_back(id);
@@ -224,6 +238,16 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   auto wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, device);
   if (coalescing_) coalescedWorks_.push_back(wrapped);
   return wrapped;
+}
+
+void GuardBackend::failWhileIssuing(uint64_t id, const std::exception& e) {
+  // Explained like a failure seen in wait(): with the cross-rank report, or
+  // with the group's own failure if a verdict failed it meanwhile.
+  state_->ledger().complete(id, false, e.what());
+  if (state_->failed()) state_->throwFailure("");
+  std::string report = Watchdog::instance().failureReport(state_, id, e.what());
+  if (state_->failed()) state_->throwFailure("");
+  throw CollectiveFailureError(report);
 }
 
 void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite) {
@@ -254,6 +278,83 @@ void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t cal
                                            : "");
   state_->fail(GuardErrorKind::Mismatch, report);
   state_->throwFailure("");
+}
+
+void GuardBackend::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite) {
+  const int me = getRank();
+  const bool send = fp.op == Op::Send;
+  const int src = send ? me : fp.root;
+  const int dst = send ? fp.root : me;
+  const std::string key = "guard/p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" +
+                          std::to_string(fp.tag) + "/" + std::to_string(ordinal);
+  const std::string where = CallSites::instance().describe(callSite);
+  if (send) {
+    Json mine = Json::object();
+    mine.set("text", fp.describe());
+    mine.set("where", where);
+    mine.set("pair", hex64(fp.p2pPairHash()));
+    const std::string v = mine.dump();
+    state_->store()->set(key, std::vector<uint8_t>(v.begin(), v.end()));  // the receiver deletes it
+    return;
+  }
+  // Wait for the sender's fingerprint in short slices, so that a group failure
+  // (e.g. the watchdog finding that nobody will send) ends the wait.
+  while (true) {
+    if (state_->failed()) state_->throwFailure(opName(fp.op));
+    try {
+      state_->store()->wait({key}, std::chrono::milliseconds(100));
+      break;
+    } catch (const std::exception&) {
+      // not there yet
+    }
+  }
+  auto raw = state_->store()->get(key);
+  state_->store()->deleteKey(key);
+  Json theirs = Json::parse(std::string(raw.begin(), raw.end()));
+  if (parseHex64(theirs.at("pair").asString(), "pair hash") == fp.p2pPairHash()) return;
+  std::ostringstream os;
+  os << "send/recv on group \"" << state_->label() << "\" do not pair (dtype, element count or tag differ):\n  rank "
+     << state_->id().globalRank(src) << ": " << theirs.at("text").asString() << " (#" << ordinal << ") at "
+     << theirs.at("where").asString() << "\n    but rank " << state_->id().globalRank(me) << " has " << fp.describe()
+     << " (#" << ordinal << ") at " << where;
+  // Tell the sender and the others before raising here: they act on the
+  // published verdict even if this process exits right after.
+  Verdict v;
+  v.kind = Verdict::Kind::Mismatch;
+  v.text = os.str();
+  v.reporter = state_->id().globalRank(me);
+  Watchdog::instance().publishVerdict(state_, Incident{"mismatch", "any", me, ""}, v);
+  state_->fail(GuardErrorKind::Mismatch, v.text);
+  state_->throwFailure("");
+}
+
+void GuardBackend::auditSplits(uint64_t seq, uint64_t splitSend, uint64_t splitRecv) {
+  const int size = getSize();
+  at::Tensor mine = at::empty({2}, at::TensorOptions().dtype(at::kLong));
+  mine.data_ptr<int64_t>()[0] = static_cast<int64_t>(splitSend);
+  mine.data_ptr<int64_t>()[1] = static_cast<int64_t>(splitRecv);
+  at::Tensor all = at::empty({2 * size}, at::TensorOptions().dtype(at::kLong));
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = helper_->_allgather_base(all, mine)->getFuture();
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::Debug, std::string("guard: split audit not started: ") + e.what());
+    return;
+  }
+  std::weak_ptr<GroupState> weak = state_;
+  fut->addCallback([weak, all, mine, size](c10::ivalue::Future& f) {
+    if (f.hasError()) return;
+    const int64_t* a = all.data_ptr<int64_t>();
+    uint64_t send = 0, recv = 0;
+    for (int r = 0; r < size; ++r) {
+      send += static_cast<uint64_t>(a[2 * r]);
+      recv += static_cast<uint64_t>(a[2 * r + 1]);
+    }
+    if (send == recv) return;
+    if (auto st = weak.lock()) {
+      Watchdog::instance().requestIncident(st, Incident{"mismatch", "any", st->id().rank, ""});
+    }
+  });
 }
 
 // --- collectives ---------------------------------------------------------

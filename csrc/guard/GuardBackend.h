@@ -135,9 +135,17 @@ class GuardBackend : public c10d::Backend {
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
   c10d::Backend& innerOrThrow(c10::DeviceType device, Op op);
+  [[noreturn]] void failWhileIssuing(uint64_t id, const std::exception& e);
   // Strict mode: one small all_gather on the helper backend; throws
   // CollectiveMismatchError on every rank when fingerprints differ.
   void strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite);
+  // Strict mode, point-to-point: the sender publishes its fingerprint in the
+  // store, the receiver compares it with its own before receiving.
+  void strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
+  // Async mode, all-to-all: split pairing cannot be seen by the ring check
+  // (splits differ per rank by nature), so a tiny all_gather of the pairing
+  // sums runs on the helper group next to the op, without delaying it.
+  void auditSplits(uint64_t seq, uint64_t splitSend, uint64_t splitRecv);
   void stopWatchdog();
 
   std::shared_ptr<GroupState> state_;

@@ -40,7 +40,7 @@ Entry* Ledger::slot(uint64_t id) {
   return e.id == id ? &e : nullptr;
 }
 
-uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq) {
+uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal) {
   const int64_t now = wallNs();
   const int64_t nowSteady = steadyNs();
   std::lock_guard<std::mutex> lock(mu_);
@@ -68,6 +68,7 @@ uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq) {
   }
   e.fp = std::move(fp);
   if (seq) *seq = e.seq;
+  if (ordinal) *ordinal = e.p2pOrdinal;
   // A record that fell out of the ring can no longer be pending for us.
   if (minPendingId_ + ring_.size() <= id) minPendingId_ = id + 1 - ring_.size();
   return id;

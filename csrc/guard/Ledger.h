@@ -71,8 +71,9 @@ class Ledger {
   }
 
   // Appends an operation in state Scheduled and returns its record id. Fills
-  // `*seq` with the collective seq (0 for p2p).
-  uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq);
+  // `*seq` with the collective seq (0 for p2p) and `*ordinal` with the p2p
+  // ordinal (0 for collectives).
+  uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal = nullptr);
   // Marks a record finished (the ring entry too, unless overwritten) and hands
   // back the future registered with track(), which the caller must complete.
   // Only the first completion of a record gets the future.

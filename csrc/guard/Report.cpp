@@ -155,9 +155,11 @@ std::optional<std::string> findP2PMismatch(const std::string& label, const std::
     bool blockedUnmatched = false;
     bool blockedOther = false;
     for (const auto& e : g->entries) {
-      if (e.state != "scheduled") continue;
+      // Pending ops, and failed ones (the inner backend or a strict check
+      // refused them): both still await a counterpart that may not pair.
+      if (e.state == "completed") continue;
       if (!e.isP2P) {
-        blockedOther = true;
+        if (e.state == "scheduled") blockedOther = true;
         continue;
       }
       anyP2P = true;

@@ -433,15 +433,16 @@ void Watchdog::progressAwaiting(GroupCtx& ctx) {
   const int64_t now = wallNs();
   for (auto it = ctx.awaiting.begin(); it != ctx.awaiting.end();) {
     bool done = false;
-    if (it->analyst) {
-      done = tryAnalyse(ctx, *it, now > it->snapDeadlineNs);
-    } else if (auto report = sget(st, "report/" + it->incident.id())) {
+    // A published verdict wins, also for the rank that raised the incident.
+    if (auto report = sget(st, "report/" + it->incident.id())) {
       try {
         act(ctx, it->incident, Verdict::fromJson(Json::parse(*report)));
       } catch (const std::exception& e) {
         logMessage(LogLevel::Warning, std::string("guard watchdog: unreadable report: ") + e.what());
       }
       done = true;
+    } else if (it->analyst) {
+      done = tryAnalyse(ctx, *it, now > it->snapDeadlineNs);
     } else if (now > it->reportDeadlineNs) {
       // The analyst did not publish in time (gone?): analyse ourselves.
       it->analyst = true;
@@ -544,6 +545,34 @@ void Watchdog::act(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
     std::lock_guard<std::mutex> lock(mu_);
     results_[st.id().name + "/" + inc.id()] = text;
   }
+  cv_.notify_all();
+}
+
+bool Watchdog::publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict) {
+  GroupState& st = *state;
+  const std::string iid = inc.id();
+  const std::string me = std::to_string(st.id().rank);
+  try {
+    ++storeOps_;
+    if (str(st.store()->compareSet(key("once/" + iid), {}, bytes(me))) != me) return false;
+    sset(st, "report/" + iid, verdict.toJson().dump());
+    ++storeOps_;
+    const int64_t k = st.store()->add(key("alerts"), 1);
+    sset(st, "alert/" + std::to_string(k), iid + "\n" + me + "\n");
+    ++incidents_;
+    return true;
+  } catch (const std::exception& e) {
+    logMessage(LogLevel::Warning, "guard: could not publish " + iid + ": " + e.what());
+    return false;
+  }
+}
+
+void Watchdog::requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) {
+  auto ctx = find(state.get());
+  if (!ctx) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx->requests.push_back(inc);
+  wake_ = true;
   cv_.notify_all();
 }
 

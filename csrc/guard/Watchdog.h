@@ -53,6 +53,16 @@ class Watchdog {
   // so neighbours find the key from their first tick.
   static void announce(c10d::Store& store, int rank);
 
+  // Raises `inc` for `state`'s group from any thread (the watchdog posts it at
+  // once); used by checks that run outside the watchdog, e.g. the split audit.
+  void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc);
+
+  // Raises `inc` with a verdict already known to this rank (e.g. a strict check
+  // that saw both fingerprints): the report is published before the alert, so
+  // the other ranks act on it even if this rank raises and exits at once.
+  // Runs on the calling thread; returns false if the incident was raised already.
+  bool publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict);
+
   // A work whose inner op failed: raises (or joins) a failure incident and
   // returns the cross-rank report, waiting a few seconds at most.
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId, const std::string& error);
