@@ -172,6 +172,10 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   Fingerprint fp = builder.finish();
   const Op op = fp.op;
   if (state_->failed()) state_->throwFailure(opName(op));
+  if (shutdown_) {
+    throw c10::DistBackendError(std::string("guard: ") + opName(op) + " on group \"" + state_->label() +
+                                "\", which was shut down (destroy_process_group): create a new group to go on");
+  }
   c10d::Backend& inner = innerOrThrow(device, op);
   if (!descSynced_) {
     // torch sets the description after creating the backend; pick it up on the
@@ -508,6 +512,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::recvAnysource(std::vector<at::Tenso
 
 void GuardBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
   if (state_->failed()) state_->throwFailure("monitored_barrier");
+  TORCH_CHECK(!shutdown_, "guard: monitored_barrier on a group that was shut down");
   innerOrThrow(c10::DeviceType::CPU, Op::Barrier).monitoredBarrier(opts, waitAllRanks);
 }
 
@@ -557,21 +562,28 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::endCoalescing() {
 // --- lifecycle and forwarding ---------------------------------------------
 
 void GuardBackend::setSequenceNumberForGroup() {
-  for (auto& kv : inner_) kv.second.backend->setSequenceNumberForGroup();
+  for (auto& kv : inner_) {
+    if (kv.second.backend) kv.second.backend->setSequenceNumberForGroup();
+  }
 }
 
 uint64_t GuardBackend::getSequenceNumberForGroup() {
   auto b = cpu_ ? cpu_ : inner_.begin()->second.backend;
+  TORCH_CHECK(b, "guard: group \"", state_->label(), "\" was shut down");
   return b->getSequenceNumberForGroup();
 }
 
 void GuardBackend::setTimeout(std::chrono::milliseconds timeout) {
-  for (auto& kv : inner_) kv.second.backend->setTimeout(timeout);
+  for (auto& kv : inner_) {
+    if (kv.second.backend) kv.second.backend->setTimeout(timeout);
+  }
 }
 
 void GuardBackend::setGroupUid(const std::string& pgUid) {
   c10d::Backend::setGroupUid(pgUid);
-  for (auto& kv : inner_) kv.second.backend->setGroupUid(pgUid);
+  for (auto& kv : inner_) {
+    if (kv.second.backend) kv.second.backend->setGroupUid(pgUid);
+  }
 }
 
 void GuardBackend::eagerConnectSingleDevice(at::Device device) {
@@ -600,8 +612,18 @@ void GuardBackend::abort() {
 }
 
 void GuardBackend::shutdown() {
+  if (shutdown_) return;
+  shutdown_ = true;
   stopWatchdog();
   for (auto& kv : inner_) kv.second.backend->shutdown();
+  if (state_->failed()) return;  // failed inners stay alive on purpose (see keepForever)
+  // Release the inner and helper backends now: torch may keep this object alive
+  // after destroy_process_group(), and their threads should not outlive it.
+  state_->setAbortHook(nullptr);
+  for (auto& kv : inner_) kv.second.backend.reset();
+  cpu_.reset();
+  cuda_.reset();
+  helper_.reset();
 }
 
 } // namespace torch_ext

@@ -167,6 +167,7 @@ class GuardBackend : public c10d::Backend {
 
   bool stopped_ = false;
   bool descSynced_ = false;
+  bool shutdown_ = false;
 };
 
 } // namespace torch_ext

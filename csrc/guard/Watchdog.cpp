@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -112,7 +113,10 @@ void Watchdog::add(const std::shared_ptr<GroupState>& state) {
   groups_.push_back(ctx);
   if (!thread_.joinable() && !exiting_) {
     stop_ = false;
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "torch_ext_watch");
+      loop();
+    });
     threadId_ = thread_.get_id();
   }
 }

@@ -8,6 +8,7 @@
 #include <frameobject.h>
 
 #include <dlfcn.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -152,7 +153,12 @@ class Helper {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;
     queue_.push_back(std::move(task));
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    if (!thread_.joinable()) {
+      thread_ = std::thread([this] {
+        pthread_setname_np(pthread_self(), "torch_ext_py");
+        run();
+      });
+    }
     cv_.notify_one();
   }
 

@@ -144,7 +144,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_inner", [](const c10::intrusive_ptr<c10d::Backend>& b, const std::string& device) {
     auto& g = asGuard(b);
     auto it = g.inners().find(device);
-    return it == g.inners().end() ? c10::intrusive_ptr<c10d::Backend>() : it->second.backend;
+    return it == g.inners().end() ? c10::intrusive_ptr<c10d::Backend>() : it->second.backend;  // null after shutdown
   });
   m.def("_inner_names", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     std::map<std::string, std::string> out;
