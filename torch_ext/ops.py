@@ -71,12 +71,17 @@ def fused_step_sync_finish(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 def _check_fake(flags: torch.Tensor, metrics: torch.Tensor) -> None:
+    # The same checks (and words) as the C++ kernel, for traced and meta calls.
+    op = "torch.ops.torch_ext.step_sync"
     torch._check(flags.dim() == 1 and flags.shape[0] == 2,
-                 lambda: f"step_sync: flags must be a 1-D tensor [stop, has_data], got shape {tuple(flags.shape)}")
+                 lambda: f"{op}: flags must be a 1-D tensor [stop, has_data] of 2 elements, got shape "
+                         f"{list(flags.shape)}; build it as torch.tensor([stop, has_data])")
     torch._check(metrics.dim() == 1,
-                 lambda: f"step_sync: metrics must be a 1-D tensor, got shape {tuple(metrics.shape)}")
+                 lambda: f"{op}: metrics must be a 1-D tensor of k values (k may be 0), got shape "
+                         f"{list(metrics.shape)}; flatten it or stack one scalar per metric")
     torch._check(flags.device == metrics.device,
-                 lambda: f"step_sync: flags on {flags.device} but metrics on {metrics.device}")
+                 lambda: f"{op}: flags are on {flags.device} but metrics on {metrics.device}; put both on the "
+                         "same device (the one the group reduces on)")
 
 
 @torch.library.register_fake("torch_ext::step_sync")

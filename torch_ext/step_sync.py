@@ -1,4 +1,699 @@
-"""Placeholder: filled in by its issue."""
+"""One collective per step: early stop, has-data and metric means, on every rank at once.
+
+:class:`StepSync` answers three questions with ONE all_reduce
+(``torch.ops.torch_ext.step_sync``): does any rank want to stop, do all ranks
+still have data, and what are the cross-rank means of a few metrics.
+:func:`even_batches` builds on it so that a loop over per-rank data of unknown
+or unequal length ends on every rank at the same step.
+
+Why not ``broadcast`` the decision from rank 0? Because the other ranks must be
+waiting in the matching broadcast: a rank that decides to stop and ``break``\\ s
+leaves the rest blocked in their next collective (and some backends, SageMaker's
+SMDDP among them, implement all_reduce but not broadcast). Here every rank calls
+the same collective every step, and every rank reads the same answer.
+"""
 from __future__ import annotations
 
-__all__: list[str] = []
+import dataclasses
+import math
+import zlib
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, Union
+
+import torch
+import torch.distributed as dist
+
+from torch_ext import ops
+
+__all__ = ["StepSync", "StepSyncResult", "PendingStepSync", "EvenBatches", "even_batches"]
+
+T = TypeVar("T")
+StopLike = Union[None, bool, int, torch.Tensor, Callable[[], Any], Any]
+MetricValue = Union[torch.Tensor, float, int]
+
+_POLICIES = ("stop", "join")
+
+
+def _metric_signature(keys: Sequence[str]) -> float:
+    """A small integer identifying the metric names (and their order).
+
+    Every rank adds it to one extra slot of the packed buffer; the reduced slot
+    equals ``world_size * signature`` only if all ranks sent the same names, so
+    a rank that reports different metrics is caught instead of silently mixing
+    ``loss`` with ``acc``. crc32 < 2**32 keeps the sum exact in float64 for any
+    world size below 2**21.
+    """
+    return float(zlib.crc32("\x1f".join(keys).encode()))
+
+
+class StepSyncResult:
+    """What all ranks agreed on at one step (the same object content on every rank).
+
+    Attributes read from the host (``stop``, ``ranks_with_data``, ...) trigger one
+    small device-to-host copy on CUDA the first time; ``metrics`` stays on the
+    device.
+    """
+
+    __slots__ = ("counts", "sums", "keys", "world_size", "_signature", "_host", "_where")
+
+    def __init__(self, counts: torch.Tensor, sums: torch.Tensor, keys: tuple[str, ...], world_size: int,
+                 signature: float | None, where: str, host: list[float] | None = None) -> None:
+        #: int64 ``[ranks that want to stop, ranks that have data]``.
+        self.counts = counts
+        #: float64 metric sums (``[signature, m_0, ...]`` when metrics were sent).
+        self.sums = sums
+        #: The metric names, in order.
+        self.keys = keys
+        #: The size of the group the sync ran on.
+        self.world_size = world_size
+        self._signature = signature
+        self._where = where
+        self._host = host
+
+    def _read(self) -> list[float]:
+        if self._host is None:
+            if self._signature is None:
+                host = [float(x) for x in self.counts.tolist()]
+            else:
+                # One copy for the counts and the signature slot.
+                host = torch.cat([self.counts.to(torch.float64), self.sums[:1]]).tolist()
+            self._host = host
+        host = self._host
+        if self._signature is not None and host[2] != self.world_size * self._signature:
+            raise ValueError(
+                f"StepSync ({self._where}): the ranks sent different metric names; this rank sent "
+                f"{list(self.keys)}. Every rank must pass the same metric names in the same order at every "
+                "step (a rank without data may pass none once the names are known, or declare them with "
+                "StepSync(metrics=[...]))."
+            )
+        return host
+
+    @property
+    def ranks_stopping(self) -> int:
+        """How many ranks asked to stop."""
+        return int(self._read()[0])
+
+    @property
+    def ranks_with_data(self) -> int:
+        """How many ranks had data."""
+        return int(self._read()[1])
+
+    @property
+    def stop(self) -> bool:
+        """True when at least one rank asked to stop."""
+        return self._read()[0] > 0
+
+    @property
+    def all_have_data(self) -> bool:
+        """True when every rank had data."""
+        return int(self._read()[1]) == self.world_size
+
+    @property
+    def any_has_data(self) -> bool:
+        """True when at least one rank had data."""
+        return self._read()[1] > 0
+
+    @property
+    def metrics(self) -> dict[str, torch.Tensor]:
+        """Cross-rank means (0-dim float64 tensors), over the ranks that had data.
+
+        NaN when no rank had data. Computed on the device: reading them does not
+        synchronise unless you convert them to Python numbers.
+        """
+        if not self.keys:
+            return {}
+        self._read()  # validates the metric names
+        means = self.sums[1:] / self.counts[1].to(torch.float64)
+        return {k: means[i] for i, k in enumerate(self.keys)}
+
+    def metric(self, name: str) -> float:
+        """The cross-rank mean of one metric as a Python float."""
+        if name not in self.keys:
+            raise KeyError(f"StepSync ({self._where}): no metric named {name!r}; synced metrics are {list(self.keys)}")
+        return float(self.metrics[name])
+
+    def __repr__(self) -> str:
+        host = self._read()
+        metrics = {k: float(v) for k, v in self.metrics.items()}
+        return (f"StepSyncResult(stop={host[0] > 0}, ranks_stopping={int(host[0])}, "
+                f"ranks_with_data={int(host[1])}/{self.world_size}, metrics={metrics})")
+
+
+class PendingStepSync:
+    """A step sync whose all_reduce is in flight; :meth:`wait` returns its result.
+
+    On CUDA the counts are copied to pinned host memory on a side stream as soon
+    as the collective ends, so reading the decision one step later does not wait
+    for the compute queued after it.
+    """
+
+    __slots__ = ("_packed", "_keys", "_world", "_signature", "_where", "_result", "_side", "_event", "_host",
+                 "_tensors")
+
+    def __init__(self, packed: torch.Tensor, keys: tuple[str, ...], world: int, signature: float | None,
+                 where: str) -> None:
+        self._packed = packed
+        self._keys = keys
+        self._world = world
+        self._signature = signature
+        self._where = where
+        self._result: StepSyncResult | None = None
+        self._side = None
+        self._event = None
+        self._host = None
+        self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        if packed.is_cuda:
+            self._start_cuda_readback()
+
+    def _start_cuda_readback(self) -> None:
+        packed = self._packed
+        side = torch.cuda.Stream(device=packed.device)
+        side.wait_stream(torch.cuda.current_stream(packed.device))
+        with torch.cuda.stream(side):
+            counts, sums = ops.fused_step_sync_finish(packed)  # the side stream waits for the collective
+            head = torch.cat([counts.to(torch.float64), sums[:1]]) if self._signature is not None else \
+                counts.to(torch.float64)
+            host = torch.empty(head.shape, dtype=torch.float64, pin_memory=True)
+            host.copy_(head, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(side)
+        packed.record_stream(side)
+        self._side, self._event, self._host = side, event, host
+        self._tensors = (counts, sums)
+
+    def is_completed(self) -> bool:
+        """True when the collective has finished (never blocks)."""
+        if self._result is not None:
+            return True
+        if self._event is not None:
+            return self._event.query()
+        return False
+
+    def wait(self) -> StepSyncResult:
+        """Waits for the collective (idempotent) and returns the agreed result."""
+        if self._result is None:
+            if self._event is not None:
+                self._event.synchronize()
+                assert self._tensors is not None
+                counts, sums = self._tensors
+                torch.cuda.current_stream(self._packed.device).wait_stream(self._side)
+                host = self._host.tolist()
+            else:
+                counts, sums = ops.fused_step_sync_finish(self._packed)
+                host = None
+            self._result = StepSyncResult(counts, sums, self._keys, self._world, self._signature, self._where, host)
+        return self._result
+
+
+class StepSync:
+    """Fused per-step sync over a process group: one all_reduce per call.
+
+    >>> sync = torch_ext.StepSync()
+    >>> for batch in loader:
+    ...     loss = train_step(batch)
+    ...     out = sync(stop=should_stop(), metrics={"loss": loss})
+    ...     if out.stop:          # True on every rank at the same step
+    ...         break
+    ...     log(out.metrics["loss"])   # mean over the ranks
+
+    Non-blocking form, overlapping the collective with the next step and read
+    one step later::
+
+        pending = None
+        for batch in loader:
+            loss = train_step(batch)
+            if pending is not None and pending.wait().stop:
+                break
+            pending = sync.start(stop=should_stop(), metrics={"loss": loss})
+        sync.drain()   # or pending.wait(): every started sync must be waited on
+
+    Args:
+        group: process group (default: the default group).
+        metrics: the metric names, if known in advance. Lets a rank that has no
+            data (and so no metric values) take part before it has seen a batch.
+        device: device of the packed buffer. Default: the device of the first
+            tensor passed, else CPU when the group has a CPU backend, else the
+            current CUDA device.
+
+    Every rank of the group must call the sync the same number of times, with
+    the same metric names. A rank with ``has_data=False`` contributes zeros to
+    the metrics; means are taken over the ranks that had data.
+    """
+
+    def __init__(self, group: dist.ProcessGroup | None = None, *, metrics: Sequence[str] | None = None,
+                 device: torch.device | str | None = None) -> None:
+        self.group = group
+        self._keys: tuple[str, ...] | None = tuple(metrics) if metrics is not None else None
+        self._device = torch.device(device) if device is not None else None
+        self._name: str | None = None
+        self._world = 0
+        self._rank = 0
+        self._default_device: torch.device | None = None
+        self._pending: list[PendingStepSync] = []
+
+    # -- setup -------------------------------------------------------------
+    def _resolve(self) -> str:
+        if self._name is None:
+            self._name = ops.group_name_of(self.group)
+            pg = self.group if self.group is not None else dist.group.WORLD
+            self._world = dist.get_world_size(pg)
+            self._rank = dist.get_rank(pg)
+        return self._name
+
+    @property
+    def world_size(self) -> int:
+        self._resolve()
+        return self._world
+
+    def _where(self) -> str:
+        return f"group '{self._name}', rank {self._rank} of {self._world}"
+
+    def _group_device(self) -> torch.device:
+        if self._default_device is None:
+            pg = self.group if self.group is not None else dist.group.WORLD
+            try:
+                pg._get_backend(torch.device("cpu"))
+                self._default_device = torch.device("cpu")
+            except RuntimeError:
+                if not torch.cuda.is_available():
+                    raise RuntimeError(
+                        f"StepSync ({self._where()}): the group has no CPU backend and CUDA is not available; "
+                        "pass device=... naming a device the group serves"
+                    ) from None
+                self._default_device = torch.device("cuda", torch.cuda.current_device())
+        return self._default_device
+
+    # -- packing -----------------------------------------------------------
+    def _pack(self, stop: Any, has_data: Any, metrics: Mapping[str, MetricValue] | None
+              ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], float | None]:
+        self._resolve()
+        if metrics:
+            keys = tuple(metrics.keys())
+            if self._keys is not None and keys != self._keys:
+                raise ValueError(
+                    f"StepSync ({self._where()}): metric names changed from {list(self._keys)} to {list(keys)}; "
+                    "every call must pass the same names in the same order (use one StepSync per set of metrics)"
+                )
+        else:
+            keys = self._keys or ()
+        have = _as_flag(has_data, "has_data", self._where)
+        if keys and not metrics and _is_true_host(have):
+            raise ValueError(
+                f"StepSync ({self._where()}): has_data=True but no values for the metrics {list(keys)}; pass "
+                "metrics={...} or has_data=False"
+            )
+
+        device = self._device
+        if device is None:
+            device = _first_device(stop, has_data, metrics) or self._group_device()
+
+        flag_stop = _as_flag(stop, "stop", self._where)
+        if isinstance(flag_stop, torch.Tensor) or isinstance(have, torch.Tensor):
+            flags = torch.stack([_flag_tensor(flag_stop, device), _flag_tensor(have, device)])
+        else:
+            flags = _host_tensor([1.0 if flag_stop else 0.0, 1.0 if have else 0.0], device)
+
+        signature = _metric_signature(keys) if keys else None
+        if not keys:
+            values = _EMPTY.get(device)
+            if values is None:
+                values = torch.empty(0, dtype=torch.float64, device=device)
+                _EMPTY[device] = values
+        elif not metrics or (not isinstance(have, torch.Tensor) and not have):
+            # No data here: contribute zeros (and the names' signature).
+            values = _host_tensor([signature] + [0.0] * len(keys), device)
+        else:
+            values = _metric_vector(signature, keys, metrics, device, self._where)
+            if isinstance(have, torch.Tensor):
+                # has_data only known on the device: zero the metrics without a host sync.
+                values = torch.cat([values[:1], values[1:] * (have.to(device) != 0)])
+        if keys and self._keys is None:
+            self._keys = keys  # remembered only once a call with them was valid
+        return flags, values, keys, signature
+
+    # -- public API --------------------------------------------------------
+    def __call__(self, stop: StopLike = False, has_data: Any = True,
+                 metrics: Mapping[str, MetricValue] | None = None) -> StepSyncResult:
+        """Runs the sync now (blocking) and returns the agreed :class:`StepSyncResult`."""
+        flags, values, keys, signature = self._pack(stop, has_data, metrics)
+        counts, sums = ops.fused_step_sync(flags, values, self._name)  # type: ignore[arg-type]
+        return StepSyncResult(counts, sums, keys, self._world, signature, self._where())
+
+    def start(self, stop: StopLike = False, has_data: Any = True,
+              metrics: Mapping[str, MetricValue] | None = None) -> PendingStepSync:
+        """Launches the sync without waiting; read it later with ``.wait()``.
+
+        Metric tensors are copied into the packed buffer when ``start`` runs, so
+        they may be reused right after.
+        """
+        flags, values, keys, signature = self._pack(stop, has_data, metrics)
+        packed = ops.fused_step_sync_start(flags, values, self._name)  # type: ignore[arg-type]
+        pending = PendingStepSync(packed, keys, self._world, signature, self._where())
+        return pending
+
+    def drain(self, *pending: PendingStepSync | None) -> None:
+        """Waits for the given pending syncs (convenience for loop exits)."""
+        for p in pending:
+            if p is not None:
+                p.wait()
+
+    def __repr__(self) -> str:
+        name = self._name or "<unresolved>"
+        return f"StepSync(group={name!r}, metrics={list(self._keys) if self._keys else []})"
+
+
+_EMPTY: dict[torch.device, torch.Tensor] = {}
+
+
+def _host_tensor(values: list[float], device: torch.device) -> torch.Tensor:
+    if device.type == "cpu":
+        return torch.tensor(values, dtype=torch.float64)
+    pinned = torch.tensor(values, dtype=torch.float64).pin_memory() if device.type == "cuda" else \
+        torch.tensor(values, dtype=torch.float64)
+    return pinned.to(device, non_blocking=True)
+
+
+def _first_device(*items: Any) -> torch.device | None:
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            return item.device
+        if isinstance(item, Mapping):
+            for v in item.values():
+                if isinstance(v, torch.Tensor):
+                    return v.device
+    return None
+
+
+def _as_flag(value: Any, what: str, where: Callable[[], str]) -> Any:
+    """A bool, or a tensor (read on the device). Callables and events are evaluated."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"StepSync ({where()}): {what} must be a single value, got a tensor of shape "
+                             f"{tuple(value.shape)}")
+        return value
+    if value is None:
+        return False
+    if hasattr(value, "is_set") and callable(value.is_set):  # threading.Event and friends
+        return bool(value.is_set())
+    if callable(value):
+        return _as_flag(value(), what, where)
+    return bool(value)
+
+
+def _is_true_host(value: Any) -> bool:
+    return not isinstance(value, torch.Tensor) and bool(value)
+
+
+def _flag_tensor(value: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return torch.tensor(1.0 if value else 0.0, dtype=torch.float64, device=device)
+
+
+def _metric_vector(signature: float, keys: tuple[str, ...], metrics: Mapping[str, MetricValue],
+                   device: torch.device, where: Callable[[], str]) -> torch.Tensor:
+    numbers: list[float] = [signature]
+    tensors: list[tuple[int, torch.Tensor]] = []
+    for i, k in enumerate(keys, start=1):
+        v = metrics[k]
+        if isinstance(v, torch.Tensor):
+            if v.numel() != 1:
+                raise ValueError(f"StepSync ({where()}): metric {k!r} must be a single value, got a tensor of "
+                                 f"shape {tuple(v.shape)}; reduce it locally first (e.g. .mean())")
+            if v.is_complex():
+                raise ValueError(f"StepSync ({where()}): metric {k!r} is complex; pass a real value")
+            tensors.append((i, v))
+            numbers.append(0.0)
+        else:
+            try:
+                numbers.append(float(v))
+            except (TypeError, ValueError):
+                raise TypeError(f"StepSync ({where()}): metric {k!r} must be a tensor or a number, "
+                                f"got {type(v).__name__}") from None
+    if not tensors:
+        return _host_tensor(numbers, device)
+    if len(tensors) == len(keys) and all(t.device == device for _, t in tensors):
+        # Common case: every metric is a device scalar. One stack, no host copy.
+        parts = [torch.tensor([signature], dtype=torch.float64, device=device) if device.type == "cpu"
+                 else _host_tensor([signature], device)]
+        parts.append(torch.stack([t.detach().reshape(()).to(torch.float64) for _, t in tensors]))
+        return torch.cat(parts)
+    out = _host_tensor(numbers, device)
+    for i, t in tensors:
+        out[i] = t.detach().reshape(()).to(device=device, dtype=torch.float64)
+    return out
+
+
+# --------------------------------------------------------------------------
+# even_batches
+# --------------------------------------------------------------------------
+
+_END = object()
+
+
+class _FlagWork(dist.Work):
+    """A completed Work whose result is one count, for DDP's reducer.
+
+    DDP divides gradients by the number of ranks still training when its
+    forward-pass work handle says so (that is how ``Join`` passes the count);
+    this hands it the count our step sync already computed, so no extra
+    collective is needed.
+    """
+
+    def __init__(self, value: int) -> None:
+        super().__init__()
+        self._value = torch.tensor([value], dtype=torch.int64)
+
+    def result(self) -> list[torch.Tensor]:
+        return [self._value]
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+
+class EvenBatches(Iterator[T]):
+    """Iterator returned by :func:`even_batches`; see there.
+
+    After the loop, ``steps`` is the number of batches this rank yielded,
+    ``reason`` says why the loop ended (``"stop"``, ``"data"``: a rank ran out
+    under policy ``"stop"``, or ``"exhausted"``: every rank ran out), and
+    ``last`` is the last :class:`StepSyncResult`.
+    """
+
+    def __init__(self, iterable: Iterable[T], group: dist.ProcessGroup | None = None, stop: StopLike = None, *,
+                 policy: str = "stop", joinables: Sequence[Any] | None = None, overlap: bool | None = None,
+                 sync: StepSync | None = None) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"even_batches: policy must be one of {_POLICIES}, got {policy!r}")
+        if joinables and policy != "join":
+            raise ValueError("even_batches: joinables=... only applies to policy='join'")
+        self._iterable = iterable
+        self._sync = sync if sync is not None else StepSync(group)
+        self._stop = stop
+        self.policy = policy
+        self._joinables = list(joinables or [])
+        # Overlapping the sync with the step means the stop flag of step i is
+        # seen at step i+1; without a stop flag there is nothing to lose.
+        self.overlap = (stop is None) if overlap is None else bool(overlap)
+        self.steps = 0
+        self.reason: str | None = None
+        self.last: StepSyncResult | None = None
+        self._it: Iterator[T] | None = None
+        self._next: Any = _END
+        self._pending: PendingStepSync | None = None
+        self._done = False
+        self._started = False
+        self._hooks: list[Any] = []
+        self._joining = False
+        self._had_data_last = True
+
+    # -- helpers -----------------------------------------------------------
+    def _fetch(self) -> Any:
+        assert self._it is not None
+        try:
+            return next(self._it)
+        except StopIteration:
+            return _END
+
+    def _start_sync(self) -> PendingStepSync:
+        return self._sync.start(stop=self._stop, has_data=self._next is not _END)
+
+    def _shutdown(self) -> None:
+        it, self._it = self._it, None
+        if it is None:
+            return
+        # DataLoader iterators own worker processes: shut them down now (joined,
+        # queues closed) rather than whenever the iterator is garbage collected,
+        # which at interpreter exit shows up as "worker exited unexpectedly" or
+        # as zombie workers. Persistent workers belong to the DataLoader and are
+        # reused by its next iter(), so they are left alone.
+        shutdown = getattr(it, "_shutdown_workers", None)
+        persistent = bool(getattr(self._iterable, "persistent_workers", False))
+        if callable(shutdown) and not persistent:
+            shutdown()
+        close = getattr(it, "close", None)
+        if callable(close) and not callable(shutdown):
+            close()  # generators: run their finally blocks now
+
+    def _set_join_mode(self, ranks_with_data: int, enable: bool) -> None:
+        from torch.distributed.algorithms.join import _JoinConfig
+
+        for j in self._joinables:
+            j._join_config = _JoinConfig(enable=enable, throw_on_early_termination=False, is_first_joinable=False) \
+                if enable else _JoinConfig.construct_disabled_join_config()
+            reducer = getattr(j, "reducer", None)
+            if reducer is not None:
+                # useStaticWorldSize=False: divide by our count; True: back to the world size.
+                reducer._set_forward_pass_work_handle(_FlagWork(ranks_with_data), not enable)
+
+    def _finish(self, reason: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.reason = reason
+        self._shutdown()
+        if self._joining:
+            # Everyone agrees the loop is over: the ranks that trained last hand
+            # their model to the others (DDP's post-hook broadcasts it), then
+            # DDP goes back to dividing by the full world size.
+            self._set_join_mode(self._sync.world_size, False)
+            for hook in self._hooks:
+                hook.post_hook(self._had_data_last)
+            self._joining = False
+
+    # -- iteration ---------------------------------------------------------
+    def __iter__(self) -> EvenBatches[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        try:
+            return self._advance()
+        except BaseException:
+            # An error on this rank: do not leave DataLoader workers behind.
+            self._done = True
+            self._shutdown()
+            raise
+
+    def _advance(self) -> T:
+        if not self._started:
+            self._started = True
+            self._it = iter(self._iterable)
+            self._next = self._fetch()  # prefetch: know whether this rank has data before the sync
+            if self._joinables:
+                self._hooks = [j.join_hook(divide_by_initial_world_size=False) for j in self._joinables]
+            self._pending = self._start_sync()
+        while True:
+            pending, self._pending = self._pending, None
+            assert pending is not None
+            out = pending.wait()
+            self.last = out
+            if out.stop:
+                self._finish("stop")
+                raise StopIteration
+            if not out.any_has_data:
+                self._finish("exhausted")
+                raise StopIteration
+            if self.policy == "stop" and not out.all_have_data:
+                self._finish("data")
+                raise StopIteration
+            mine = self._next is not _END
+            if not out.all_have_data and (self._joinables or self._joining):
+                if not self._joining:
+                    self._joining = True
+                self._set_join_mode(out.ranks_with_data, True)
+            self._had_data_last = mine
+            if mine:
+                batch = self._next
+                self._next = self._fetch()  # prefetch the next batch now, so the next sync knows
+                if self._next is _END:
+                    self._shutdown()  # out of data: release the workers while the others finish
+                if self.overlap:
+                    self._pending = self._start_sync()
+                else:
+                    self._pending = _Deferred(self)
+                self.steps += 1
+                return batch  # type: ignore[return-value]
+            # No data here but others still have some (policy "join"): shadow
+            # the joinables' collectives for this step, then sync again.
+            if self.overlap:
+                self._pending = self._start_sync()
+                for hook in self._hooks:
+                    hook.main_hook()
+            else:
+                for hook in self._hooks:
+                    hook.main_hook()
+                self._pending = self._start_sync()
+
+    def close(self) -> None:
+        """Ends the loop early on THIS rank only: shuts the data iterator down.
+
+        Leaving the loop on one rank while others continue is what hangs
+        distributed jobs; stop through the ``stop`` flag instead, which ends
+        the loop on every rank at the same step.
+        """
+        pending, self._pending = self._pending, None
+        if isinstance(pending, PendingStepSync):
+            pending.wait()
+        if not self._done:
+            self._done = True
+            self._shutdown()
+
+    def __del__(self) -> None:
+        try:
+            if not self._done and self._it is not None:
+                self._shutdown()
+        except Exception:  # noqa: BLE001 - never raise from a finaliser
+            pass
+
+
+class _Deferred:
+    """Starts the next sync only when it is waited on (overlap=False)."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: EvenBatches) -> None:
+        self._owner = owner
+
+    def wait(self) -> StepSyncResult:
+        return self._owner._start_sync().wait()
+
+
+def even_batches(iterable: Iterable[T], group: dist.ProcessGroup | None = None, stop: StopLike = None, *,
+                 policy: str = "stop", joinables: Sequence[Any] | None = None, overlap: bool | None = None,
+                 sync: StepSync | None = None) -> EvenBatches[T]:
+    """Iterates ``iterable`` while every rank has a next batch and no rank asked to stop.
+
+    All ranks leave the loop at the same step, so the collectives that follow
+    (validation, checkpointing, ``destroy_process_group``) match up. Each step
+    costs one small all_reduce (:class:`StepSync`), which carries the stop flag
+    and whether this rank has a next batch; the next batch is prefetched before
+    the sync so a rank knows whether it has one.
+
+    Args:
+        iterable: this rank's data (a DataLoader, an IterableDataset, a generator).
+        group: process group (default: the default group).
+        stop: when to stop: a callable returning a truth value (called once per
+            step), a flag object with ``is_set()`` (``threading.Event``), a 1-element
+            tensor (read on its device, may be updated in place), or a bool.
+        policy: ``"stop"`` (default): every rank stops when the first runs out of
+            data. ``"join"``: ranks that ran out keep taking part until all are
+            done; with ``joinables=[ddp_model, ...]`` they shadow DDP's
+            collectives with zero gradients (DDP's own join hook), and gradients
+            are averaged over the ranks that had data at that step.
+        joinables: ``torch.distributed.algorithms.Joinable`` objects (DDP,
+            ZeroRedundancyOptimizer) to shadow under ``policy="join"``. Other
+            collectives in the loop body are not shadowed.
+        overlap: launch the next step's sync before yielding the current batch,
+            so it runs during the training step. The stop flag is then sampled
+            one step early (a stop requested during step i ends the loop after
+            step i+1, on every rank). Default: on when ``stop`` is None.
+        sync: a :class:`StepSync` to use (default: a new one on ``group``).
+
+    DataLoader workers are shut down (joined) as soon as this rank runs out of
+    data or the loop ends.
+    """
+    return EvenBatches(iterable, group, stop, policy=policy, joinables=joinables, overlap=overlap, sync=sync)

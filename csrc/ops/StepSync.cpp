@@ -135,7 +135,10 @@ std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& packed) {
       "(1-D, at least 2 elements), got ", packed.scalar_type(), " of shape ", shapeOf(packed));
   // Counts are exact small integers in float64; the cast is a device kernel.
   auto counts = packed.narrow(0, 0, kStepSyncFlags).to(at::kLong);
-  auto sums = packed.narrow(0, kStepSyncFlags, packed.size(0) - kStepSyncFlags);
+  // A fresh tensor, not a view at offset 2 of the wire buffer: the outputs'
+  // metadata must match the fake kernel's (torch.compile), and a caller must
+  // not be able to scribble on a buffer with a collective registered on it.
+  auto sums = packed.narrow(0, kStepSyncFlags, packed.size(0) - kStepSyncFlags).clone();
   return {counts, sums};
 }
 
@@ -164,10 +167,7 @@ at::Tensor step_sync_start(const at::Tensor& flags, const at::Tensor& metrics, c
 
 std::tuple<at::Tensor, at::Tensor> step_sync_finish(const at::Tensor& packed) {
   c10d::wait_tensor(packed);
-  auto [counts, sums] = detail::unpack(packed);
-  // sums is a view of the input here; outputs of an op may not alias its
-  // inputs (the schema promises fresh tensors), so copy the k values.
-  return {counts, sums.clone()};
+  return detail::unpack(packed);
 }
 
 } // namespace torch_ext::ops
