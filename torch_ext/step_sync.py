@@ -450,27 +450,21 @@ def _metric_vector(signature: float, keys: tuple[str, ...], metrics: Mapping[str
 _END = object()
 
 
-class _FlagWork(dist.Work):
-    """A completed Work whose result is one count, for DDP's reducer.
+def _count_work(value: int) -> Any:
+    """A completed Work whose future holds one count, for DDP's reducer.
 
     DDP divides gradients by the number of ranks still training when its
-    forward-pass work handle says so (that is how ``Join`` passes the count);
-    this hands it the count our step sync already computed, so no extra
-    collective is needed.
+    forward-pass work handle says so (that is how ``Join`` passes the count,
+    from an extra all_reduce per step); this hands it the count our step sync
+    already computed, so no extra collective is needed. The Work is created in
+    C++ from a completed future, so the reducer can read it from the autograd
+    thread without any Python object having to stay alive.
     """
+    from torch._C._distributed_c10d import _create_work_from_future
 
-    def __init__(self, value: int) -> None:
-        super().__init__()
-        self._value = torch.tensor([value], dtype=torch.int64)
-
-    def result(self) -> list[torch.Tensor]:
-        return [self._value]
-
-    def wait(self, timeout: Any = None) -> bool:
-        return True
-
-    def is_completed(self) -> bool:
-        return True
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result([torch.tensor([value], dtype=torch.int64)])
+    return _create_work_from_future(fut)
 
 
 class EvenBatches(Iterator[T]):
@@ -546,7 +540,7 @@ class EvenBatches(Iterator[T]):
             reducer = getattr(j, "reducer", None)
             if reducer is not None:
                 # useStaticWorldSize=False: divide by our count; True: back to the world size.
-                reducer._set_forward_pass_work_handle(_FlagWork(ranks_with_data), not enable)
+                reducer._set_forward_pass_work_handle(_count_work(ranks_with_data), not enable)
 
     def _finish(self, reason: str) -> None:
         if self._done:
