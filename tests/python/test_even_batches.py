@@ -30,10 +30,12 @@ def _lengths(seed: int, world: int) -> list[int]:
 
 def _plain_uneven_loop(rank: int, world: int, lengths: list[int]) -> int:
     steps = 0
-    for _ in range(lengths[rank]):
+    for step in range(lengths[rank]):
+        print(f"rank {rank} enters step {step}", flush=True)
         grad = torch.ones(2)
         dist.all_reduce(grad)
         steps += 1
+    print(f"rank {rank} left the loop after {steps} steps", flush=True)
     dist.barrier()
     return steps
 
@@ -52,12 +54,14 @@ def _even_loop(rank: int, world: int, lengths: list[int], policy: str, overlap: 
 
 
 def test_uneven_data_hangs_a_plain_loop():
-    results = run_ranks(_plain_uneven_loop, 2, [2, 4], backend="gloo", timeout=8)
-    assert any(r.timed_out for r in results), report(results)
+    results = run_ranks(_plain_uneven_loop, 2, [2, 4], backend="gloo", timeout=6)
+    # Rank 0 ran out after 2 steps; rank 1 waits in step 2's all_reduce for good.
+    assert results[1].timed_out, report(results)
+    assert "rank 0 left the loop after 2 steps" in results[0].log, report(results)
+    assert "rank 1 enters step 2" in results[1].log and "left the loop" not in results[1].log, report(results)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("seed,overlap", [(0, True), (1, False), (2, False), (3, True)])
 def test_policy_stop_ends_all_ranks_when_the_first_runs_out(seed, overlap):
     world = 3
     lengths = _lengths(seed, world)
@@ -113,8 +117,8 @@ def _stop_loop(rank: int, world: int, stop_at: list[int | None], kind: str, over
     return loop.steps, loop.reason
 
 
-@pytest.mark.parametrize("seed,kind", [(0, "callable"), (1, "event"), (2, "tensor"), (3, "callable")])
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("seed,kind,overlap", [(0, "callable", False), (1, "event", True), (2, "tensor", False),
+                                               (3, "callable", True), (4, "tensor", True)])
 def test_stop_flag_ends_every_rank_at_the_same_step(seed, kind, overlap):
     world = 3
     rng = random.Random(seed)
@@ -206,7 +210,7 @@ def _reference(lengths: list[int], lr: float, world: int) -> tuple:
     return step_grads, w, after
 
 
-@pytest.mark.parametrize("lengths,overlap", [([3, 1], True), ([0, 2], False), ([4, 2, 0], True), ([1, 3, 0], False)])
+@pytest.mark.parametrize("lengths,overlap", [([3, 1], True), ([1, 3, 0], False)])
 def test_policy_join_with_ddp_averages_over_ranks_with_data(lengths, overlap):
     # Ranks with data per step stay a power of two (1 or 2), so DDP's division
     # is exact and the comparison can be exact too.
@@ -240,7 +244,7 @@ def _ddp_join_random(rank: int, world: int, lengths: list[int]) -> tuple:
     return model.module.lin.weight.tolist(), loop.steps
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0])
 def test_policy_join_with_ddp_random_lengths(seed):
     world = 3
     lengths = _lengths(seed + 10, world)

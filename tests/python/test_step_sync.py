@@ -23,12 +23,14 @@ WORLD = 3
 def _classic_broadcast_and_break(rank: int, world: int, stop_at: int) -> int:
     steps = 0
     for step in range(1000):
+        print(f"rank {rank} enters step {step}", flush=True)
         grad = torch.ones(4)
         dist.all_reduce(grad)  # the gradient sync every rank runs each step
         steps += 1
         if rank == 0 and step == stop_at:  # rank 0 validates and decides to stop
             dist.broadcast(torch.ones(1), src=0)
             break
+    print(f"rank {rank} left the loop after {steps} steps", flush=True)
     dist.barrier()  # e.g. "everyone, save the checkpoint"
     return steps
 
@@ -49,10 +51,13 @@ def _step_sync_stop(rank: int, world: int, stop_at: int) -> int:
 
 
 def test_classic_broadcast_and_break_hangs_plain_gloo():
-    results = run_ranks(_classic_broadcast_and_break, 2, 3, backend="gloo", timeout=8)
-    # Rank 1 never learns about the decision: it waits in step 4's all_reduce forever.
-    assert results[1].timed_out, report(results)
-    assert not any(r.ok for r in results), report(results)
+    results = run_ranks(_classic_broadcast_and_break, 2, 3, backend="gloo", timeout=6)
+    # Rank 0 broadcasts its decision at step 3 and would break; rank 1 is not in
+    # that broadcast but already in step 4's all_reduce. Neither ever leaves.
+    assert all(r.timed_out for r in results), report(results)
+    assert "rank 0 enters step 3" in results[0].log and "rank 0 enters step 4" not in results[0].log
+    assert "rank 1 enters step 4" in results[1].log
+    assert all("left the loop" not in r.log for r in results), report(results)
 
 
 @pytest.mark.parametrize("backend", ["gloo", "guard"])
