@@ -467,36 +467,23 @@ def _count_work(value: int) -> Any:
     return _create_work_from_future(fut)
 
 
-class EvenBatches(Iterator[T]):
-    """Iterator returned by :func:`even_batches`; see there.
+class _Pass(Iterator[T]):
+    """One pass of :class:`EvenBatches` over its iterable (one epoch)."""
 
-    After the loop, ``steps`` is the number of batches this rank yielded,
-    ``reason`` says why the loop ended (``"stop"``, ``"data"``: a rank ran out
-    under policy ``"stop"``, or ``"exhausted"``: every rank ran out), and
-    ``last`` is the last :class:`StepSyncResult`.
-    """
-
-    def __init__(self, iterable: Iterable[T], group: dist.ProcessGroup | None = None, stop: StopLike = None, *,
-                 policy: str = "stop", joinables: Sequence[Any] | None = None, overlap: bool | None = None,
-                 sync: StepSync | None = None) -> None:
-        if policy not in _POLICIES:
-            raise ValueError(f"even_batches: policy must be one of {_POLICIES}, got {policy!r}")
-        if joinables and policy != "join":
-            raise ValueError("even_batches: joinables=... only applies to policy='join'")
-        self._iterable = iterable
-        self._sync = sync if sync is not None else StepSync(group)
-        self._stop = stop
-        self.policy = policy
-        self._joinables = list(joinables or [])
-        # Overlapping the sync with the step means the stop flag of step i is
-        # seen at step i+1; without a stop flag there is nothing to lose.
-        self.overlap = (stop is None) if overlap is None else bool(overlap)
+    def __init__(self, owner: EvenBatches[T]) -> None:
+        self._owner = owner
+        self._iterable = owner.iterable
+        self._sync = owner.sync
+        self._stop = owner.stop
+        self.policy = owner.policy
+        self._joinables = owner.joinables
+        self.overlap = owner.overlap
         self.steps = 0
         self.reason: str | None = None
         self.last: StepSyncResult | None = None
         self._it: Iterator[T] | None = None
         self._next: Any = _END
-        self._pending: PendingStepSync | None = None
+        self._pending: PendingStepSync | _Deferred | None = None
         self._done = False
         self._started = False
         self._hooks: list[Any] = []
@@ -520,9 +507,10 @@ class EvenBatches(Iterator[T]):
             return
         # DataLoader iterators own worker processes: shut them down now (joined,
         # queues closed) rather than whenever the iterator is garbage collected,
-        # which at interpreter exit shows up as "worker exited unexpectedly" or
-        # as zombie workers. Persistent workers belong to the DataLoader and are
-        # reused by its next iter(), so they are left alone.
+        # which may be never (a framework holding a reference) or at interpreter
+        # exit, where it shows up as "worker exited unexpectedly" or as zombie
+        # workers. Persistent workers belong to the DataLoader and are reused by
+        # its next iter(), so they are left alone.
         shutdown = getattr(it, "_shutdown_workers", None)
         persistent = bool(getattr(self._iterable, "persistent_workers", False))
         if callable(shutdown) and not persistent:
@@ -535,6 +523,8 @@ class EvenBatches(Iterator[T]):
         from torch.distributed.algorithms.join import _JoinConfig
 
         for j in self._joinables:
+            # is_first_joinable=False: DDP must not run Join's own per-step
+            # counting all_reduce; the step sync already counted.
             j._join_config = _JoinConfig(enable=enable, throw_on_early_termination=False, is_first_joinable=False) \
                 if enable else _JoinConfig.construct_disabled_join_config()
             reducer = getattr(j, "reducer", None)
@@ -558,7 +548,7 @@ class EvenBatches(Iterator[T]):
             self._joining = False
 
     # -- iteration ---------------------------------------------------------
-    def __iter__(self) -> EvenBatches[T]:
+    def __iter__(self) -> _Pass[T]:
         return self
 
     def __next__(self) -> T:
@@ -566,6 +556,8 @@ class EvenBatches(Iterator[T]):
             raise StopIteration
         try:
             return self._advance()
+        except StopIteration:
+            raise
         except BaseException:
             # An error on this rank: do not leave DataLoader workers behind.
             self._done = True
@@ -595,9 +587,10 @@ class EvenBatches(Iterator[T]):
                 self._finish("data")
                 raise StopIteration
             mine = self._next is not _END
-            if not out.all_have_data and (self._joinables or self._joining):
-                if not self._joining:
-                    self._joining = True
+            if not out.all_have_data and self._joinables:
+                # policy "join" and some rank ran out: from now on DDP runs in
+                # join mode, dividing by the ranks that still have data.
+                self._joining = True
                 self._set_join_mode(out.ranks_with_data, True)
             self._had_data_last = mine
             if mine:
@@ -605,30 +598,21 @@ class EvenBatches(Iterator[T]):
                 self._next = self._fetch()  # prefetch the next batch now, so the next sync knows
                 if self._next is _END:
                     self._shutdown()  # out of data: release the workers while the others finish
-                if self.overlap:
-                    self._pending = self._start_sync()
-                else:
-                    self._pending = _Deferred(self)
+                self._pending = self._start_sync() if self.overlap else _Deferred(self)
                 self.steps += 1
                 return batch  # type: ignore[return-value]
             # No data here but others still have some (policy "join"): shadow
-            # the joinables' collectives for this step, then sync again.
+            # the joinables' collectives for this step, in the same order
+            # relative to the next sync as the ranks that train.
             if self.overlap:
                 self._pending = self._start_sync()
-                for hook in self._hooks:
-                    hook.main_hook()
-            else:
-                for hook in self._hooks:
-                    hook.main_hook()
+            for hook in self._hooks:
+                hook.main_hook()
+            if not self.overlap:
                 self._pending = self._start_sync()
 
     def close(self) -> None:
-        """Ends the loop early on THIS rank only: shuts the data iterator down.
-
-        Leaving the loop on one rank while others continue is what hangs
-        distributed jobs; stop through the ``stop`` flag instead, which ends
-        the loop on every rank at the same step.
-        """
+        """Ends this pass on THIS rank only: waits for a sync in flight, shuts the data down."""
         pending, self._pending = self._pending, None
         if isinstance(pending, PendingStepSync):
             pending.wait()
@@ -644,12 +628,87 @@ class EvenBatches(Iterator[T]):
             pass
 
 
+class EvenBatches(Iterable[T]):
+    """What :func:`even_batches` returns: iterate it once per epoch, like a DataLoader.
+
+    Each ``iter()`` starts a new pass over the wrapped iterable (a new epoch);
+    iterating it directly in a ``for`` loop does that. After a pass, ``steps`` is
+    the number of batches this rank yielded, ``reason`` says why the pass ended
+    (``"stop"``: a rank asked to stop; ``"data"``: a rank ran out under policy
+    ``"stop"``; ``"exhausted"``: every rank ran out) and ``last`` is the last
+    :class:`StepSyncResult`.
+    """
+
+    def __init__(self, iterable: Iterable[T], group: dist.ProcessGroup | None = None, stop: StopLike = None, *,
+                 policy: str = "stop", joinables: Sequence[Any] | None = None, overlap: bool | None = None,
+                 sync: StepSync | None = None) -> None:
+        if policy not in _POLICIES:
+            raise ValueError(f"even_batches: policy must be one of {_POLICIES}, got {policy!r}")
+        if joinables and policy != "join":
+            raise ValueError("even_batches: joinables=... only applies to policy='join'")
+        if not hasattr(iterable, "__iter__"):
+            raise TypeError(f"even_batches: expected an iterable (DataLoader, IterableDataset, generator, list), "
+                            f"got {type(iterable).__name__}")
+        self.iterable = iterable
+        self.sync = sync if sync is not None else StepSync(group)
+        self.stop = stop
+        self.policy = policy
+        self.joinables = list(joinables or [])
+        # Overlapping the sync with the step means the stop flag of step i is
+        # seen at step i+1; without a stop flag there is nothing to lose.
+        self.overlap = (stop is None) if overlap is None else bool(overlap)
+        self._pass: _Pass[T] | None = None
+
+    def __iter__(self) -> _Pass[T]:
+        if self._pass is not None and not self._pass._done:
+            # A new epoch while the last one is unfinished on this rank: end it
+            # here (waiting for its sync in flight) rather than leak it.
+            self._pass.close()
+        self._pass = _Pass(self)
+        return self._pass
+
+    def __next__(self) -> T:
+        if self._pass is None:
+            self._pass = _Pass(self)
+        return next(self._pass)
+
+    @property
+    def steps(self) -> int:
+        return self._pass.steps if self._pass is not None else 0
+
+    @property
+    def reason(self) -> str | None:
+        return self._pass.reason if self._pass is not None else None
+
+    @property
+    def last(self) -> StepSyncResult | None:
+        return self._pass.last if self._pass is not None else None
+
+    @property
+    def _it(self) -> Iterator[T] | None:
+        return self._pass._it if self._pass is not None else None
+
+    def close(self) -> None:
+        """Ends the current pass on THIS rank only: shuts the data iterator down.
+
+        Leaving the loop on one rank while others continue is what hangs
+        distributed jobs; stop through the ``stop`` flag instead, which ends
+        the loop on every rank at the same step.
+        """
+        if self._pass is not None:
+            self._pass.close()
+
+    def __repr__(self) -> str:
+        return (f"EvenBatches(policy={self.policy!r}, overlap={self.overlap}, joinables={len(self.joinables)}, "
+                f"steps={self.steps}, reason={self.reason!r})")
+
+
 class _Deferred:
     """Starts the next sync only when it is waited on (overlap=False)."""
 
     __slots__ = ("_owner",)
 
-    def __init__(self, owner: EvenBatches) -> None:
+    def __init__(self, owner: _Pass) -> None:
         self._owner = owner
 
     def wait(self) -> StepSyncResult:

@@ -90,6 +90,22 @@ def test_policy_join_lets_every_rank_finish_its_data(seed):
         assert seen == list(range(lengths[rank])) and reason == "exhausted"
 
 
+def _epochs(rank: int, world: int, lengths: list[int], epochs: int) -> list[tuple[int, str]]:
+    import torch_ext
+
+    loop = torch_ext.even_batches(range(lengths[rank]))  # built once, iterated once per epoch
+    out = []
+    for _ in range(epochs):
+        n = sum(1 for _ in loop)
+        out.append((n, loop.reason))
+    return out
+
+
+def test_iterable_once_per_epoch_like_a_dataloader():
+    values = assert_all_ok(run_ranks(_epochs, 2, [2, 5], 3, timeout=60))
+    assert values == [[(2, "data")] * 3] * 2
+
+
 # ---------------------------------------------------------------------------
 # Stop flags at random steps and ranks
 # ---------------------------------------------------------------------------
