@@ -1,4 +1,6 @@
 """Lightning integration (imported on demand: ``import torch_ext.lightning``)."""
 from __future__ import annotations
 
-__all__: list[str] = []
+from torch_ext.lightning.early_stopping import EarlyStopping
+
+__all__: list[str] = ["EarlyStopping"]
