@@ -4,7 +4,7 @@ The kernels live in C++ (``csrc/ops``); this module documents them, gives them
 Python signatures, and registers the fake (meta) implementations that let them
 trace under ``torch.compile``.
 
-The fused step collective packs ``[stop, has_data, metric_0..metric_{k-1}]``
+The fused step collective packs ``[stop + 2**21 * has_data, metric_0..metric_{k-1}]``
 into one float64 tensor and all_reduces it (SUM) once:
 
 >>> counts, sums = torch_ext.fused_step_sync(torch.tensor([stop, has_data]), metrics, group_name)
@@ -57,7 +57,7 @@ def fused_step_sync(flags: torch.Tensor, metrics: torch.Tensor, group_name: str)
 def fused_step_sync_start(flags: torch.Tensor, metrics: torch.Tensor, group_name: str) -> torch.Tensor:
     """Non-blocking :func:`fused_step_sync`: launches the all_reduce and returns its packed buffer.
 
-    The buffer (float64 ``[2 + k]``) must not be read or modified before it is
+    The buffer (float64 ``[1 + k]``: the two flags share slot 0) must not be read or modified before it is
     passed to :func:`fused_step_sync_finish` (or ``torch.ops._c10d_functional.wait_tensor``),
     which waits for the collective. Every rank of the group must start the same
     number of syncs in the same order, like any collective.
@@ -95,13 +95,14 @@ def _step_sync_fake(flags: torch.Tensor, metrics: torch.Tensor, group_name: str)
 @torch.library.register_fake("torch_ext::step_sync_start")
 def _step_sync_start_fake(flags: torch.Tensor, metrics: torch.Tensor, group_name: str) -> torch.Tensor:
     _check_fake(flags, metrics)
-    return flags.new_empty((2 + metrics.shape[0],), dtype=torch.float64)
+    return flags.new_empty((1 + metrics.shape[0],), dtype=torch.float64)
 
 
 @torch.library.register_fake("torch_ext::step_sync_finish")
 def _step_sync_finish_fake(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    torch._check(packed.dim() == 1 and packed.shape[0] >= 2 and packed.dtype == torch.float64,
-                 lambda: "step_sync_finish: expected the float64 buffer returned by step_sync_start")
+    torch._check(packed.dim() == 1 and packed.shape[0] >= 1 and packed.dtype == torch.float64,
+                 lambda: "torch.ops.torch_ext.step_sync_finish: expected the float64 buffer returned by "
+                         "step_sync_start (1-D, at least 1 element)")
     counts = packed.new_empty((2,), dtype=torch.int64)
-    sums = packed.new_empty((packed.shape[0] - 2,), dtype=torch.float64)
+    sums = packed.new_empty((packed.shape[0] - 1,), dtype=torch.float64)
     return counts, sums

@@ -14,8 +14,6 @@ the same collective every step, and every rank reads the same answer.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 import zlib
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar, Union
 
@@ -36,55 +34,57 @@ _POLICIES = ("stop", "join")
 def _metric_signature(keys: Sequence[str]) -> float:
     """A small integer identifying the metric names (and their order).
 
-    Every rank adds it to one extra slot of the packed buffer; the reduced slot
-    equals ``world_size * signature`` only if all ranks sent the same names, so
-    a rank that reports different metrics is caught instead of silently mixing
-    ``loss`` with ``acc``. crc32 < 2**32 keeps the sum exact in float64 for any
-    world size below 2**21.
+    On the first call that carries metrics, every rank adds it to one extra slot
+    of the packed buffer; the reduced slot equals ``world_size * signature``
+    only if all ranks sent the same names, so a rank that reports different
+    metrics is caught instead of silently mixing ``loss`` with ``acc``. Later
+    calls cannot change the names (checked locally), so they skip the slot.
+    crc32 < 2**32 keeps the sum exact in float64 for world sizes below 2**21.
     """
     return float(zlib.crc32("\x1f".join(keys).encode()))
 
 
 class StepSyncResult:
-    """What all ranks agreed on at one step (the same object content on every rank).
+    """What all ranks agreed on at one step (identical on every rank).
 
-    Attributes read from the host (``stop``, ``ranks_with_data``, ...) trigger one
-    small device-to-host copy on CUDA the first time; ``metrics`` stays on the
-    device.
+    Attributes read on the host (``stop``, ``ranks_with_data``, ...) cost one
+    small device-to-host copy on CUDA the first time; ``metrics`` on CUDA stays
+    on the device.
     """
 
-    __slots__ = ("counts", "sums", "keys", "world_size", "_signature", "_host", "_where")
+    __slots__ = ("counts", "sums", "keys", "world_size", "_signature", "_host", "_owner", "_means")
 
     def __init__(self, counts: torch.Tensor, sums: torch.Tensor, keys: tuple[str, ...], world_size: int,
-                 signature: float | None, where: str, host: list[float] | None = None) -> None:
+                 signature: float | None, owner: StepSync, host: list | None = None) -> None:
         #: int64 ``[ranks that want to stop, ranks that have data]``.
         self.counts = counts
-        #: float64 metric sums (``[signature, m_0, ...]`` when metrics were sent).
+        #: float64 metric sums over the ranks (a leading signature slot on the first call).
         self.sums = sums
         #: The metric names, in order.
         self.keys = keys
         #: The size of the group the sync ran on.
         self.world_size = world_size
         self._signature = signature
-        self._where = where
+        self._owner = owner
         self._host = host
+        self._means: dict[str, torch.Tensor] | None = None
 
-    def _read(self) -> list[float]:
-        if self._host is None:
+    def _read(self) -> list:
+        host = self._host
+        if host is None:
             if self._signature is None:
-                host = [float(x) for x in self.counts.tolist()]
+                host = self.counts.tolist()
             else:
                 # One copy for the counts and the signature slot.
                 host = torch.cat([self.counts.to(torch.float64), self.sums[:1]]).tolist()
             self._host = host
-        host = self._host
-        if self._signature is not None and host[2] != self.world_size * self._signature:
-            raise ValueError(
-                f"StepSync ({self._where}): the ranks sent different metric names; this rank sent "
-                f"{list(self.keys)}. Every rank must pass the same metric names in the same order at every "
-                "step (a rank without data may pass none once the names are known, or declare them with "
-                "StepSync(metrics=[...]))."
-            )
+            if self._signature is not None and host[2] != self.world_size * self._signature:
+                raise ValueError(
+                    f"StepSync ({self._owner._where()}): the ranks sent different metric names; this rank sent "
+                    f"{list(self.keys)}. Every rank must pass the same metric names in the same order (a rank "
+                    "without data may pass none once the names are known, or declare them with "
+                    "StepSync(metrics=[...]))."
+                )
         return host
 
     @property
@@ -105,7 +105,7 @@ class StepSyncResult:
     @property
     def all_have_data(self) -> bool:
         """True when every rank had data."""
-        return int(self._read()[1]) == self.world_size
+        return self._read()[1] == self.world_size
 
     @property
     def any_has_data(self) -> bool:
@@ -116,19 +116,27 @@ class StepSyncResult:
     def metrics(self) -> dict[str, torch.Tensor]:
         """Cross-rank means (0-dim float64 tensors), over the ranks that had data.
 
-        NaN when no rank had data. Computed on the device: reading them does not
-        synchronise unless you convert them to Python numbers.
+        NaN when no rank had data. On CUDA they are computed on the device, so
+        reading them does not synchronise until you convert them to numbers.
         """
-        if not self.keys:
-            return {}
-        self._read()  # validates the metric names
-        means = self.sums[1:] / self.counts[1].to(torch.float64)
-        return {k: means[i] for i, k in enumerate(self.keys)}
+        if self._means is None:
+            if not self.keys:
+                self._means = {}
+            else:
+                host = self._read()  # also validates the names on the first call
+                sums = self.sums[1:] if self._signature is not None else self.sums
+                if sums.is_cuda:
+                    means = sums / self.counts[1].to(torch.float64)
+                else:
+                    means = sums / float(host[1]) if host[1] else torch.full_like(sums, float("nan"))
+                self._means = dict(zip(self.keys, means.unbind()))
+        return self._means
 
     def metric(self, name: str) -> float:
         """The cross-rank mean of one metric as a Python float."""
         if name not in self.keys:
-            raise KeyError(f"StepSync ({self._where}): no metric named {name!r}; synced metrics are {list(self.keys)}")
+            raise KeyError(f"StepSync ({self._owner._where()}): no metric named {name!r}; synced metrics are "
+                           f"{list(self.keys)}")
         return float(self.metrics[name])
 
     def __repr__(self) -> str:
@@ -146,20 +154,18 @@ class PendingStepSync:
     for the compute queued after it.
     """
 
-    __slots__ = ("_packed", "_keys", "_world", "_signature", "_where", "_result", "_side", "_event", "_host",
-                 "_tensors")
+    __slots__ = ("_packed", "_keys", "_signature", "_owner", "_result", "_side", "_event", "_host", "_tensors")
 
-    def __init__(self, packed: torch.Tensor, keys: tuple[str, ...], world: int, signature: float | None,
-                 where: str) -> None:
+    def __init__(self, packed: torch.Tensor, keys: tuple[str, ...], signature: float | None,
+                 owner: StepSync) -> None:
         self._packed = packed
         self._keys = keys
-        self._world = world
         self._signature = signature
-        self._where = where
+        self._owner = owner
         self._result: StepSyncResult | None = None
-        self._side = None
-        self._event = None
-        self._host = None
+        self._side: Any = None
+        self._event: Any = None
+        self._host: torch.Tensor | None = None
         self._tensors: tuple[torch.Tensor, torch.Tensor] | None = None
         if packed.is_cuda:
             self._start_cuda_readback()
@@ -170,37 +176,39 @@ class PendingStepSync:
         side.wait_stream(torch.cuda.current_stream(packed.device))
         with torch.cuda.stream(side):
             counts, sums = ops.fused_step_sync_finish(packed)  # the side stream waits for the collective
-            head = torch.cat([counts.to(torch.float64), sums[:1]]) if self._signature is not None else \
-                counts.to(torch.float64)
+            head = counts.to(torch.float64)
+            if self._signature is not None:
+                head = torch.cat([head, sums[:1]])
             host = torch.empty(head.shape, dtype=torch.float64, pin_memory=True)
             host.copy_(head, non_blocking=True)
             event = torch.cuda.Event()
             event.record(side)
         packed.record_stream(side)
-        self._side, self._event, self._host = side, event, host
-        self._tensors = (counts, sums)
+        self._side, self._event, self._host, self._tensors = side, event, host, (counts, sums)
 
     def is_completed(self) -> bool:
-        """True when the collective has finished (never blocks)."""
+        """True when the result can be read without waiting (never blocks)."""
         if self._result is not None:
             return True
         if self._event is not None:
-            return self._event.query()
+            return bool(self._event.query())
         return False
 
     def wait(self) -> StepSyncResult:
         """Waits for the collective (idempotent) and returns the agreed result."""
         if self._result is None:
+            host = None
             if self._event is not None:
                 self._event.synchronize()
-                assert self._tensors is not None
+                assert self._tensors is not None and self._host is not None
                 counts, sums = self._tensors
+                # Later work on the current stream may read the results.
                 torch.cuda.current_stream(self._packed.device).wait_stream(self._side)
-                host = self._host.tolist()
+                host = [int(v) for v in self._host.tolist()[:2]] + self._host.tolist()[2:]
             else:
                 counts, sums = ops.fused_step_sync_finish(self._packed)
-                host = None
-            self._result = StepSyncResult(counts, sums, self._keys, self._world, self._signature, self._where, host)
+            self._result = StepSyncResult(counts, sums, self._keys, self._owner._world, self._signature,
+                                          self._owner, host)
         return self._result
 
 
@@ -224,31 +232,39 @@ class StepSync:
             if pending is not None and pending.wait().stop:
                 break
             pending = sync.start(stop=should_stop(), metrics={"loss": loss})
-        sync.drain()   # or pending.wait(): every started sync must be waited on
+        else:
+            if pending is not None:
+                pending.wait()   # every started sync is waited on, on every rank
 
     Args:
         group: process group (default: the default group).
         metrics: the metric names, if known in advance. Lets a rank that has no
             data (and so no metric values) take part before it has seen a batch.
-        device: device of the packed buffer. Default: the device of the first
-            tensor passed, else CPU when the group has a CPU backend, else the
-            current CUDA device.
+        device: device of the packed buffer. Default: decided on the first call,
+            as the device of the first tensor passed, else CPU when the group
+            has a CPU backend, else the current CUDA device.
 
     Every rank of the group must call the sync the same number of times, with
     the same metric names. A rank with ``has_data=False`` contributes zeros to
-    the metrics; means are taken over the ranks that had data.
+    the metrics; means are taken over the ranks that had data. Metric values
+    may be 1-element tensors (any real dtype; accumulated in float64; they may
+    require grad, the sync does not take part in autograd) or numbers.
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, metrics: Sequence[str] | None = None,
                  device: torch.device | str | None = None) -> None:
         self.group = group
         self._keys: tuple[str, ...] | None = tuple(metrics) if metrics is not None else None
+        if self._keys is not None and len(set(self._keys)) != len(self._keys):
+            raise ValueError(f"StepSync: metric names must be unique, got {list(self._keys)}")
         self._device = torch.device(device) if device is not None else None
         self._name: str | None = None
         self._world = 0
         self._rank = 0
         self._default_device: torch.device | None = None
-        self._pending: list[PendingStepSync] = []
+        self._verified = False  # have the ranks compared metric names yet?
+        self._flags: dict[tuple[torch.device, bool, bool], torch.Tensor] = {}
+        self._zeros: dict[torch.device, torch.Tensor] = {}
 
     # -- setup -------------------------------------------------------------
     def _resolve(self) -> str:
@@ -263,6 +279,11 @@ class StepSync:
     def world_size(self) -> int:
         self._resolve()
         return self._world
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metric names this sync carries (declared, or seen on the first call with metrics)."""
+        return self._keys or ()
 
     def _where(self) -> str:
         return f"group '{self._name}', rank {self._rank} of {self._world}"
@@ -283,11 +304,22 @@ class StepSync:
         return self._default_device
 
     # -- packing -----------------------------------------------------------
+    def _flag_pair(self, device: torch.device, stop: bool, have: bool) -> torch.Tensor:
+        # The op never writes its inputs, so the four constant flag tensors are
+        # made once per device and reused: no allocation or copy per step.
+        key = (device, stop, have)
+        t = self._flags.get(key)
+        if t is None:
+            t = torch.tensor([stop, have], dtype=torch.bool, device=device)
+            self._flags[key] = t
+        return t
+
     def _pack(self, stop: Any, has_data: Any, metrics: Mapping[str, MetricValue] | None
               ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], float | None]:
-        self._resolve()
+        if self._name is None:
+            self._resolve()
         if metrics:
-            keys = tuple(metrics.keys())
+            keys = tuple(metrics)
             if self._keys is not None and keys != self._keys:
                 raise ValueError(
                     f"StepSync ({self._where()}): metric names changed from {list(self._keys)} to {list(keys)}; "
@@ -295,8 +327,10 @@ class StepSync:
                 )
         else:
             keys = self._keys or ()
-        have = _as_flag(has_data, "has_data", self._where)
-        if keys and not metrics and _is_true_host(have):
+        have = _as_flag(has_data, "has_data", self)
+        flag_stop = _as_flag(stop, "stop", self)
+        have_tensor = isinstance(have, torch.Tensor)
+        if keys and not metrics and not have_tensor and have:
             raise ValueError(
                 f"StepSync ({self._where()}): has_data=True but no values for the metrics {list(keys)}; pass "
                 "metrics={...} or has_data=False"
@@ -304,72 +338,69 @@ class StepSync:
 
         device = self._device
         if device is None:
-            device = _first_device(stop, has_data, metrics) or self._group_device()
+            # Decided on the first call (the device of the first tensor passed, else
+            # the group's) and kept: later calls move their values there if needed.
+            device = _first_device(flag_stop, have, metrics) or self._group_device()
+            self._device = device
 
-        flag_stop = _as_flag(stop, "stop", self._where)
-        if isinstance(flag_stop, torch.Tensor) or isinstance(have, torch.Tensor):
+        if have_tensor or isinstance(flag_stop, torch.Tensor):
             flags = torch.stack([_flag_tensor(flag_stop, device), _flag_tensor(have, device)])
         else:
-            flags = _host_tensor([1.0 if flag_stop else 0.0, 1.0 if have else 0.0], device)
+            flags = self._flag_pair(device, flag_stop, have)
 
-        signature = _metric_signature(keys) if keys else None
+        signature = _metric_signature(keys) if keys and not self._verified else None
         if not keys:
-            values = _EMPTY.get(device)
-            if values is None:
-                values = torch.empty(0, dtype=torch.float64, device=device)
-                _EMPTY[device] = values
-        elif not metrics or (not isinstance(have, torch.Tensor) and not have):
-            # No data here: contribute zeros (and the names' signature).
-            values = _host_tensor([signature] + [0.0] * len(keys), device)
+            values = self._zero_metrics(device, 0)
+        elif not metrics or (not have_tensor and not have):
+            # No data here: contribute zeros for the metrics.
+            values = self._zero_metrics(device, len(keys))
         else:
-            values = _metric_vector(signature, keys, metrics, device, self._where)
-            if isinstance(have, torch.Tensor):
+            values = _metric_vector(keys, metrics, device, self)
+            if have_tensor:
                 # has_data only known on the device: zero the metrics without a host sync.
-                values = torch.cat([values[:1], values[1:] * (have.to(device) != 0)])
+                values = values * (have.to(device) != 0)
+        if signature is not None:
+            values = torch.cat([torch.tensor([signature], dtype=torch.float64, device=device),
+                                values.to(torch.float64)])
+            self._verified = True
         if keys and self._keys is None:
             self._keys = keys  # remembered only once a call with them was valid
         return flags, values, keys, signature
 
+    def _zero_metrics(self, device: torch.device, k: int) -> torch.Tensor:
+        t = self._zeros.get(device)
+        if t is None or t.numel() != k:
+            t = torch.zeros(k, dtype=torch.float64, device=device)
+            self._zeros[device] = t
+        return t
+
     # -- public API --------------------------------------------------------
     def __call__(self, stop: StopLike = False, has_data: Any = True,
                  metrics: Mapping[str, MetricValue] | None = None) -> StepSyncResult:
-        """Runs the sync now (blocking) and returns the agreed :class:`StepSyncResult`."""
+        """Runs the sync now (blocking) and returns the agreed :class:`StepSyncResult`.
+
+        ``stop`` and ``has_data`` may be bools, 1-element tensors (read on their
+        device, no host sync), callables or objects with ``is_set()``.
+        """
         flags, values, keys, signature = self._pack(stop, has_data, metrics)
-        counts, sums = ops.fused_step_sync(flags, values, self._name)  # type: ignore[arg-type]
-        return StepSyncResult(counts, sums, keys, self._world, signature, self._where())
+        counts, sums = torch.ops.torch_ext.step_sync.default(flags, values, self._name)
+        return StepSyncResult(counts, sums, keys, self._world, signature, self)
 
     def start(self, stop: StopLike = False, has_data: Any = True,
               metrics: Mapping[str, MetricValue] | None = None) -> PendingStepSync:
         """Launches the sync without waiting; read it later with ``.wait()``.
 
-        Metric tensors are copied into the packed buffer when ``start`` runs, so
-        they may be reused right after.
+        Metric values are copied into the packed buffer when ``start`` runs, so
+        their tensors may be reused right after. Every started sync must be
+        waited on (on every rank) before the group is destroyed.
         """
         flags, values, keys, signature = self._pack(stop, has_data, metrics)
-        packed = ops.fused_step_sync_start(flags, values, self._name)  # type: ignore[arg-type]
-        pending = PendingStepSync(packed, keys, self._world, signature, self._where())
-        return pending
-
-    def drain(self, *pending: PendingStepSync | None) -> None:
-        """Waits for the given pending syncs (convenience for loop exits)."""
-        for p in pending:
-            if p is not None:
-                p.wait()
+        packed = torch.ops.torch_ext.step_sync_start.default(flags, values, self._name)
+        return PendingStepSync(packed, keys, signature, self)
 
     def __repr__(self) -> str:
         name = self._name or "<unresolved>"
         return f"StepSync(group={name!r}, metrics={list(self._keys) if self._keys else []})"
-
-
-_EMPTY: dict[torch.device, torch.Tensor] = {}
-
-
-def _host_tensor(values: list[float], device: torch.device) -> torch.Tensor:
-    if device.type == "cpu":
-        return torch.tensor(values, dtype=torch.float64)
-    pinned = torch.tensor(values, dtype=torch.float64).pin_memory() if device.type == "cuda" else \
-        torch.tensor(values, dtype=torch.float64)
-    return pinned.to(device, non_blocking=True)
 
 
 def _first_device(*items: Any) -> torch.device | None:
@@ -383,24 +414,23 @@ def _first_device(*items: Any) -> torch.device | None:
     return None
 
 
-def _as_flag(value: Any, what: str, where: Callable[[], str]) -> Any:
-    """A bool, or a tensor (read on the device). Callables and events are evaluated."""
+def _as_flag(value: Any, what: str, owner: StepSync) -> Any:
+    """A bool, or a 1-element tensor (read on its device). Callables and events are evaluated."""
+    if value is True or value is False:
+        return value
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"StepSync ({where()}): {what} must be a single value, got a tensor of shape "
+            raise ValueError(f"StepSync ({owner._where()}): {what} must be a single value, got a tensor of shape "
                              f"{tuple(value.shape)}")
         return value
     if value is None:
         return False
-    if hasattr(value, "is_set") and callable(value.is_set):  # threading.Event and friends
-        return bool(value.is_set())
+    is_set = getattr(value, "is_set", None)
+    if callable(is_set):  # threading.Event and friends
+        return bool(is_set())
     if callable(value):
-        return _as_flag(value(), what, where)
+        return _as_flag(value(), what, owner)
     return bool(value)
-
-
-def _is_true_host(value: Any) -> bool:
-    return not isinstance(value, torch.Tensor) and bool(value)
 
 
 def _flag_tensor(value: Any, device: torch.device) -> torch.Tensor:
@@ -409,38 +439,37 @@ def _flag_tensor(value: Any, device: torch.device) -> torch.Tensor:
     return torch.tensor(1.0 if value else 0.0, dtype=torch.float64, device=device)
 
 
-def _metric_vector(signature: float, keys: tuple[str, ...], metrics: Mapping[str, MetricValue],
-                   device: torch.device, where: Callable[[], str]) -> torch.Tensor:
-    numbers: list[float] = [signature]
-    tensors: list[tuple[int, torch.Tensor]] = []
-    for i, k in enumerate(keys, start=1):
-        v = metrics[k]
+def _metric_vector(keys: tuple[str, ...], metrics: Mapping[str, MetricValue], device: torch.device,
+                   owner: StepSync) -> torch.Tensor:
+    values = [metrics[k] for k in keys]
+    first = values[0]
+    if isinstance(first, torch.Tensor):
+        dtype = first.dtype
+        if all(isinstance(v, torch.Tensor) and v.dim() == 0 and v.dtype == dtype and v.device == device
+               for v in values) and not first.is_complex():
+            # Common case, one call: 0-dim tensors of one dtype on the device.
+            # The op converts to float64 itself.
+            return torch.stack([v.detach() for v in values])
+    elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return torch.tensor(values, dtype=torch.float64, device=device)
+    # General case: mixed numbers and tensors, shapes [1], several dtypes/devices.
+    parts = []
+    for k, v in zip(keys, values):
         if isinstance(v, torch.Tensor):
             if v.numel() != 1:
-                raise ValueError(f"StepSync ({where()}): metric {k!r} must be a single value, got a tensor of "
-                                 f"shape {tuple(v.shape)}; reduce it locally first (e.g. .mean())")
+                raise ValueError(f"StepSync ({owner._where()}): metric {k!r} must be a single value, got a tensor "
+                                 f"of shape {tuple(v.shape)}; reduce it locally first (e.g. .mean())")
             if v.is_complex():
-                raise ValueError(f"StepSync ({where()}): metric {k!r} is complex; pass a real value")
-            tensors.append((i, v))
-            numbers.append(0.0)
+                raise ValueError(f"StepSync ({owner._where()}): metric {k!r} is complex; pass a real value")
+            parts.append(v.detach().reshape(()).to(device=device, dtype=torch.float64))
         else:
             try:
-                numbers.append(float(v))
+                x = float(v)
             except (TypeError, ValueError):
-                raise TypeError(f"StepSync ({where()}): metric {k!r} must be a tensor or a number, "
+                raise TypeError(f"StepSync ({owner._where()}): metric {k!r} must be a tensor or a number, "
                                 f"got {type(v).__name__}") from None
-    if not tensors:
-        return _host_tensor(numbers, device)
-    if len(tensors) == len(keys) and all(t.device == device for _, t in tensors):
-        # Common case: every metric is a device scalar. One stack, no host copy.
-        parts = [torch.tensor([signature], dtype=torch.float64, device=device) if device.type == "cpu"
-                 else _host_tensor([signature], device)]
-        parts.append(torch.stack([t.detach().reshape(()).to(torch.float64) for _, t in tensors]))
-        return torch.cat(parts)
-    out = _host_tensor(numbers, device)
-    for i, t in tensors:
-        out[i] = t.detach().reshape(()).to(device=device, dtype=torch.float64)
-    return out
+            parts.append(torch.tensor(x, dtype=torch.float64, device=device))
+    return torch.stack(parts)
 
 
 # --------------------------------------------------------------------------

@@ -8,14 +8,19 @@
 // Wire layout (float64, so counts stay exact and metric sums do not lose bits
 // to fp16/bf16/fp32 accumulation):
 //
-//     packed = [stop, has_data, metric_0, ..., metric_{k-1}]
+//     packed = [stop + has_data * 2^21, metric_0, ..., metric_{k-1}]
 //
-// Each rank contributes stop and has_data as 0/1; after a SUM all_reduce
-// packed[0] is the number of ranks that want to stop (any-stop = packed[0] > 0)
-// and packed[1] the number of ranks that have data (all-have-data =
-// packed[1] == world size). SUM is the only reduction every backend supports
-// on every device (SMDDP, for one, supports all_reduce but not broadcast or MAX
-// on every path), so the op needs nothing else.
+// Each rank contributes stop and has_data as 0/1, both in ONE slot; after a
+// SUM all_reduce the slot holds (ranks that want to stop) + 2^21 * (ranks that
+// have data), an exact integer in float64 for any group below 2^21 ranks, and
+// is split again on the device (any-stop = count > 0, all-have-data = count ==
+// world size). One slot rather than two matters on gloo, whose ring algorithm
+// sends one message per non-empty segment and makes at least 2 * world_size
+// segments: a 1-element all_reduce costs about half of a 4-element one on
+// loopback, so the flag-only sync (even_batches, early stopping) costs what a
+// plain 4-byte all_reduce costs. SUM is the only reduction every backend
+// supports on every device (SMDDP, for one, supports all_reduce but not
+// broadcast), so the op needs nothing else.
 //
 // Packing and unpacking are tensor ops on the input's device: on CUDA the op
 // enqueues kernels and the collective and never waits on the host.
@@ -25,20 +30,24 @@
 //   torch_ext::step_sync_start(Tensor flags, Tensor metrics, str group_name) -> Tensor packed
 //   torch_ext::step_sync_finish(Tensor packed) -> (Tensor counts, Tensor sums)
 // counts is int64 [2] = [ranks that want to stop, ranks that have data];
-// sums is float64 [k]. step_sync_start returns the packed buffer with the
+// sums is float64 [k]; packed (step_sync_start) is float64 [1 + k]. step_sync_start returns the packed buffer with the
 // all_reduce still in flight (registered like a functional collective);
 // step_sync_finish waits for it and unpacks, so the collective can overlap
 // with the next training step.
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <tuple>
 
 namespace torch_ext::ops {
 
-// Number of leading flag slots in the packed buffer.
-constexpr int64_t kStepSyncFlags = 2;
+// Leading slots holding the flags in the packed buffer (both flags in one).
+constexpr int64_t kStepSyncFlagSlots = 1;
+// has_data is counted in units of 2^21 in the flag slot; stop in units of 1.
+constexpr int64_t kHasDataShift = 21;
+constexpr int64_t kHasDataUnit = int64_t{1} << kHasDataShift;
 
 // Blocking form: pack, all_reduce(SUM) on the group registered as
 // `group_name`, wait (a stream wait on CUDA, not a host wait), unpack.
@@ -60,10 +69,11 @@ std::tuple<at::Tensor, at::Tensor> step_sync_finish(const at::Tensor& packed);
 
 namespace detail {
 
-// Validates the inputs (messages name `where`, e.g. "group 'default_pg', rank 1
-// of 4") and builds the float64 packed buffer on flags' device. Flags are
-// normalised to 0/1 so a rank passing stop=5 still counts once.
-at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::string& where);
+// Validates the inputs (messages name where(), e.g. "group 'default_pg', rank
+// 1 of 4", called only on failure) and builds the float64 packed buffer on
+// flags' device. Flags are normalised to 0/1 so a rank passing stop=5 still
+// counts once.
+at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::function<std::string()>& where);
 
 // Splits a reduced packed buffer into (counts int64 [2], sums float64 [k]).
 std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& packed);
