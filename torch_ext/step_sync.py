@@ -650,6 +650,8 @@ class _Pass(Iterator[T]):
             self._shutdown()
 
     def __del__(self) -> None:
+        # Only release the data here. A sync still in flight is not waited for:
+        # if the other ranks never started it, waiting would hang a finaliser.
         try:
             if not self._done and self._it is not None:
                 self._shutdown()
@@ -718,11 +720,13 @@ class EvenBatches(Iterable[T]):
         return self._pass._it if self._pass is not None else None
 
     def close(self) -> None:
-        """Ends the current pass on THIS rank only: shuts the data iterator down.
+        """Ends the current pass: waits for the sync in flight and shuts the data iterator down.
 
-        Leaving the loop on one rank while others continue is what hangs
-        distributed jobs; stop through the ``stop`` flag instead, which ends
-        the loop on every rank at the same step.
+        Call it after leaving the loop with ``break`` on every rank at the same
+        step (a step budget, say): with ``overlap`` the next step's sync was
+        already started on all ranks and is waited for here. Leaving the loop
+        on one rank only is what hangs distributed jobs; stop through the
+        ``stop`` flag instead, which ends the loop on every rank at the same step.
         """
         if self._pass is not None:
             self._pass.close()

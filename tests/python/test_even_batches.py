@@ -101,6 +101,29 @@ def _epochs(rank: int, world: int, lengths: list[int], epochs: int) -> list[tupl
     return out
 
 
+def _budget(rank: int, world: int, lengths: list[int], budget: int) -> list[int]:
+    import torch_ext
+
+    loop = torch_ext.even_batches(range(lengths[rank]), overlap=True)
+    seen = []
+    for batch in loop:
+        seen.append(batch)
+        if len(seen) == budget:  # the same step on every rank
+            break
+    loop.close()  # waits for the next step's sync, already started on every rank
+    from torch._C._distributed_c10d import _get_work_registry_size
+
+    in_flight = _get_work_registry_size()  # 0: nothing left unwaited
+    second = list(loop)  # a new pass starts cleanly
+    dist.barrier()
+    return [len(seen), in_flight, len(second)]
+
+
+def test_break_on_every_rank_then_close():
+    values = assert_all_ok(run_ranks(_budget, 2, [5, 9], 2, timeout=60))
+    assert values == [[2, 0, 5], [2, 0, 5]]
+
+
 def test_iterable_once_per_epoch_like_a_dataloader():
     values = assert_all_ok(run_ranks(_epochs, 2, [2, 5], 3, timeout=60))
     assert values == [[(2, "data")] * 3] * 2
