@@ -22,18 +22,20 @@
 // supports on every device (SMDDP, for one, supports all_reduce but not
 // broadcast), so the op needs nothing else.
 //
-// Packing and unpacking are tensor ops on the input's device: on CUDA the op
-// enqueues kernels and the collective and never waits on the host.
+// On CUDA (and any non-CPU device) packing and unpacking are tensor ops on the
+// input's device: the op enqueues kernels and the collective and never waits
+// on the host. On CPU it reads and writes the few values directly, which costs
+// less than dispatching a dozen tiny tensor ops every step.
 //
 // Schemas (declared once, in StepSync.cpp):
 //   torch_ext::step_sync(Tensor flags, Tensor metrics, str group_name) -> (Tensor counts, Tensor sums)
 //   torch_ext::step_sync_start(Tensor flags, Tensor metrics, str group_name) -> Tensor packed
 //   torch_ext::step_sync_finish(Tensor packed) -> (Tensor counts, Tensor sums)
 // counts is int64 [2] = [ranks that want to stop, ranks that have data];
-// sums is float64 [k]; packed (step_sync_start) is float64 [1 + k]. step_sync_start returns the packed buffer with the
-// all_reduce still in flight (registered like a functional collective);
-// step_sync_finish waits for it and unpacks, so the collective can overlap
-// with the next training step.
+// sums is float64 [k]; packed is float64 [1 + k]. step_sync_start returns the
+// packed buffer with the all_reduce still in flight (registered like a
+// functional collective); step_sync_finish waits for it and unpacks, so the
+// collective can overlap with the next training step.
 
 #include <ATen/core/Tensor.h>
 
