@@ -202,8 +202,12 @@ class PendingStepSync:
                 self._event.synchronize()
                 assert self._tensors is not None and self._host is not None
                 counts, sums = self._tensors
-                # Later work on the current stream may read the results.
-                torch.cuda.current_stream(self._packed.device).wait_stream(self._side)
+                # Later work on the current stream may read the results: order it
+                # after the side stream, and tell the allocator they are used there.
+                current = torch.cuda.current_stream(self._packed.device)
+                current.wait_stream(self._side)
+                counts.record_stream(current)
+                sums.record_stream(current)
                 host = [int(v) for v in self._host.tolist()[:2]] + self._host.tolist()[2:]
             else:
                 counts, sums = ops.fused_step_sync_finish(self._packed)
