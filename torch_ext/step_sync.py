@@ -244,9 +244,12 @@ class StepSync:
         group: process group (default: the default group).
         metrics: the metric names, if known in advance. Lets a rank that has no
             data (and so no metric values) take part before it has seen a batch.
-        device: device of the packed buffer. Default: decided on the first call,
-            as the device of the first tensor passed, else CPU when the group
-            has a CPU backend, else the current CUDA device.
+        device: device of the packed buffer. Default: chosen from the group, so
+            that it is the same on every rank (ranks packing on different
+            devices could reach different inner backends): the current CUDA
+            device for groups that reduce CUDA tensors with NCCL (``nccl``, a
+            ``cuda:nccl`` mix, or ``guard`` once CUDA is in use in this
+            process), else CPU. Values on another device are moved there.
 
     Every rank of the group must call the sync the same number of times, with
     the same metric names. A rank with ``has_data=False`` contributes zeros to
@@ -293,18 +296,26 @@ class StepSync:
         return f"group '{self._name}', rank {self._rank} of {self._world}"
 
     def _group_device(self) -> torch.device:
+        """The device every rank packs on, decided from the group alone."""
         if self._default_device is None:
             pg = self.group if self.group is not None else dist.group.WORLD
+            backend = str(dist.get_backend(pg)).lower()
             try:
                 pg._get_backend(torch.device("cpu"))
-                self._default_device = torch.device("cpu")
+                has_cpu = True
             except RuntimeError:
+                has_cpu = False
+            cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+            wants_cuda = "nccl" in backend or not has_cpu or ("guard" in backend and cuda_in_use)
+            if wants_cuda:
                 if not torch.cuda.is_available():
                     raise RuntimeError(
-                        f"StepSync ({self._where()}): the group has no CPU backend and CUDA is not available; "
-                        "pass device=... naming a device the group serves"
-                    ) from None
+                        f"StepSync ({self._where()}): the group (backend {backend!r}) reduces on CUDA but CUDA is "
+                        "not available here; pass device=... naming a device the group serves"
+                    )
                 self._default_device = torch.device("cuda", torch.cuda.current_device())
+            else:
+                self._default_device = torch.device("cpu")
         return self._default_device
 
     # -- packing -----------------------------------------------------------
@@ -342,10 +353,7 @@ class StepSync:
 
         device = self._device
         if device is None:
-            # Decided on the first call (the device of the first tensor passed, else
-            # the group's) and kept: later calls move their values there if needed.
-            device = _first_device(flag_stop, have, metrics) or self._group_device()
-            self._device = device
+            device = self._device = self._group_device()
 
         if have_tensor or isinstance(flag_stop, torch.Tensor):
             flags = torch.stack([_flag_tensor(flag_stop, device), _flag_tensor(have, device)])
@@ -405,17 +413,6 @@ class StepSync:
     def __repr__(self) -> str:
         name = self._name or "<unresolved>"
         return f"StepSync(group={name!r}, metrics={list(self._keys) if self._keys else []})"
-
-
-def _first_device(*items: Any) -> torch.device | None:
-    for item in items:
-        if isinstance(item, torch.Tensor):
-            return item.device
-        if isinstance(item, Mapping):
-            for v in item.values():
-                if isinstance(v, torch.Tensor):
-                    return v.device
-    return None
 
 
 def _as_flag(value: Any, what: str, owner: StepSync) -> Any:
