@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -30,7 +31,7 @@ def _context():
     global _CTX
     if _CTX is None:
         _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "torch_ext"])
+        _CTX.set_forkserver_preload(["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch_ext"])
     return _CTX
 
 
@@ -95,13 +96,15 @@ def _child(
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=pg_timeout), pg_options=pg_options)
         value = fn(rank, world_size, *args, **kwargs)
-        conn.send(("ok", value, None, None, None))
+        # Plain pickle, by value: multiprocessing's own pickler would share tensor
+        # storage through file descriptors that die with this process.
+        conn.send_bytes(pickle.dumps(("ok", value, None, None, None)))
         if backend is not None and dist.is_initialized():
             dist.destroy_process_group()
     except BaseException as e:  # noqa: BLE001 - report everything to the parent
         code = 1
         try:
-            conn.send(("error", None, type(e).__name__, str(e), traceback.format_exc()))
+            conn.send_bytes(pickle.dumps(("error", None, type(e).__name__, str(e), traceback.format_exc())))
         except Exception:  # noqa: BLE001
             pass
     sys.stdout.flush()
@@ -200,8 +203,13 @@ def run_ranks(
 
 def _receive(conn: Any, result: RankResult) -> None:
     try:
-        status, value, etype, msg, tb = conn.recv()
+        payload = conn.recv_bytes()
     except (EOFError, OSError):
+        return  # the rank died before reporting: its exit code tells
+    try:
+        status, value, etype, msg, tb = pickle.loads(payload)
+    except Exception as e:  # noqa: BLE001 - a result that cannot be read is a failure
+        result.error_type, result.error = "HarnessError", f"cannot unpickle the rank's result: {e!r}"
         return
     if status == "ok":
         result.value = value
