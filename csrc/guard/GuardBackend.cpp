@@ -39,15 +39,6 @@ c10::DeviceType deviceOf(const std::vector<at::Tensor>& tensors) {
   return c10::DeviceType::CPU;
 }
 
-c10::DeviceType deviceOf(const std::vector<std::vector<at::Tensor>>& lists) {
-  for (const auto& l : lists) {
-    for (const auto& t : l) {
-      if (t.defined()) return t.device().type();
-    }
-  }
-  return c10::DeviceType::CPU;
-}
-
 std::vector<int64_t> equalSplits(int64_t rows, int size) {
   return std::vector<int64_t>(static_cast<size_t>(size), size > 0 ? rows / size : 0);
 }

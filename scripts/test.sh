@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine and runs every test: pytest (multi-process tests on gloo
+# over loopback) and the GoogleTest suite of the C++ core.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY=${PYTHON:-python3}
+
+echo "== C++ (GoogleTest)"
+TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+cmake -S tests/cpp -B tests/cpp/build -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build tests/cpp/build -j "${MAX_JOBS:-2}" >/dev/null
+ctest --test-dir tests/cpp/build --output-on-failure
+
+echo "== Python (pytest)"
+"$PY" -m pytest tests/python "$@"
