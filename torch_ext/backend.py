@@ -97,11 +97,14 @@ def _overrides_from(pg_options: Any) -> dict[str, str]:
     )
 
 
-def _inner_value(cfg: Mapping[str, Any], overrides: Mapping[str, str]) -> tuple[str, str]:
-    source = cfg["source"].get("inner", "TORCH_EXT_INNER")
-    if "inner" in overrides:
-        return "GuardOptions(inner=...)", overrides["inner"]
-    return source, os.environ.get("TORCH_EXT_INNER", "cpu:gloo,cuda:nccl")
+def _inner_value(cfg: Mapping[str, Any]) -> tuple[str, str]:
+    """Where the inner-backend setting came from and its value, for error messages."""
+    if "inner" not in cfg["source"]:
+        return "the default inner backends", ",".join(f"{d}:{n}" for d, n in sorted(cfg["inner"].items()))
+    source = cfg["source"]["inner"]
+    if source.startswith("GuardOptions"):
+        source = "GuardOptions(inner=...)"
+    return source, cfg["raw"]["inner"]
 
 
 def _accepted_backends() -> list[str]:
@@ -193,7 +196,7 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # reads of its neighbours find their keys.
     _C._announce(store, rank)
     inner_timeout = timeout + max(_INNER_GRACE, timeout / 10)
-    where = _inner_value(cfg, overrides)
+    where = _inner_value(cfg)
     created: dict[str, Any] = {}
     inner: dict[str, tuple[str, Any]] = {}
     for device, name in sorted(cfg["inner"].items()):

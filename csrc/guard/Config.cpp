@@ -173,6 +173,7 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
     }
     const std::string opt = d.option;
     cfg.source[opt] = what;
+    cfg.raw[opt] = value;
     if (opt == "inner") {
       // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
       for (auto& kv : detail::parseInner(value, what)) cfg.inner[kv.first] = kv.second;

@@ -43,6 +43,8 @@ struct Config {
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.
   std::map<std::string, std::string> source;
+  // The value as given there (for messages that quote it).
+  std::map<std::string, std::string> raw;
 
   // Reads the environment, then applies `overrides` (option name -> string
   // value, as given by GuardOptions). Throws ConfigError on any bad value.

@@ -53,6 +53,7 @@ py::dict configDict(const torch_ext::Config& c) {
   d["interval"] = c.intervalS;
   d["call_sites"] = c.callSites;
   d["source"] = c.source;
+  d["raw"] = c.raw;
   return d;
 }
 

@@ -1,0 +1,47 @@
+"""The README's configuration table is the one list of settings: it must name every
+TORCH_EXT_* variable the core parses, with its GuardOptions field, and nothing else."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+import torch_ext
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _readme() -> str:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_readme_table_lists_every_setting_once():
+    rows = re.findall(r"^\| `(TORCH_EXT_[A-Z_]+)` \| `([a-z_]+)` \|", _readme(), flags=re.M)
+    documented = {env: field for env, field in rows}
+    assert len(rows) == len(documented), "a variable appears twice"
+    core = {env: option for option, env, _default, _meaning in torch_ext._C.env_var_docs()}
+    assert documented == core
+    fields = {f.name for f in dataclasses.fields(torch_ext.GuardOptions)}
+    assert set(core.values()) == fields
+
+
+def test_no_other_module_reads_torch_ext_variables():
+    offenders = []
+    for base in ("torch_ext", "csrc"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, base)):
+            for name in files:
+                if not name.endswith((".py", ".cpp", ".h")) or name == "Config.cpp":
+                    continue
+                with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                    text = f.read()
+                if re.search(r"(getenv|environ)[^\n]*TORCH_EXT_", text):
+                    offenders.append(os.path.join(dirpath, name))
+    assert offenders == []
+
+
+def test_readme_first_screen_has_the_two_commands():
+    head = _readme().split("## Use it")[0]
+    assert "bash scripts/demo.sh" in head and "bash scripts/test.sh" in head
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        assert "scripts/test.sh" in f.read()
