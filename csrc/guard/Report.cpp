@@ -254,9 +254,20 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
 } // namespace
 
 std::string formatRanks(const std::vector<int64_t>& ranks) {
+  // "ranks 0,1,3", with runs of three or more folded: "ranks 0-30".
   std::ostringstream os;
   os << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? "," : "") << ranks[i];
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    os << (i ? "," : "");
+    if (j - i >= 2) {
+      os << ranks[i] << "-" << ranks[j];
+    } else {
+      for (size_t k = i; k <= j; ++k) os << (k > i ? "," : "") << ranks[k];
+    }
+    i = j + 1;
+  }
   return os.str();
 }
 

@@ -314,4 +314,4 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
 def test_report_lists_several_culprits(world):
     values = assert_all_ok(run_ranks(_sleepy, world, 3.0, env=FAST, timeout=60))
     text = _reports(values[0]["records"])[0][2]
-    assert "waiting: ranks 0,1,2" in text and "rank 3 has not arrived" in text
+    assert "waiting: ranks 0-2" in text and "rank 3 has not arrived" in text
