@@ -31,17 +31,15 @@ def _traffic_rank(rank: int, world: int, store, seconds: float) -> dict:
     dist.init_process_group("guard", store=store, rank=rank, world_size=world)
     dist.barrier()
     before = torch_ext._C._watchdog_stats()
-    deadline = time.monotonic() + seconds
-    n = 0
-    while time.monotonic() < deadline:  # a training loop: one small all_reduce per "step"
+    steps = int(seconds / 0.01)  # the same count on every rank (a clock-based loop would not be)
+    for _ in range(steps):  # a training loop: one small all_reduce per "step"
         dist.all_reduce(torch.ones(4))
-        n += 1
-        time.sleep(0.005)
+        time.sleep(0.01)  # the step's compute
     after = torch_ext._C._watchdog_stats()
     dist.barrier()
     dist.destroy_process_group()
     ticks = after["ticks"] - before["ticks"]
-    return {"ops": after["store_ops"] - before["store_ops"], "ticks": ticks, "steps": n}
+    return {"ops": after["store_ops"] - before["store_ops"], "ticks": ticks, "steps": steps}
 
 
 def traffic(worlds: list[int], seconds: float) -> None:
