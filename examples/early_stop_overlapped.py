@@ -10,15 +10,12 @@ effect after step i+1, on every rank.
 """
 from __future__ import annotations
 
-import os
-import socket
-
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import torch_ext
+from _run import run_example
 
 
 def train() -> None:
@@ -47,27 +44,5 @@ def train() -> None:
     dist.barrier()
 
 
-def _worker(rank: int, world: int, port: int) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    main()
-
-
-def main() -> None:
-    dist.init_process_group("guard")
-    try:
-        train()
-    finally:
-        dist.destroy_process_group()
-
-
 if __name__ == "__main__":
-    if "RANK" in os.environ:
-        main()
-    else:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        # fork where available: quick to start, and DataLoader workers then fork too
-        # (under "spawn" every worker would start a fresh interpreter).
-        method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-        mp.start_processes(_worker, args=(2, port), nprocs=2, start_method=method)
+    run_example(train)
