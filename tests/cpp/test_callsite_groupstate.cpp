@@ -48,7 +48,7 @@ uint32_t provider() {
 
 } // namespace
 
-TEST(CallSites, InterningIsStableAndZeroMeansUnknown) {
+TEST(CallSites, InterningTextsAndProvider) {
   auto& cs = CallSites::instance();
   const std::vector<Frame> frames = {Frame{"/home/u/proj/train.py", 120, "training_step"},
                                      Frame{"/home/u/proj/main.py", 7, "<module>"}};
@@ -81,28 +81,28 @@ TEST(CallSites, InterningIsStableAndZeroMeansUnknown) {
   EXPECT_EQ(cs.describe(id), "train.py:120 in training_step");
   EXPECT_EQ(cs.describe(0), "(unknown call site)");
   EXPECT_EQ(cs.describe(0xfffffff0u), "(unknown call site)");
-}
-
-TEST(CallSites, FrameTexts) {
-  EXPECT_EQ((Frame{"/a/b/c.py", 3, "f"}).describe(), "c.py:3 in f");
-  EXPECT_EQ((Frame{"c.py", 3, "f"}).describe(), "c.py:3 in f");
-  EXPECT_EQ((Frame{"/a/b/c.py", 3, ""}).describe(), "c.py:3");
-  const std::vector<Frame> fs = {Frame{"/x/a.py", 1, "f"}, Frame{"/x/b.py", 2, "g"}, Frame{"/x/c.py", 3, "h"},
-                                 Frame{"/x/d.py", 4, "i"}};
-  EXPECT_EQ(describeFrames(fs), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h");
-  EXPECT_EQ(describeFrames(fs, 1), "a.py:1 in f");
-  EXPECT_EQ(describeFrames(fs, 10), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h <- d.py:4 in i");
-  EXPECT_EQ(describeFrames({}), "(unknown call site)");
-}
-
-TEST(CallSites, CaptureUsesTheInstalledProvider) {
-  auto& cs = CallSites::instance();
-  EXPECT_EQ(cs.capture(), 0u);  // no provider in C++ tests
-  nextProviderId = cs.intern({Frame{"/p/q.py", 5, "r"}});
-  cs.setProvider(&provider);
-  EXPECT_EQ(cs.capture(), nextProviderId);
-  cs.setProvider(nullptr);
-  EXPECT_EQ(cs.capture(), 0u);
+  {
+    SCOPED_TRACE("FrameTexts");
+    EXPECT_EQ((Frame{"/a/b/c.py", 3, "f"}).describe(), "c.py:3 in f");
+    EXPECT_EQ((Frame{"c.py", 3, "f"}).describe(), "c.py:3 in f");
+    EXPECT_EQ((Frame{"/a/b/c.py", 3, ""}).describe(), "c.py:3");
+    const std::vector<Frame> fs = {Frame{"/x/a.py", 1, "f"}, Frame{"/x/b.py", 2, "g"}, Frame{"/x/c.py", 3, "h"},
+                                   Frame{"/x/d.py", 4, "i"}};
+    EXPECT_EQ(describeFrames(fs), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h");
+    EXPECT_EQ(describeFrames(fs, 1), "a.py:1 in f");
+    EXPECT_EQ(describeFrames(fs, 10), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h <- d.py:4 in i");
+    EXPECT_EQ(describeFrames({}), "(unknown call site)");
+  }
+  {
+    SCOPED_TRACE("CaptureUsesTheInstalledProvider");
+    auto& cs = CallSites::instance();
+    EXPECT_EQ(cs.capture(), 0u);  // no provider in C++ tests
+    nextProviderId = cs.intern({Frame{"/p/q.py", 5, "r"}});
+    cs.setProvider(&provider);
+    EXPECT_EQ(cs.capture(), nextProviderId);
+    cs.setProvider(nullptr);
+    EXPECT_EQ(cs.capture(), 0u);
+  }
 }
 
 TEST(GroupState, IdentityLabelAndDeadlines) {
@@ -207,18 +207,18 @@ TEST(GroupState, ThrowFailureThrowsTheKindsSubclass) {
       CollectiveMismatchError);
 
   EXPECT_THROW(makeGroup()->throwFailure("x"), std::logic_error);
+  {
+    SCOPED_TRACE("ThrowGuardErrorAndKindNames");
+    EXPECT_EQ(thrown<CollectiveMismatchError>([] { throwGuardError(GuardErrorKind::Mismatch, "m"); }), "m");
+    EXPECT_EQ(thrown<CollectiveTimeoutError>([] { throwGuardError(GuardErrorKind::Timeout, "t"); }), "t");
+    EXPECT_EQ(thrown<CollectiveFailureError>([] { throwGuardError(GuardErrorKind::Failure, "f"); }), "f");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Mismatch), "mismatch");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Timeout), "timeout");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Failure), "failure");
+  }
 }
 
-TEST(GroupState, ThrowGuardErrorAndKindNames) {
-  EXPECT_EQ(thrown<CollectiveMismatchError>([] { throwGuardError(GuardErrorKind::Mismatch, "m"); }), "m");
-  EXPECT_EQ(thrown<CollectiveTimeoutError>([] { throwGuardError(GuardErrorKind::Timeout, "t"); }), "t");
-  EXPECT_EQ(thrown<CollectiveFailureError>([] { throwGuardError(GuardErrorKind::Failure, "f"); }), "f");
-  EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Mismatch), "mismatch");
-  EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Timeout), "timeout");
-  EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Failure), "failure");
-}
-
-TEST(GroupState, WaitUntilReturnsOnPredicate) {
+TEST(GroupState, WaitUntilReturnsOnPredicateFailureOrTimeout) {
   auto st = makeGroup();
   EXPECT_TRUE(st->waitUntil([] { return true; }, milliseconds(1)));
   std::atomic<bool> done{false};
@@ -230,23 +230,23 @@ TEST(GroupState, WaitUntilReturnsOnPredicate) {
   EXPECT_TRUE(st->waitUntil([&] { return done.load(); }, milliseconds(20000)));
   t.join();
   EXPECT_FALSE(st->failed());
-}
-
-TEST(GroupState, WaitUntilReturnsOnFailure) {
-  auto st = makeGroup();
-  std::thread t([&] { st->fail(GuardErrorKind::Timeout, "gave up"); });
-  const bool r = st->waitUntil([] { return false; }, milliseconds(20000));
-  t.join();
-  EXPECT_TRUE(r);  // woken by the failure, not by the timeout
-  EXPECT_TRUE(st->failed());
-  // An already failed group does not wait at all, even without a timeout.
-  EXPECT_TRUE(st->waitUntil([] { return false; }, milliseconds(0)));
-}
-
-TEST(GroupState, WaitUntilTimesOut) {
-  auto st = makeGroup();
-  const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(st->waitUntil([] { return false; }, milliseconds(30)));
-  EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(30));
-  EXPECT_FALSE(st->failed());
+  {
+    SCOPED_TRACE("WaitUntilReturnsOnFailure");
+    auto st = makeGroup();
+    std::thread t([&] { st->fail(GuardErrorKind::Timeout, "gave up"); });
+    const bool r = st->waitUntil([] { return false; }, milliseconds(20000));
+    t.join();
+    EXPECT_TRUE(r);  // woken by the failure, not by the timeout
+    EXPECT_TRUE(st->failed());
+    // An already failed group does not wait at all, even without a timeout.
+    EXPECT_TRUE(st->waitUntil([] { return false; }, milliseconds(0)));
+  }
+  {
+    SCOPED_TRACE("WaitUntilTimesOut");
+    auto st = makeGroup();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(st->waitUntil([] { return false; }, milliseconds(30)));
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(30));
+    EXPECT_FALSE(st->failed());
+  }
 }

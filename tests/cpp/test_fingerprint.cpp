@@ -94,24 +94,24 @@ TEST(Fingerprint, EveryRankInvariantArgumentChangesTheHash) {
   for (const auto& [what, fp] : fps) {
     EXPECT_TRUE(hashes.insert(fp.hash).second) << what << " collides with an earlier variant";
   }
-}
-
-TEST(Fingerprint, RootOfRootedCollectivesEntersTheHash) {
-  for (Op op : {Op::Broadcast, Op::Reduce, Op::Gather, Op::Scatter}) {
-    auto r0 = FingerprintBuilder(op).tensor(f32({10})).root(0).finish();
-    auto r0b = FingerprintBuilder(op).tensor(f32({10})).root(0).finish();
-    auto r1 = FingerprintBuilder(op).tensor(f32({10})).root(1).finish();
-    EXPECT_EQ(r0.hash, r0b.hash) << torch_ext::opName(op);
-    EXPECT_NE(r0.hash, r1.hash) << torch_ext::opName(op);
-    EXPECT_EQ(r1.root, 1);
+  {
+    SCOPED_TRACE("RootOfRootedCollectivesEntersTheHash");
+    for (Op op : {Op::Broadcast, Op::Reduce, Op::Gather, Op::Scatter}) {
+      auto r0 = FingerprintBuilder(op).tensor(f32({10})).root(0).finish();
+      auto r0b = FingerprintBuilder(op).tensor(f32({10})).root(0).finish();
+      auto r1 = FingerprintBuilder(op).tensor(f32({10})).root(1).finish();
+      EXPECT_EQ(r0.hash, r0b.hash) << torch_ext::opName(op);
+      EXPECT_NE(r0.hash, r1.hash) << torch_ext::opName(op);
+      EXPECT_EQ(r1.root, 1);
+    }
   }
-}
-
-TEST(Fingerprint, EveryOpHashesDifferently) {
-  std::set<uint64_t> hashes;
-  for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
-    auto fp = FingerprintBuilder(static_cast<Op>(i)).tensor(f32({3})).finish();
-    EXPECT_TRUE(hashes.insert(fp.hash).second) << torch_ext::opName(static_cast<Op>(i));
+  {
+    SCOPED_TRACE("EveryOpHashesDifferently");
+    std::set<uint64_t> hashes;
+    for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
+      auto fp = FingerprintBuilder(static_cast<Op>(i)).tensor(f32({3})).finish();
+      EXPECT_TRUE(hashes.insert(fp.hash).second) << torch_ext::opName(static_cast<Op>(i));
+    }
   }
 }
 
@@ -138,14 +138,6 @@ TEST(Fingerprint, P2PPeerAndTagStayOutOfTheHashButTagEntersThePairHash) {
   EXPECT_NE(s.p2pPairHash(), p2p(Op::Recv, f32({4}), 0, 1).p2pPairHash());
 }
 
-TEST(Fingerprint, NumelIsTheFirstTensorsElementCount) {
-  EXPECT_EQ(allReduce(f32({2, 3})).numel(), 6);
-  EXPECT_EQ(allReduce(f32({})).numel(), 1);
-  EXPECT_EQ(allReduce(f32({0, 3})).numel(), 0);
-  EXPECT_EQ(FingerprintBuilder(Op::Barrier).finish().numel(), 0);
-  EXPECT_EQ(FingerprintBuilder(Op::AllReduceCoalesced).tensor(f32({5})).tensor(f32({7})).finish().numel(), 5);
-}
-
 TEST(Fingerprint, RowShapeIgnoresDimZeroOnly) {
   auto a = FingerprintBuilder(Op::AllToAllSingle).rowShape(f32({3, 4})).finish();
   auto b = FingerprintBuilder(Op::AllToAllSingle).rowShape(f32({7, 4})).finish();
@@ -164,7 +156,7 @@ TEST(Fingerprint, RowShapeIgnoresDimZeroOnly) {
             FingerprintBuilder(Op::AllToAllSingle).tensor(f32({7, 4})).finish().hash);
 }
 
-TEST(Fingerprint, AllToAllPairingSumsAddUpForAConsistentSplitMatrix) {
+TEST(Fingerprint, AllToAllPairingSumsAndSplits) {
   // m[from][to]: elements (rows) rank `from` sends to rank `to`.
   const std::vector<std::vector<int64_t>> m = {{1, 2, 3, 0}, {4, 0, 5, 6}, {2, 2, 2, 2}, {0, 7, 1, 3}};
   const int64_t W = static_cast<int64_t>(m.size());
@@ -223,26 +215,26 @@ TEST(Fingerprint, AllToAllPairingSumsAddUpForAConsistentSplitMatrix) {
     }
     EXPECT_NE(s, r);
   }
+  {
+    SCOPED_TRACE("AllToAllPeerCountEntersTheHashAndSplitsAreKeptForText");
+    auto three = a2aRank(0, {1, 1, 1}, {1, 1, 1});
+    auto four = a2aRank(0, {1, 1, 1, 0}, {1, 1, 1, 0});
+    EXPECT_NE(three.hash, four.hash);
+    EXPECT_EQ(std::vector<int64_t>(three.sendSplits.begin(), three.sendSplits.end()), (std::vector<int64_t>{1, 1, 1}));
+    EXPECT_FALSE(three.splitsTruncated);
+
+    std::vector<int64_t> many(20, 2);
+    auto big = a2aRank(0, many, many);
+    EXPECT_TRUE(big.splitsTruncated);
+    EXPECT_EQ(big.sendSplits.size(), 16u);
+    EXPECT_EQ(big.recvSplits.size(), 16u);
+    EXPECT_EQ(big.describe(),
+              "all_to_all_single(float32[*, 4], send=[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,...], "
+              "recv=[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,...])");
+  }
 }
 
-TEST(Fingerprint, AllToAllPeerCountEntersTheHashAndSplitsAreKeptForText) {
-  auto three = a2aRank(0, {1, 1, 1}, {1, 1, 1});
-  auto four = a2aRank(0, {1, 1, 1, 0}, {1, 1, 1, 0});
-  EXPECT_NE(three.hash, four.hash);
-  EXPECT_EQ(std::vector<int64_t>(three.sendSplits.begin(), three.sendSplits.end()), (std::vector<int64_t>{1, 1, 1}));
-  EXPECT_FALSE(three.splitsTruncated);
-
-  std::vector<int64_t> many(20, 2);
-  auto big = a2aRank(0, many, many);
-  EXPECT_TRUE(big.splitsTruncated);
-  EXPECT_EQ(big.sendSplits.size(), 16u);
-  EXPECT_EQ(big.recvSplits.size(), 16u);
-  EXPECT_EQ(big.describe(),
-            "all_to_all_single(float32[*, 4], send=[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,...], "
-            "recv=[2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,2,...])");
-}
-
-TEST(Fingerprint, DescribeTexts) {
+TEST(Fingerprint, TextsNamesAndNumel) {
   EXPECT_EQ(allReduce(f32({10})).describe(), "all_reduce(float32[10], SUM)");
   EXPECT_EQ(allReduce(f32({})).describe(), "all_reduce(float32[], SUM)");
   EXPECT_EQ(allReduce(at::zeros({2, 3}, at::kLong), c10d::ReduceOp::MAX).describe(), "all_reduce(int64[2, 3], MAX)");
@@ -274,24 +266,32 @@ TEST(Fingerprint, DescribeTexts) {
             "all_to_all_single(float32[*, 4], send=[1,2], recv=[2,1])");
   EXPECT_EQ(FingerprintBuilder(Op::AllToAll).meta(at::kFloat, {2}, CPU).meta(at::kFloat, {3}, CPU).splits(1, {2, 3}, {2, 3}).finish().describe(),
             "all_to_all(2 tensors: float32[2], float32[3], send=[2,3], recv=[2,3])");
-}
-
-TEST(Fingerprint, TensorMetaDescribeAndNames) {
-  torch_ext::TensorMeta m;
-  m.dtype = at::kFloat;
-  m.sizes = {4, 8};
-  EXPECT_EQ(m.describe(), "float32[4, 8]");
-  EXPECT_EQ(torch_ext::dtypeName(c10::ScalarType::Undefined), "undefined");
-  EXPECT_EQ(torch_ext::dtypeName(at::kHalf), "float16");
-  EXPECT_EQ(torch_ext::dtypeName(at::kBool), "bool");
-  EXPECT_EQ(torch_ext::dtypeName(at::kBFloat16), "bfloat16");
-  const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
-  for (int i = 0; i < 9; ++i) EXPECT_STREQ(torch_ext::reduceOpName(i), names[i]);
-  EXPECT_STREQ(torch_ext::reduceOpName(-1), "");
-  EXPECT_STREQ(torch_ext::reduceOpName(9), "");
-  // The enum values of c10d::ReduceOp are what reduceOpName indexes.
-  EXPECT_STREQ(torch_ext::reduceOpName(c10d::ReduceOp::AVG), "AVG");
-  EXPECT_STREQ(torch_ext::reduceOpName(c10d::ReduceOp::BXOR), "BXOR");
+  {
+    SCOPED_TRACE("TensorMetaDescribeAndNames");
+    torch_ext::TensorMeta m;
+    m.dtype = at::kFloat;
+    m.sizes = {4, 8};
+    EXPECT_EQ(m.describe(), "float32[4, 8]");
+    EXPECT_EQ(torch_ext::dtypeName(c10::ScalarType::Undefined), "undefined");
+    EXPECT_EQ(torch_ext::dtypeName(at::kHalf), "float16");
+    EXPECT_EQ(torch_ext::dtypeName(at::kBool), "bool");
+    EXPECT_EQ(torch_ext::dtypeName(at::kBFloat16), "bfloat16");
+    const char* names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+    for (int i = 0; i < 9; ++i) EXPECT_STREQ(torch_ext::reduceOpName(i), names[i]);
+    EXPECT_STREQ(torch_ext::reduceOpName(-1), "");
+    EXPECT_STREQ(torch_ext::reduceOpName(9), "");
+    // The enum values of c10d::ReduceOp are what reduceOpName indexes.
+    EXPECT_STREQ(torch_ext::reduceOpName(c10d::ReduceOp::AVG), "AVG");
+    EXPECT_STREQ(torch_ext::reduceOpName(c10d::ReduceOp::BXOR), "BXOR");
+  }
+  {
+    SCOPED_TRACE("NumelIsTheFirstTensorsElementCount");
+    EXPECT_EQ(allReduce(f32({2, 3})).numel(), 6);
+    EXPECT_EQ(allReduce(f32({})).numel(), 1);
+    EXPECT_EQ(allReduce(f32({0, 3})).numel(), 0);
+    EXPECT_EQ(FingerprintBuilder(Op::Barrier).finish().numel(), 0);
+    EXPECT_EQ(FingerprintBuilder(Op::AllReduceCoalesced).tensor(f32({5})).tensor(f32({7})).finish().numel(), 5);
+  }
 }
 
 TEST(Fingerprint, OpNamesRoundTripForEveryOp) {

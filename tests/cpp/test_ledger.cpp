@@ -55,11 +55,6 @@ using Ids = std::vector<uint64_t>;
 
 } // namespace
 
-TEST(Ledger, RejectsZeroCapacity) {
-  EXPECT_THROW(Ledger(0), std::invalid_argument);
-  EXPECT_EQ(Ledger(5).capacity(), 5u);
-}
-
 TEST(Ledger, CollectivesGetSeqsAndP2PGetsOrdinalsPerPeerTagAndDirection) {
   Ledger l(64);
   auto c1 = rec(l, coll(1));
@@ -98,6 +93,12 @@ TEST(Ledger, CollectivesGetSeqsAndP2PGetsOrdinalsPerPeerTagAndDirection) {
   EXPECT_EQ(es[0].state, EntryState::Scheduled);
   EXPECT_GT(es[0].startNs, 0);
   EXPECT_EQ(es[0].endNs, 0);
+  {
+    SCOPED_TRACE("EntryStateNames");
+    EXPECT_STREQ(torch_ext::entryStateName(EntryState::Scheduled), "scheduled");
+    EXPECT_STREQ(torch_ext::entryStateName(EntryState::Completed), "completed");
+    EXPECT_STREQ(torch_ext::entryStateName(EntryState::Failed), "failed");
+  }
 }
 
 TEST(Ledger, RingKeepsTheLastCapacityEntries) {
@@ -120,9 +121,14 @@ TEST(Ledger, RingKeepsTheLastCapacityEntries) {
     EXPECT_EQ(es[i].callSite, 100 + es[i].id);
     EXPECT_EQ(es[i].fp.numel(), static_cast<int64_t>(es[i].id));
   }
+  {
+    SCOPED_TRACE("RejectsZeroCapacity");
+    EXPECT_THROW(Ledger(0), std::invalid_argument);
+    EXPECT_EQ(Ledger(5).capacity(), 5u);
+  }
 }
 
-TEST(Ledger, RollingAtFollowsTheEntriesAndForgetsOverwrittenSeqs) {
+TEST(Ledger, RollingHash) {
   Ledger l(4);
   EXPECT_EQ(l.rollingAt(0), std::optional<uint64_t>(0));
   EXPECT_EQ(l.rollingAt(1), std::nullopt);
@@ -137,33 +143,33 @@ TEST(Ledger, RollingAtFollowsTheEntriesAndForgetsOverwrittenSeqs) {
   // Rolling hashes differ from seq to seq.
   auto es = l.entries(10);
   for (size_t i = 1; i < es.size(); ++i) EXPECT_NE(es[i].rolling, es[i - 1].rolling);
-}
+  {
+    SCOPED_TRACE("RollingHashComparesWholeHistories");
+    Ledger a(16), b(16);
+    const std::vector<Fingerprint> common = {coll(1), coll(2, Op::Broadcast), coll(3)};
+    for (const auto& fp : common) {
+      rec(a, Fingerprint(fp));
+      rec(b, Fingerprint(fp));
+    }
+    // p2p ops stay out of the rolling hash.
+    rec(a, p2p(Op::Send, 1, 0));
+    rec(b, p2p(Op::Recv, 0, 0));
+    rec(b, p2p(Op::Recv, 0, 0));
+    EXPECT_EQ(a.progress().rolling, b.progress().rolling);
+    for (uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(a.rollingAt(s), b.rollingAt(s)) << s;
 
-TEST(Ledger, RollingHashComparesWholeHistories) {
-  Ledger a(16), b(16);
-  const std::vector<Fingerprint> common = {coll(1), coll(2, Op::Broadcast), coll(3)};
-  for (const auto& fp : common) {
-    rec(a, Fingerprint(fp));
-    rec(b, Fingerprint(fp));
+    rec(a, coll(4));
+    rec(b, coll(5));  // first difference at seq 4
+    for (int i = 6; i <= 8; ++i) {
+      rec(a, coll(i));
+      rec(b, coll(i));
+    }
+    for (uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(*a.rollingAt(s), *b.rollingAt(s)) << s;
+    for (uint64_t s = 4; s <= 7; ++s) EXPECT_NE(*a.rollingAt(s), *b.rollingAt(s)) << s;
+    EXPECT_NE(a.progress().rolling, b.progress().rolling);
+    // Same fingerprints at seqs 5..7, different histories.
+    EXPECT_EQ(a.entries(1).back().fp.hash, b.entries(1).back().fp.hash);
   }
-  // p2p ops stay out of the rolling hash.
-  rec(a, p2p(Op::Send, 1, 0));
-  rec(b, p2p(Op::Recv, 0, 0));
-  rec(b, p2p(Op::Recv, 0, 0));
-  EXPECT_EQ(a.progress().rolling, b.progress().rolling);
-  for (uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(a.rollingAt(s), b.rollingAt(s)) << s;
-
-  rec(a, coll(4));
-  rec(b, coll(5));  // first difference at seq 4
-  for (int i = 6; i <= 8; ++i) {
-    rec(a, coll(i));
-    rec(b, coll(i));
-  }
-  for (uint64_t s = 1; s <= 3; ++s) EXPECT_EQ(*a.rollingAt(s), *b.rollingAt(s)) << s;
-  for (uint64_t s = 4; s <= 7; ++s) EXPECT_NE(*a.rollingAt(s), *b.rollingAt(s)) << s;
-  EXPECT_NE(a.progress().rolling, b.progress().rolling);
-  // Same fingerprints at seqs 5..7, different histories.
-  EXPECT_EQ(a.entries(1).back().fp.hash, b.entries(1).back().fp.hash);
 }
 
 TEST(Ledger, CompleteIsFirstWinsAndHandsBackTheTrackedFutureOnce) {
@@ -191,19 +197,19 @@ TEST(Ledger, CompleteIsFirstWinsAndHandsBackTheTrackedFutureOnce) {
   EXPECT_FALSE(l.complete(0, true).defined());
   EXPECT_FALSE(l.complete(99, true).defined());
   EXPECT_EQ(l.progress().lastCompletedSeq, 2u);
-}
-
-TEST(Ledger, CompleteOfAnOverwrittenRecordStillHandsBackItsFuture) {
-  Ledger l(2);
-  auto r1 = rec(l, coll(1));
-  auto fut = newFuture();
-  l.track(r1.id, fut);
-  rec(l, coll(2));
-  rec(l, coll(3));  // overwrites id 1
-  EXPECT_EQ(l.complete(r1.id, true).get(), fut.get());
-  EXPECT_EQ(ids(l.entries(10)), (Ids{2, 3}));
-  for (const auto& e : l.entries(10)) EXPECT_EQ(e.state, EntryState::Scheduled);
-  EXPECT_EQ(l.progress().lastCompletedSeq, 0u);  // the overwritten record left no trace
+  {
+    SCOPED_TRACE("CompleteOfAnOverwrittenRecordStillHandsBackItsFuture");
+    Ledger l(2);
+    auto r1 = rec(l, coll(1));
+    auto fut = newFuture();
+    l.track(r1.id, fut);
+    rec(l, coll(2));
+    rec(l, coll(3));  // overwrites id 1
+    EXPECT_EQ(l.complete(r1.id, true).get(), fut.get());
+    EXPECT_EQ(ids(l.entries(10)), (Ids{2, 3}));
+    for (const auto& e : l.entries(10)) EXPECT_EQ(e.state, EntryState::Scheduled);
+    EXPECT_EQ(l.progress().lastCompletedSeq, 0u);  // the overwritten record left no trace
+  }
 }
 
 TEST(Ledger, ProgressReportsTheOldestPendingEntry) {
@@ -245,20 +251,20 @@ TEST(Ledger, ProgressReportsTheOldestPendingEntry) {
   p = l.progress();
   ASSERT_TRUE(p.hasPending);
   EXPECT_EQ(p.oldestPending.id, c3.id);
-}
-
-TEST(Ledger, ProgressSkipsPendingRecordsThatFellOutOfTheRing) {
-  Ledger l(3);
-  for (int i = 1; i <= 5; ++i) rec(l, coll(i));
-  auto p = l.progress();
-  ASSERT_TRUE(p.hasPending);
-  EXPECT_EQ(p.oldestPending.id, 3u);
-  l.complete(3, true);
-  l.complete(5, true);
-  p = l.progress();
-  ASSERT_TRUE(p.hasPending);
-  EXPECT_EQ(p.oldestPending.id, 4u);
-  EXPECT_EQ(p.lastCompletedSeq, 5u);
+  {
+    SCOPED_TRACE("ProgressSkipsPendingRecordsThatFellOutOfTheRing");
+    Ledger l(3);
+    for (int i = 1; i <= 5; ++i) rec(l, coll(i));
+    auto p = l.progress();
+    ASSERT_TRUE(p.hasPending);
+    EXPECT_EQ(p.oldestPending.id, 3u);
+    l.complete(3, true);
+    l.complete(5, true);
+    p = l.progress();
+    ASSERT_TRUE(p.hasPending);
+    EXPECT_EQ(p.oldestPending.id, 4u);
+    EXPECT_EQ(p.lastCompletedSeq, 5u);
+  }
 }
 
 TEST(Ledger, FailPendingFailsEveryScheduledEntryAndHandsBackFuturesAndWorks) {
@@ -299,7 +305,7 @@ TEST(Ledger, FailPendingFailsEveryScheduledEntryAndHandsBackFuturesAndWorks) {
   EXPECT_EQ(l.entries(8)[0].state, EntryState::Failed);
 }
 
-TEST(Ledger, PollCompletionsCompletesFinishedWorksOnly) {
+TEST(Ledger, PollCompletions) {
   Ledger l(8);
   auto r1 = rec(l, coll(1));
   auto r2 = rec(l, p2p(Op::Send, 1, 0));
@@ -348,10 +354,4 @@ TEST(Ledger, PollCompletionsKeepsTheErrorOfAFailedWork) {
                     "error (it never reads work->exception())";
   }
   EXPECT_NE(e.error.find("connection reset by peer"), std::string::npos) << e.error;
-}
-
-TEST(Ledger, EntryStateNames) {
-  EXPECT_STREQ(torch_ext::entryStateName(EntryState::Scheduled), "scheduled");
-  EXPECT_STREQ(torch_ext::entryStateName(EntryState::Completed), "completed");
-  EXPECT_STREQ(torch_ext::entryStateName(EntryState::Failed), "failed");
 }

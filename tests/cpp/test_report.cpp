@@ -125,25 +125,25 @@ std::vector<int64_t> ints(const Json& a) {
 
 } // namespace
 
-TEST(Report, FormatRanks) {
+TEST(Report, FormatRanksAndMismatch) {
   EXPECT_EQ(formatRanks({2}), "rank 2");
   EXPECT_EQ(formatRanks({0, 1, 3}), "ranks 0,1,3");
   EXPECT_EQ(incident("hang", "57").id(), "hang:57");
-}
-
-TEST(Report, FormatMismatchGroupsRanksByTextAndCallSiteInOrderOfAppearance) {
-  std::vector<RankOp> ops = {
-      {0, true, "all_reduce(float32[10], SUM)", "train.py:20 in step", 1},
-      {1, true, "broadcast(float32[10], src=0)", "train.py:30 in eval", 2},
-      {2, true, "all_reduce(float32[10], SUM)", "train.py:20 in step", 1},
-      {3, false, "has not issued #5 yet (last #4)", "", 0},
-  };
-  EXPECT_EQ(formatMismatch("default_pg", 4, 5, ops, "a note"),
-            "collective #5 on group \"default_pg\" (4 ranks) differs across ranks:\n"
-            "  ranks 0,2: all_reduce(float32[10], SUM)     at train.py:20 in step\n"
-            "  rank 1:    broadcast(float32[10], src=0)    at train.py:30 in eval\n"
-            "  rank 3:    has not issued #5 yet (last #4)\n"
-            "  a note");
+  {
+    SCOPED_TRACE("FormatMismatchGroupsRanksByTextAndCallSiteInOrderOfAppearance");
+    std::vector<RankOp> ops = {
+        {0, true, "all_reduce(float32[10], SUM)", "train.py:20 in step", 1},
+        {1, true, "broadcast(float32[10], src=0)", "train.py:30 in eval", 2},
+        {2, true, "all_reduce(float32[10], SUM)", "train.py:20 in step", 1},
+        {3, false, "has not issued #5 yet (last #4)", "", 0},
+    };
+    EXPECT_EQ(formatMismatch("default_pg", 4, 5, ops, "a note"),
+              "collective #5 on group \"default_pg\" (4 ranks) differs across ranks:\n"
+              "  ranks 0,2: all_reduce(float32[10], SUM)     at train.py:20 in step\n"
+              "  rank 1:    broadcast(float32[10], src=0)    at train.py:30 in eval\n"
+              "  rank 3:    has not issued #5 yet (last #4)\n"
+              "  a note");
+  }
 }
 
 TEST(Report, CollectiveMismatchAtTheFirstDifferingSeq) {
@@ -179,32 +179,32 @@ TEST(Report, CollectiveMismatchAtTheFirstDifferingSeq) {
   EXPECT_TRUE(lines[3].at("issued").asBool());
   EXPECT_EQ(lines[4].at("rank").asInt(), 4);
   EXPECT_FALSE(lines[4].at("issued").asBool());
-}
-
-TEST(Report, MismatchNamesRanksThatDidNotAnswerOrForgotTheSeq) {
-  // Group of global ranks 7, 3, 5, 9: the reporter is the lowest that answered.
-  const uint32_t a = site("a.py", 1, "f"), b = site("b.py", 2, "g");
-  std::deque<Sim> sims;
-  sims.emplace_back(64);
-  sims.emplace_back(64);
-  sims.emplace_back(2);  // a small ring: #1 falls out of it
-  sims[0].op(allReduce(8), a);
-  sims[1].op(allReduce(9), b);
-  for (int i = 0; i < 3; ++i) sims[2].op(allReduce(8), a);
-  auto in = inputs(sims, {7, 3, 5, 9});
-  in.push_back(silent(3, 9, "0", 0));
-  Verdict v = analyze("tp", in, incident("hang", "1"), kNow);
-  EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
-  EXPECT_EQ(v.seq, 1u);
-  EXPECT_EQ(v.reporter, 3);
-  const std::string gone = "#1 is no longer in its ledger (raise TORCH_EXT_LEDGER_SIZE)";
-  auto pad = [&](const std::string& t) { return t + std::string(gone.size() - t.size(), ' '); };
-  EXPECT_EQ(v.text,
-            "collective #1 on group \"tp\" (4 ranks) differs across ranks:\n"
-            "  rank 7: " + pad("all_reduce(float32[8], SUM)") + "  at a.py:1 in f\n"
-            "  rank 3: " + pad("all_reduce(float32[9], SUM)") + "  at b.py:2 in g\n"
-            "  rank 5: " + gone + "\n"
-            "  rank 9: did not answer (process gone or frozen)");
+  {
+    SCOPED_TRACE("MismatchNamesRanksThatDidNotAnswerOrForgotTheSeq");
+    // Group of global ranks 7, 3, 5, 9: the reporter is the lowest that answered.
+    const uint32_t a = site("a.py", 1, "f"), b = site("b.py", 2, "g");
+    std::deque<Sim> sims;
+    sims.emplace_back(64);
+    sims.emplace_back(64);
+    sims.emplace_back(2);  // a small ring: #1 falls out of it
+    sims[0].op(allReduce(8), a);
+    sims[1].op(allReduce(9), b);
+    for (int i = 0; i < 3; ++i) sims[2].op(allReduce(8), a);
+    auto in = inputs(sims, {7, 3, 5, 9});
+    in.push_back(silent(3, 9, "0", 0));
+    Verdict v = analyze("tp", in, incident("hang", "1"), kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_EQ(v.seq, 1u);
+    EXPECT_EQ(v.reporter, 3);
+    const std::string gone = "#1 is no longer in its ledger (raise TORCH_EXT_LEDGER_SIZE)";
+    auto pad = [&](const std::string& t) { return t + std::string(gone.size() - t.size(), ' '); };
+    EXPECT_EQ(v.text,
+              "collective #1 on group \"tp\" (4 ranks) differs across ranks:\n"
+              "  rank 7: " + pad("all_reduce(float32[8], SUM)") + "  at a.py:1 in f\n"
+              "  rank 3: " + pad("all_reduce(float32[9], SUM)") + "  at b.py:2 in g\n"
+              "  rank 5: " + gone + "\n"
+              "  rank 9: did not answer (process gone or frozen)");
+  }
 }
 
 TEST(Report, NoMismatchWhenAllRanksAgree) {
@@ -302,22 +302,22 @@ TEST(Report, P2PCounterpartWithAnotherSizeDoesNotPair) {
   ok[0].op(p2p(Op::Send, 4, 1), a, true);
   ok[1].op(FingerprintBuilder(Op::Recv).meta(at::kFloat, {2, 2}, CPU).peer(0, 0).finish(), b, true);
   EXPECT_EQ(analyze("pp", inputs(ok, {6, 2}, "pp"), incident("p2p", "p2p-0-1"), kNow).kind, Verdict::Kind::None);
-}
-
-TEST(Report, P2PPairsByOrdinal) {
-  // The second send pairs with the second recv, which has the wrong size.
-  const uint32_t a = site("pipe.py", 11, "send_act"), b = site("pipe.py", 22, "recv_act");
-  std::deque<Sim> sims(2);
-  sims[0].op(p2p(Op::Send, 4, 1), a);
-  sims[0].op(p2p(Op::Send, 4, 1), a, true);
-  sims[1].op(p2p(Op::Recv, 4, 0), b);
-  sims[1].op(p2p(Op::Recv, 5, 0), b, true);
-  Verdict v = analyze("pp", inputs(sims, {0, 1}), incident("p2p", "p2p-0-2"), kNow);
-  EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
-  EXPECT_NE(v.text.find("rank 0: send(float32[4], dst=1, tag=0) (#2) at pipe.py:11 in send_act\n"
-                        "    but rank 1 has recv(float32[5], src=0, tag=0) (#2)"),
-            std::string::npos)
-      << v.text;
+  {
+    SCOPED_TRACE("P2PPairsByOrdinal");
+    // The second send pairs with the second recv, which has the wrong size.
+    const uint32_t a = site("pipe.py", 11, "send_act"), b = site("pipe.py", 22, "recv_act");
+    std::deque<Sim> sims(2);
+    sims[0].op(p2p(Op::Send, 4, 1), a);
+    sims[0].op(p2p(Op::Send, 4, 1), a, true);
+    sims[1].op(p2p(Op::Recv, 4, 0), b);
+    sims[1].op(p2p(Op::Recv, 5, 0), b, true);
+    Verdict v = analyze("pp", inputs(sims, {0, 1}), incident("p2p", "p2p-0-2"), kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_NE(v.text.find("rank 0: send(float32[4], dst=1, tag=0) (#2) at pipe.py:11 in send_act\n"
+                          "    but rank 1 has recv(float32[5], src=0, tag=0) (#2)"),
+              std::string::npos)
+        << v.text;
+  }
 }
 
 TEST(Report, EveryRankBlockedInP2PWithoutCounterpart) {

@@ -316,39 +316,19 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   auto plain = makeGroup(GroupIdentity{"0", 0, 2, {}});
   EXPECT_EQ(GroupView::from(*plain, 4).globalRanks, (std::vector<int64_t>{0, 1}));
   EXPECT_EQ(GroupView::from(*plain, 4).label(), "0");
-}
-
-TEST(Snapshot, GroupLookupAndLabels) {
-  RankSnapshot s = sampleSnapshot();
-  ASSERT_NE(s.group("3"), nullptr);
-  EXPECT_EQ(s.group("3")->label(), "tp_group");
-  EXPECT_EQ(s.group("0")->label(), "0");  // "undefined" is no description
-  EXPECT_EQ(s.group("nope"), nullptr);
-  GroupView g;
-  g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"), entry(3, 3, "barrier", "scheduled")};
-  EXPECT_EQ(g.oldestPending()->id, 3u);  // failed is not pending
-  g.entries[2].state = "completed";
-  EXPECT_EQ(g.oldestPending(), nullptr);
-}
-
-TEST(Snapshot, Hex64) {
-  EXPECT_EQ(hex64(0), "0000000000000000");
-  EXPECT_EQ(hex64(0xabcULL), "0000000000000abc");
-  EXPECT_EQ(hex64(~0ULL), "ffffffffffffffff");
-  EXPECT_EQ(parseHex64("ffffffffffffffff", "h"), ~0ULL);
-  EXPECT_EQ(parseHex64("ABC", "h"), 0xabcULL);
-  EXPECT_EQ(parseHex64(hex64(0x0123456789abcdefULL), "h"), 0x0123456789abcdefULL);
-  auto err = [](const std::string& s) {
-    try {
-      parseHex64(s, "rolling_hash");
-    } catch (const JsonError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
-  EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits");
-  EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits");
-  EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string, got '12xy'");
+  {
+    SCOPED_TRACE("GroupLookupAndLabels");
+    RankSnapshot s = sampleSnapshot();
+    ASSERT_NE(s.group("3"), nullptr);
+    EXPECT_EQ(s.group("3")->label(), "tp_group");
+    EXPECT_EQ(s.group("0")->label(), "0");  // "undefined" is no description
+    EXPECT_EQ(s.group("nope"), nullptr);
+    GroupView g;
+    g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"), entry(3, 3, "barrier", "scheduled")};
+    EXPECT_EQ(g.oldestPending()->id, 3u);  // failed is not pending
+    g.entries[2].state = "completed";
+    EXPECT_EQ(g.oldestPending(), nullptr);
+  }
 }
 
 TEST(Snapshot, ValidationNamesTheProblem) {
@@ -384,4 +364,24 @@ TEST(Snapshot, ValidationNamesTheProblem) {
             "input_sizes entry must be an array, got number");
   EXPECT_EQ(loadError(edited(ok, R"("line":77)", R"("line":"77")")), "frame line must be an integer, got string");
   EXPECT_EQ(loadError(edited(ok, R"("record_id":90,)", "")), "missing field 'record_id'");
+  {
+    SCOPED_TRACE("Hex64");
+    EXPECT_EQ(hex64(0), "0000000000000000");
+    EXPECT_EQ(hex64(0xabcULL), "0000000000000abc");
+    EXPECT_EQ(hex64(~0ULL), "ffffffffffffffff");
+    EXPECT_EQ(parseHex64("ffffffffffffffff", "h"), ~0ULL);
+    EXPECT_EQ(parseHex64("ABC", "h"), 0xabcULL);
+    EXPECT_EQ(parseHex64(hex64(0x0123456789abcdefULL), "h"), 0x0123456789abcdefULL);
+    auto err = [](const std::string& s) {
+      try {
+        parseHex64(s, "rolling_hash");
+      } catch (const JsonError& e) {
+        return std::string(e.what());
+      }
+      return std::string("(no error)");
+    };
+    EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits");
+    EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits");
+    EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string, got '12xy'");
+  }
 }
