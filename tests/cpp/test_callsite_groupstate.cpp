@@ -219,34 +219,49 @@ TEST(GroupState, ThrowFailureThrowsTheKindsSubclass) {
 }
 
 TEST(GroupState, WaitUntilReturnsOnPredicateFailureOrTimeout) {
-  auto st = makeGroup();
-  EXPECT_TRUE(st->waitUntil([] { return true; }, milliseconds(1)));
-  std::atomic<bool> done{false};
-  std::thread t([&] {
-    done.store(true);
-    st->notify();
-  });
-  // A lost wake-up would make this return false after 20 s instead of hanging.
-  EXPECT_TRUE(st->waitUntil([&] { return done.load(); }, milliseconds(20000)));
-  t.join();
-  EXPECT_FALSE(st->failed());
+  // The waits below have a 20 s deadline and must end long before it: a lost
+  // wake-up shows as a wait that ran into the deadline (which, for the failure
+  // case, still returns true), never as a hang.
+  constexpr milliseconds kLong(20000);
+  auto elapsed = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0);
+  };
   {
-    SCOPED_TRACE("WaitUntilReturnsOnFailure");
+    SCOPED_TRACE("predicate");
     auto st = makeGroup();
-    std::thread t([&] { st->fail(GuardErrorKind::Timeout, "gave up"); });
-    const bool r = st->waitUntil([] { return false; }, milliseconds(20000));
+    EXPECT_TRUE(st->waitUntil([] { return true; }, milliseconds(1)));
+    std::atomic<bool> done{false};
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread t([&] {
+      done.store(true);
+      st->notify();
+    });
+    EXPECT_TRUE(st->waitUntil([&] { return done.load(); }, kLong));
     t.join();
-    EXPECT_TRUE(r);  // woken by the failure, not by the timeout
-    EXPECT_TRUE(st->failed());
-    // An already failed group does not wait at all, even without a timeout.
-    EXPECT_TRUE(st->waitUntil([] { return false; }, milliseconds(0)));
+    EXPECT_LT(elapsed(t0), kLong / 2) << "notify() did not wake the waiter";
+    EXPECT_FALSE(st->failed());
   }
   {
-    SCOPED_TRACE("WaitUntilTimesOut");
+    SCOPED_TRACE("failure");
+    auto st = makeGroup();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread t([&] { st->fail(GuardErrorKind::Timeout, "gave up"); });
+    const bool r = st->waitUntil([] { return false; }, kLong);
+    t.join();
+    EXPECT_TRUE(r);
+    EXPECT_LT(elapsed(t0), kLong / 2) << "fail() did not wake the waiter";
+    EXPECT_TRUE(st->failed());
+    // An already failed group does not wait at all.
+    const auto t1 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(st->waitUntil([] { return false; }, kLong));
+    EXPECT_LT(elapsed(t1), kLong / 2);
+  }
+  {
+    SCOPED_TRACE("timeout");
     auto st = makeGroup();
     const auto t0 = std::chrono::steady_clock::now();
     EXPECT_FALSE(st->waitUntil([] { return false; }, milliseconds(30)));
-    EXPECT_GE(std::chrono::steady_clock::now() - t0, milliseconds(30));
+    EXPECT_GE(elapsed(t0), milliseconds(30));
     EXPECT_FALSE(st->failed());
   }
 }
