@@ -1,0 +1,267 @@
+// CallSites: interned call sites and their text. GroupState: first-wins group
+// failure with the abort hook, typed errors, and waitUntil.
+#include "guard/CallSite.h"
+#include "guard/Errors.h"
+#include "guard/GroupState.h"
+#include "guard/Runtime.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace torch_ext;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::shared_ptr<GroupState> makeGroup(GroupIdentity id = GroupIdentity{"3", 1, 2, {4, 6}}, Config cfg = Config()) {
+  return std::make_shared<GroupState>(std::move(id), std::move(cfg), c10::make_intrusive<c10d::HashStore>(),
+                                      milliseconds(30000));
+}
+
+// The message of the GuardError that `f` throws, checking its dynamic type.
+template <typename E, typename F>
+std::string thrown(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "nothing thrown";
+  return "";
+}
+
+uint32_t nextProviderId = 0;
+uint32_t provider() {
+  return nextProviderId;
+}
+
+} // namespace
+
+TEST(CallSites, InterningTextsAndProvider) {
+  auto& cs = CallSites::instance();
+  const std::vector<Frame> frames = {Frame{"/home/u/proj/train.py", 120, "training_step"},
+                                     Frame{"/home/u/proj/main.py", 7, "<module>"}};
+  const uint32_t id = cs.intern(frames);
+  EXPECT_GE(id, 1u);
+  EXPECT_EQ(cs.intern(frames), id);
+  EXPECT_EQ(cs.intern(std::vector<Frame>(frames)), id);
+  // Any field of any frame makes another site.
+  auto other = frames;
+  other[1].line = 8;
+  const uint32_t id2 = cs.intern(other);
+  EXPECT_NE(id2, id);
+  other = frames;
+  other[0].function = "validation_step";
+  EXPECT_NE(cs.intern(other), id);
+  EXPECT_NE(cs.intern({frames[0]}), id);
+  EXPECT_EQ(cs.intern({}), 0u);
+
+  const auto back = cs.frames(id);
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].filename, "/home/u/proj/train.py");
+  EXPECT_EQ(back[0].line, 120);
+  EXPECT_EQ(back[0].function, "training_step");
+  EXPECT_EQ(back[1].function, "<module>");
+  EXPECT_EQ(cs.frames(id2)[1].line, 8);
+  EXPECT_TRUE(cs.frames(0).empty());
+  EXPECT_TRUE(cs.frames(0xfffffff0u).empty());
+
+  // describe(): the innermost frame, basename of the file.
+  EXPECT_EQ(cs.describe(id), "train.py:120 in training_step");
+  EXPECT_EQ(cs.describe(0), "(unknown call site)");
+  EXPECT_EQ(cs.describe(0xfffffff0u), "(unknown call site)");
+  {
+    SCOPED_TRACE("FrameTexts");
+    EXPECT_EQ((Frame{"/a/b/c.py", 3, "f"}).describe(), "c.py:3 in f");
+    EXPECT_EQ((Frame{"c.py", 3, "f"}).describe(), "c.py:3 in f");
+    EXPECT_EQ((Frame{"/a/b/c.py", 3, ""}).describe(), "c.py:3");
+    const std::vector<Frame> fs = {Frame{"/x/a.py", 1, "f"}, Frame{"/x/b.py", 2, "g"}, Frame{"/x/c.py", 3, "h"},
+                                   Frame{"/x/d.py", 4, "i"}};
+    EXPECT_EQ(describeFrames(fs), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h");
+    EXPECT_EQ(describeFrames(fs, 1), "a.py:1 in f");
+    EXPECT_EQ(describeFrames(fs, 10), "a.py:1 in f <- b.py:2 in g <- c.py:3 in h <- d.py:4 in i");
+    EXPECT_EQ(describeFrames({}), "(unknown call site)");
+  }
+  {
+    SCOPED_TRACE("CaptureUsesTheInstalledProvider");
+    auto& cs = CallSites::instance();
+    EXPECT_EQ(cs.capture(), 0u);  // no provider in C++ tests
+    nextProviderId = cs.intern({Frame{"/p/q.py", 5, "r"}});
+    cs.setProvider(&provider);
+    EXPECT_EQ(cs.capture(), nextProviderId);
+    cs.setProvider(nullptr);
+    EXPECT_EQ(cs.capture(), 0u);
+  }
+}
+
+TEST(GroupState, IdentityLabelAndDeadlines) {
+  Config cfg;
+  cfg.ledgerSize = 32;
+  cfg.warnAfterS = 1.5;
+  auto st = makeGroup(GroupIdentity{"3", 1, 2, {4, 6}}, cfg);
+  EXPECT_EQ(st->id().globalRank(1), 6);
+  EXPECT_EQ(st->id().globalRank(0), 4);
+  EXPECT_EQ(st->id().globalRank(5), 5);
+  EXPECT_EQ(GroupIdentity{}.globalRank(3), 3);  // empty list: identity
+  EXPECT_EQ(st->ledger().capacity(), 32u);
+  EXPECT_EQ(st->timeout().count(), 30000);
+  EXPECT_EQ(st->warnAfter().count(), 1500);
+  EXPECT_EQ(st->abortAfter().count(), 30000);  // the group's timeout when unset
+  cfg.abortAfterS = 2.5;
+  EXPECT_EQ(makeGroup(GroupIdentity{}, cfg)->abortAfter().count(), 2500);
+  ASSERT_TRUE(st->store());
+  st->store()->set("k", std::vector<uint8_t>{1, 2});
+  EXPECT_EQ(st->store()->get("k"), (std::vector<uint8_t>{1, 2}));
+
+  EXPECT_EQ(st->label(), "3");
+  st->setDesc("default_pg");
+  EXPECT_EQ(st->label(), "default_pg");
+  st->setDesc("undefined");
+  EXPECT_EQ(st->label(), "3");
+}
+
+TEST(GroupState, FailIsFirstWinsAndRunsTheAbortHookOnce) {
+  auto st = makeGroup();
+  int hookRuns = 0;
+  bool failedInHook = false;
+  st->setAbortHook([&] {
+    ++hookRuns;
+    failedInHook = st->failed();
+  });
+  EXPECT_FALSE(st->failed());
+  EXPECT_FALSE(st->failure().has_value());
+  EXPECT_TRUE(st->fail(GuardErrorKind::Mismatch, "collective #3 differs"));
+  EXPECT_FALSE(st->fail(GuardErrorKind::Timeout, "later"));
+  EXPECT_FALSE(st->fail(GuardErrorKind::Failure, "even later"));
+  EXPECT_EQ(hookRuns, 1);
+  EXPECT_TRUE(failedInHook);  // the hook sees the group failed
+  EXPECT_TRUE(st->failed());
+  auto f = st->failure();
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->kind, GuardErrorKind::Mismatch);
+  EXPECT_EQ(f->report, "collective #3 differs");
+}
+
+TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {
+  std::vector<std::string> logged;
+  Runtime::instance().install(nullptr, [&](LogLevel level, const std::string& msg) {
+    if (level >= LogLevel::Warning) logged.push_back(msg);
+  }, nullptr);
+  auto st = makeGroup();
+  st->setAbortHook([] { throw std::runtime_error("gloo abort unsupported"); });
+  bool first = false;
+  EXPECT_NO_THROW(first = st->fail(GuardErrorKind::Failure, "peer died"));
+  Runtime::instance().uninstall();
+  EXPECT_TRUE(first);
+  EXPECT_TRUE(st->failed());
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_EQ(logged[0], "aborting the inner backend failed: gloo abort unsupported");
+}
+
+TEST(GroupState, ThrowFailureThrowsTheKindsSubclass) {
+  auto mismatch = makeGroup();
+  mismatch->setDesc("tp");
+  mismatch->fail(GuardErrorKind::Mismatch, "REPORT");
+  EXPECT_EQ(thrown<CollectiveMismatchError>([&] { mismatch->throwFailure(""); }), "REPORT");
+  EXPECT_EQ(thrown<CollectiveMismatchError>([&] { mismatch->throwFailure("all_reduce #4"); }),
+            "REPORT\n(raised by all_reduce #4 on rank 6: group \"tp\" failed earlier and stays failed; destroy and "
+            "re-create it to go on)");
+
+  auto timeout = makeGroup(GroupIdentity{"0", 2, 4, {}});
+  timeout->fail(GuardErrorKind::Timeout, "T");
+  EXPECT_EQ(thrown<CollectiveTimeoutError>([&] { timeout->throwFailure(""); }), "T");
+  EXPECT_EQ(thrown<CollectiveTimeoutError>([&] { timeout->throwFailure("barrier"); }),
+            "T\n(raised by barrier on rank 2: group \"0\" failed earlier and stays failed; destroy and re-create it to "
+            "go on)");
+
+  auto failure = makeGroup();
+  failure->fail(GuardErrorKind::Failure, "F");
+  EXPECT_EQ(thrown<CollectiveFailureError>([&] { failure->throwFailure(""); }), "F");
+  // All are DistBackendErrors carrying their kind.
+  try {
+    failure->throwFailure("");
+  } catch (const c10::DistBackendError& e) {
+    auto* g = dynamic_cast<const GuardError*>(&e);
+    ASSERT_NE(g, nullptr);
+    EXPECT_EQ(g->kind(), GuardErrorKind::Failure);
+  }
+  // Mismatch is not caught as a timeout.
+  EXPECT_THROW(
+      {
+        try {
+          mismatch->throwFailure("");
+        } catch (const CollectiveTimeoutError&) {
+        }
+      },
+      CollectiveMismatchError);
+
+  EXPECT_THROW(makeGroup()->throwFailure("x"), std::logic_error);
+  {
+    SCOPED_TRACE("ThrowGuardErrorAndKindNames");
+    EXPECT_EQ(thrown<CollectiveMismatchError>([] { throwGuardError(GuardErrorKind::Mismatch, "m"); }), "m");
+    EXPECT_EQ(thrown<CollectiveTimeoutError>([] { throwGuardError(GuardErrorKind::Timeout, "t"); }), "t");
+    EXPECT_EQ(thrown<CollectiveFailureError>([] { throwGuardError(GuardErrorKind::Failure, "f"); }), "f");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Mismatch), "mismatch");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Timeout), "timeout");
+    EXPECT_STREQ(guardErrorKindName(GuardErrorKind::Failure), "failure");
+  }
+}
+
+TEST(GroupState, WaitUntilReturnsOnPredicateFailureOrTimeout) {
+  // The waits below have a 20 s deadline and must end long before it: a lost
+  // wake-up shows as a wait that ran into the deadline (which, for the failure
+  // case, still returns true), never as a hang.
+  constexpr milliseconds kLong(20000);
+  auto elapsed = [](std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0);
+  };
+  {
+    SCOPED_TRACE("predicate");
+    auto st = makeGroup();
+    EXPECT_TRUE(st->waitUntil([] { return true; }, milliseconds(1)));
+    std::atomic<bool> done{false};
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread t([&] {
+      done.store(true);
+      st->notify();
+    });
+    EXPECT_TRUE(st->waitUntil([&] { return done.load(); }, kLong));
+    t.join();
+    EXPECT_LT(elapsed(t0), kLong / 2) << "notify() did not wake the waiter";
+    EXPECT_FALSE(st->failed());
+  }
+  {
+    SCOPED_TRACE("failure");
+    auto st = makeGroup();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread t([&] { st->fail(GuardErrorKind::Timeout, "gave up"); });
+    const bool r = st->waitUntil([] { return false; }, kLong);
+    t.join();
+    EXPECT_TRUE(r);
+    EXPECT_LT(elapsed(t0), kLong / 2) << "fail() did not wake the waiter";
+    EXPECT_TRUE(st->failed());
+    // An already failed group does not wait at all.
+    const auto t1 = std::chrono::steady_clock::now();
+    EXPECT_TRUE(st->waitUntil([] { return false; }, kLong));
+    EXPECT_LT(elapsed(t1), kLong / 2);
+  }
+  {
+    SCOPED_TRACE("timeout");
+    auto st = makeGroup();
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(st->waitUntil([] { return false; }, milliseconds(30)));
+    EXPECT_GE(elapsed(t0), milliseconds(30));
+    EXPECT_FALSE(st->failed());
+  }
+}

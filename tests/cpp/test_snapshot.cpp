@@ -1,0 +1,387 @@
+// Snapshot: one rank's portable view of its groups, in the JSON format shared by
+// live incidents, dump files and `diagnose`. Views built from a real GroupState,
+// the JSON round trip, and validation errors that name the problem.
+#include "guard/Snapshot.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace torch_ext;
+
+namespace {
+
+constexpr auto CPU = c10::DeviceType::CPU;
+
+uint32_t site(const std::string& file, int line, const std::string& fn) {
+  return CallSites::instance().intern({Frame{file, line, fn}});
+}
+
+std::shared_ptr<GroupState> makeGroup(GroupIdentity id, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+  Config cfg;
+  cfg.ledgerSize = 16;
+  return std::make_shared<GroupState>(std::move(id), cfg, c10::make_intrusive<c10d::HashStore>(), timeout);
+}
+
+Fingerprint allReduce(int64_t n) {
+  return FingerprintBuilder(Op::AllReduce).meta(at::kFloat, {n}, CPU).reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM)).finish();
+}
+
+EntryView entry(uint64_t id, uint64_t seq, const std::string& op, const std::string& state) {
+  EntryView e;
+  e.id = id;
+  e.seq = seq;
+  e.op = op;
+  e.text = op + "(...)";
+  e.state = state;
+  return e;
+}
+
+// A snapshot exercising every field, with values that do not fit in 63 bits
+// where the format allows it.
+RankSnapshot sampleSnapshot() {
+  RankSnapshot s;
+  s.rank = 5;
+  s.pid = 4242;
+  s.hostname = "node-3";
+  s.timeNs = 1700000000123456789;
+  s.incident = "hang:57";
+  s.config = "check=async";
+  s.main.available = true;
+  s.main.note = "main thread holds the GIL";
+  s.main.frames = {Frame{"/home/u/data.py", 33, "next_batch"}, Frame{"/home/u/train.py", 120, "main"}};
+
+  GroupView g;
+  g.name = "3";
+  g.desc = "tp_group";
+  g.rank = 1;
+  g.size = 2;
+  g.globalRanks = {4, 5};
+  g.lastSeq = 57;
+  g.lastCompletedSeq = 56;
+  g.lastCompletedNs = 1700000000000000000;
+  g.rolling = 0xfedcba9876543210ULL;
+  g.timeoutMs = 600000;
+
+  EntryView c;
+  c.id = 90;
+  c.seq = 57;
+  c.op = "all_reduce";
+  c.text = "all_reduce(float32[10, 2], SUM)";
+  c.reduceOp = "SUM";
+  c.dtypes = {"float32"};
+  c.sizes = {{10, 2}};
+  c.hash = 0x8000000000000001ULL;
+  c.rolling = 0xfedcba9876543210ULL;
+  c.splitSend = 1;
+  c.splitRecv = 2;
+  c.state = "scheduled";
+  c.startNs = 1700000000100000000;
+  c.frames = {Frame{"/home/u/train.py", 77, "training_step"}};
+  g.entries.push_back(c);
+
+  EntryView p;
+  p.id = 91;
+  p.seq = 0;
+  p.p2pOrdinal = 3;
+  p.op = "send";
+  p.text = "send(int64[4], dst=0, tag=7)";
+  p.isP2P = true;
+  p.peer = 0;
+  p.tag = 7;
+  p.dtypes = {"int64", "float16"};
+  p.sizes = {{4}, {}};
+  p.hash = 12;
+  p.rolling = 0xfedcba9876543210ULL;
+  p.pairHash = 0xffffffffffffffffULL;
+  p.state = "failed";
+  p.startNs = 1700000000200000000;
+  p.endNs = 1700000000300000000;
+  p.error = "peer \"0\" closed\nthe connection";
+  g.entries.push_back(p);
+  s.groups.push_back(g);
+
+  GroupView empty;
+  empty.name = "0";
+  empty.desc = "undefined";
+  empty.globalRanks = {5};
+  s.groups.push_back(empty);
+  return s;
+}
+
+void expectSameFrames(const std::vector<Frame>& a, const std::vector<Frame>& b) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].filename, b[i].filename);
+    EXPECT_EQ(a[i].line, b[i].line);
+    EXPECT_EQ(a[i].function, b[i].function);
+  }
+}
+
+void expectSameEntry(const EntryView& a, const EntryView& b) {
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.seq, b.seq);
+  EXPECT_EQ(a.p2pOrdinal, b.p2pOrdinal);
+  EXPECT_EQ(a.op, b.op);
+  EXPECT_EQ(a.text, b.text);
+  EXPECT_EQ(a.isP2P, b.isP2P);
+  EXPECT_EQ(a.peer, b.peer);
+  EXPECT_EQ(a.tag, b.tag);
+  EXPECT_EQ(a.reduceOp, b.reduceOp);
+  EXPECT_EQ(a.dtypes, b.dtypes);
+  EXPECT_EQ(a.sizes, b.sizes);
+  EXPECT_EQ(a.hash, b.hash);
+  EXPECT_EQ(a.rolling, b.rolling);
+  EXPECT_EQ(a.pairHash, b.pairHash);
+  EXPECT_EQ(a.splitSend, b.splitSend);
+  EXPECT_EQ(a.splitRecv, b.splitRecv);
+  EXPECT_EQ(a.state, b.state);
+  EXPECT_EQ(a.startNs, b.startNs);
+  EXPECT_EQ(a.endNs, b.endNs);
+  EXPECT_EQ(a.error, b.error);
+  expectSameFrames(a.frames, b.frames);
+}
+
+void expectSameGroup(const GroupView& a, const GroupView& b) {
+  EXPECT_EQ(a.name, b.name);
+  EXPECT_EQ(a.desc, b.desc);
+  EXPECT_EQ(a.rank, b.rank);
+  EXPECT_EQ(a.size, b.size);
+  EXPECT_EQ(a.globalRanks, b.globalRanks);
+  EXPECT_EQ(a.lastSeq, b.lastSeq);
+  EXPECT_EQ(a.lastCompletedSeq, b.lastCompletedSeq);
+  EXPECT_EQ(a.lastCompletedNs, b.lastCompletedNs);
+  EXPECT_EQ(a.rolling, b.rolling);
+  EXPECT_EQ(a.timeoutMs, b.timeoutMs);
+  ASSERT_EQ(a.entries.size(), b.entries.size());
+  for (size_t i = 0; i < a.entries.size(); ++i) expectSameEntry(a.entries[i], b.entries[i]);
+}
+
+std::string validDump() {
+  return toJson(sampleSnapshot()).dump();
+}
+
+// `text` with the first occurrence of `from` replaced by `to` (which must exist).
+std::string edited(const std::string& text, const std::string& from, const std::string& to) {
+  auto pos = text.find(from);
+  EXPECT_NE(pos, std::string::npos) << from;
+  if (pos == std::string::npos) return text;
+  return text.substr(0, pos) + to + text.substr(pos + from.size());
+}
+
+std::string loadError(const std::string& text) {
+  try {
+    snapshotFromJson(Json::parse(text));
+  } catch (const JsonError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+} // namespace
+
+TEST(Snapshot, RoundTripsThroughJson) {
+  const RankSnapshot s = sampleSnapshot();
+  const std::string text = toJson(s).dump();
+  const RankSnapshot back = snapshotFromJson(Json::parse(text));
+  EXPECT_EQ(back.version, "torch_ext-1");
+  EXPECT_EQ(back.rank, s.rank);
+  EXPECT_EQ(back.pid, s.pid);
+  EXPECT_EQ(back.hostname, s.hostname);
+  EXPECT_EQ(back.timeNs, s.timeNs);
+  EXPECT_EQ(back.incident, s.incident);
+  EXPECT_EQ(back.config, s.config);
+  EXPECT_EQ(back.main.available, true);
+  EXPECT_EQ(back.main.note, s.main.note);
+  expectSameFrames(back.main.frames, s.main.frames);
+  ASSERT_EQ(back.groups.size(), 2u);
+  expectSameGroup(back.groups[0], s.groups[0]);
+  expectSameGroup(back.groups[1], s.groups[1]);
+  // And the JSON is stable across a second trip.
+  EXPECT_EQ(toJson(back).dump(), text);
+}
+
+TEST(Snapshot, JsonUsesFlightRecorderFieldNames) {
+  const RankSnapshot s = sampleSnapshot();
+  const Json j = toJson(s);
+  EXPECT_EQ(j.at("version").asString(), "torch_ext-1");
+  EXPECT_EQ(j.at("main_thread").at("frames").asArray()[0].at("name").asString(), "next_batch");
+  EXPECT_EQ(j.at("pg_config").at("3").at("desc").asString(), "tp_group");
+  EXPECT_EQ(j.at("pg_config").at("3").at("ranks").dump(), "[4,5]");
+  const Json& g = j.at("groups").asArray()[0];
+  EXPECT_EQ(g.at("rolling_hash").asString(), "fedcba9876543210");
+  const Json& c = g.at("entries").asArray()[0];
+  EXPECT_EQ(c.at("record_id").asInt(), 90);
+  EXPECT_EQ(c.at("pg_id").asString(), "3");
+  EXPECT_EQ(c.at("process_group").dump(), R"(["3","tp_group"])");
+  EXPECT_EQ(c.at("collective_seq_id").asInt(), 57);
+  EXPECT_EQ(c.at("p2p_seq_id").asInt(), 0);
+  EXPECT_EQ(c.at("profiling_name").asString(), "guard:all_reduce");
+  EXPECT_EQ(c.at("input_sizes").dump(), "[[10,2]]");
+  EXPECT_EQ(c.at("input_dtypes").dump(), R"(["float32"])");
+  EXPECT_EQ(c.at("state").asString(), "scheduled");
+  EXPECT_TRUE(c.at("time_discovered_completed_ns").isNull());
+  EXPECT_TRUE(c.at("duration_ms").isNull());
+  EXPECT_EQ(c.at("timeout_ms").asInt(), 600000);
+  EXPECT_FALSE(c.at("retired").asBool());
+  EXPECT_FALSE(c.at("is_p2p").asBool());
+  EXPECT_EQ(c.at("hash").asString(), "8000000000000001");
+  EXPECT_EQ(c.at("split_send").asString(), "0000000000000001");
+  EXPECT_EQ(c.at("frames").asArray()[0].at("filename").asString(), "/home/u/train.py");
+  EXPECT_EQ(c.at("frames").asArray()[0].at("line").asInt(), 77);
+  EXPECT_EQ(c.get("error"), nullptr);  // only written when there is one
+  const Json& p = g.at("entries").asArray()[1];
+  EXPECT_TRUE(p.at("retired").asBool());
+  EXPECT_TRUE(p.at("is_p2p").asBool());
+  EXPECT_EQ(p.at("p2p_seq_id").asInt(), 3);
+  EXPECT_EQ(p.at("pair_hash").asString(), "ffffffffffffffff");
+  EXPECT_EQ(p.at("time_discovered_completed_ns").asInt(), 1700000000300000000);
+  EXPECT_DOUBLE_EQ(p.at("duration_ms").asDouble(), 100.0);
+  EXPECT_EQ(p.at("error").asString(), "peer \"0\" closed\nthe connection");
+  // The second group has no desc: its label is the name.
+  EXPECT_EQ(j.at("groups").asArray()[1].at("entries").asArray().size(), 0u);
+}
+
+TEST(Snapshot, ViewsOfARealGroupState) {
+  auto st = makeGroup(GroupIdentity{"7", 1, 3, {2, 4, 6}});
+  st->setDesc("pipeline");
+  const uint32_t here = site("/work/proj/train.py", 120, "training_step");
+  uint64_t seq = 0, ord = 0;
+  const uint64_t c1 = st->ledger().record(allReduce(10), here, &seq);
+  const uint64_t s1 = st->ledger().record(FingerprintBuilder(Op::Send).meta(at::kFloat, {4}, CPU).peer(2, 3).finish(), 0,
+                                          &seq, &ord);
+  const uint64_t c2 = st->ledger().record(allReduce(20), here, &seq);
+  st->ledger().complete(c1, true);
+  st->ledger().complete(s1, false, "boom");
+
+  GroupView g = GroupView::from(*st, 10);
+  EXPECT_EQ(g.name, "7");
+  EXPECT_EQ(g.desc, "pipeline");
+  EXPECT_EQ(g.label(), "pipeline");
+  EXPECT_EQ(g.rank, 1);
+  EXPECT_EQ(g.size, 3);
+  EXPECT_EQ(g.globalRanks, (std::vector<int64_t>{2, 4, 6}));
+  EXPECT_EQ(g.globalRank(2), 6);
+  EXPECT_EQ(g.globalRank(7), 7);  // out of range: passed through
+  EXPECT_EQ(g.lastSeq, 2u);
+  EXPECT_EQ(g.lastCompletedSeq, 1u);
+  EXPECT_GT(g.lastCompletedNs, 0);
+  EXPECT_EQ(g.rolling, *st->ledger().rollingAt(2));
+  EXPECT_EQ(g.timeoutMs, 5000);
+  ASSERT_EQ(g.entries.size(), 3u);
+
+  const EntryView& e1 = g.entries[0];
+  EXPECT_EQ(e1.id, c1);
+  EXPECT_EQ(e1.seq, 1u);
+  EXPECT_EQ(e1.op, "all_reduce");
+  EXPECT_EQ(e1.text, "all_reduce(float32[10], SUM)");
+  EXPECT_FALSE(e1.isP2P);
+  EXPECT_EQ(e1.reduceOp, "SUM");
+  EXPECT_EQ(e1.dtypes, (std::vector<std::string>{"float32"}));
+  EXPECT_EQ(e1.sizes, (std::vector<std::vector<int64_t>>{{10}}));
+  EXPECT_EQ(e1.hash, allReduce(10).hash);
+  EXPECT_EQ(e1.pairHash, 0u);
+  EXPECT_EQ(e1.state, "completed");
+  EXPECT_EQ(e1.where(), "train.py:120 in training_step");
+
+  const EntryView& e2 = g.entries[1];
+  EXPECT_TRUE(e2.isP2P);
+  EXPECT_EQ(e2.p2pOrdinal, 1u);
+  EXPECT_EQ(e2.peer, 2);
+  EXPECT_EQ(e2.tag, 3);
+  EXPECT_EQ(e2.reduceOp, "");
+  EXPECT_EQ(e2.pairHash, FingerprintBuilder(Op::Recv).meta(at::kFloat, {2, 2}, CPU).peer(1, 3).finish().p2pPairHash());
+  EXPECT_EQ(e2.state, "failed");
+  EXPECT_EQ(e2.error, "boom");
+  EXPECT_EQ(e2.where(), "(unknown call site)");
+  EXPECT_EQ(g.entries[2].id, c2);
+  EXPECT_EQ(g.entries[2].state, "scheduled");
+
+  EXPECT_EQ(g.bySeq(2), &g.entries[2]);
+  EXPECT_EQ(g.bySeq(0), nullptr);  // p2p entries have no seq
+  EXPECT_EQ(g.bySeq(3), nullptr);
+  EXPECT_EQ(g.oldestPending(), &g.entries[2]);
+  // The window is the newest entries.
+  GroupView w = GroupView::from(*st, 2);
+  ASSERT_EQ(w.entries.size(), 2u);
+  EXPECT_EQ(w.entries[0].id, s1);
+  // And the view survives the JSON trip.
+  expectSameGroup(groupFromJson(Json::parse(toJson(g).dump())), g);
+
+  // Identity ranks when torch gave no list.
+  auto plain = makeGroup(GroupIdentity{"0", 0, 2, {}});
+  EXPECT_EQ(GroupView::from(*plain, 4).globalRanks, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(GroupView::from(*plain, 4).label(), "0");
+  {
+    SCOPED_TRACE("GroupLookupAndLabels");
+    RankSnapshot s = sampleSnapshot();
+    ASSERT_NE(s.group("3"), nullptr);
+    EXPECT_EQ(s.group("3")->label(), "tp_group");
+    EXPECT_EQ(s.group("0")->label(), "0");  // "undefined" is no description
+    EXPECT_EQ(s.group("nope"), nullptr);
+    GroupView g;
+    g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"), entry(3, 3, "barrier", "scheduled")};
+    EXPECT_EQ(g.oldestPending()->id, 3u);  // failed is not pending
+    g.entries[2].state = "completed";
+    EXPECT_EQ(g.oldestPending(), nullptr);
+  }
+}
+
+TEST(Snapshot, ValidationNamesTheProblem) {
+  const std::string ok = validDump();
+  ASSERT_EQ(loadError(ok), "(no error)");
+  EXPECT_EQ(loadError("[1]"), "top level must be an object");
+  EXPECT_EQ(loadError(edited(ok, R"("version":"torch_ext-1",)", "")), "no 'version' field: not a torch_ext dump");
+  EXPECT_EQ(loadError(edited(ok, R"("version":"torch_ext-1")", R"("version":1)")),
+            "no 'version' field: not a torch_ext dump");
+  EXPECT_EQ(loadError(edited(ok, R"("version":"torch_ext-1")", R"("version":"2.10")")),
+            "version '2.10' is not torch_ext-1 (written by another torch_ext?)");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":5)", R"("rank":"5")")), "rank must be an integer, got string");
+  EXPECT_EQ(loadError(edited(ok, R"("time_ns":1700000000123456789,)", "")), "missing field 'time_ns'");
+  EXPECT_EQ(loadError(edited(ok, R"("available":true)", R"("available":"yes")")),
+            "main_thread.available must be a bool, got string");
+  EXPECT_EQ(loadError(edited(ok, R"("groups":[)", R"("groups":7,"x":[)")), "groups must be an array, got number");
+  // Group fields.
+  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":2,"size":2)")), "group '3' has rank 2 outside size 2");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":-1,"size":2)")), "group '3' has rank -1 outside size 2");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":0,"size":1)", R"("rank":0,"size":0)")), "group '0' has rank 0 outside size 0");
+  EXPECT_EQ(loadError(edited(ok, R"("name":"3","desc":"tp_group","rank":1)", R"("name":3,"desc":"tp_group","rank":1)")), "group name must be a string, got number");
+  EXPECT_EQ(loadError(edited(ok, R"("rolling_hash":"fedcba9876543210","timeout_ms")", R"("rolling_hash":"zz","timeout_ms")")),
+            "rolling_hash must be a hex string, got 'zz'");
+  // Entry fields.
+  EXPECT_EQ(loadError(edited(ok, R"("op":"all_reduce")", R"("op":"allreduce")")), "unknown op 'allreduce'");
+  EXPECT_EQ(loadError(edited(ok, R"("state":"scheduled")", R"("state":"running")")),
+            "entry state must be scheduled, completed or failed, got 'running'");
+  EXPECT_EQ(loadError(edited(ok, R"("state":"scheduled")", R"("state":1)")), "state must be a string, got number");
+  EXPECT_EQ(loadError(edited(ok, R"("is_p2p":false)", R"("is_p2p":0)")), "is_p2p must be a bool, got number");
+  EXPECT_EQ(loadError(edited(ok, R"("hash":"8000000000000001")", R"("hash":"0x8000000000000001")")),
+            "hash must be a hex string of up to 16 digits");
+  EXPECT_EQ(loadError(edited(ok, R"("input_sizes":[[10,2]])", R"("input_sizes":[10])")),
+            "input_sizes entry must be an array, got number");
+  EXPECT_EQ(loadError(edited(ok, R"("line":77)", R"("line":"77")")), "frame line must be an integer, got string");
+  EXPECT_EQ(loadError(edited(ok, R"("record_id":90,)", "")), "missing field 'record_id'");
+  {
+    SCOPED_TRACE("Hex64");
+    EXPECT_EQ(hex64(0), "0000000000000000");
+    EXPECT_EQ(hex64(0xabcULL), "0000000000000abc");
+    EXPECT_EQ(hex64(~0ULL), "ffffffffffffffff");
+    EXPECT_EQ(parseHex64("ffffffffffffffff", "h"), ~0ULL);
+    EXPECT_EQ(parseHex64("ABC", "h"), 0xabcULL);
+    EXPECT_EQ(parseHex64(hex64(0x0123456789abcdefULL), "h"), 0x0123456789abcdefULL);
+    auto err = [](const std::string& s) {
+      try {
+        parseHex64(s, "rolling_hash");
+      } catch (const JsonError& e) {
+        return std::string(e.what());
+      }
+      return std::string("(no error)");
+    };
+    EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits");
+    EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits");
+    EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string, got '12xy'");
+  }
+}
