@@ -85,6 +85,7 @@ class GroupState {
   // Wakes threads blocked in waitUntil() (a work completed or the group failed).
   void notify();
   // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
+  // pred() runs with this object's lock held: it must not call back into it.
   bool waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
 
  private:

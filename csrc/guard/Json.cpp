@@ -111,7 +111,13 @@ class Parser {
 
   Json literal(const char* word, Json value) {
     size_t n = std::strlen(word);
-    if (s_.compare(pos_, n, word) != 0) fail(std::string("expected ") + word);
+    if (s_.compare(pos_, n, word) != 0) {
+      // A prefix of the word at the very end means the input was cut off.
+      if (pos_ + n > s_.size() && std::string(word).compare(0, s_.size() - pos_, s_, pos_) == 0) {
+        fail(std::string("unexpected end of input inside '") + word + "' (truncated?)");
+      }
+      fail(std::string("expected ") + word);
+    }
     pos_ += n;
     return value;
   }
@@ -139,7 +145,14 @@ class Parser {
       if (errno == 0 && end == tok.c_str() + tok.size()) return Json(static_cast<int64_t>(v));
     }
     double d = std::strtod(tok.c_str(), &end);
-    if (end != tok.c_str() + tok.size() || tok.empty() || tok == "-") fail("malformed number '" + tok + "'");
+    if (end != tok.c_str() + tok.size() || tok.empty() || tok == "-") {
+      // Cut off where a number cannot end ("-", "1e", "1e-", "1.") is truncation.
+      const char last = tok.empty() ? '-' : tok.back();
+      if (pos_ >= s_.size() && (last == '-' || last == '+' || last == 'e' || last == 'E' || last == '.')) {
+        fail("unexpected end of input inside number '" + tok + "' (truncated?)");
+      }
+      fail("malformed number '" + tok + "'");
+    }
     return Json(d);
   }
 
@@ -162,7 +175,7 @@ class Parser {
   }
 
   uint32_t hex4() {
-    if (pos_ + 4 > s_.size()) fail("truncated \\u escape");
+    if (pos_ + 4 > s_.size()) fail("unterminated \\u escape at end of input (truncated?)");
     uint32_t v = 0;
     for (int i = 0; i < 4; ++i) {
       char c = s_[pos_++];
@@ -192,7 +205,7 @@ class Parser {
         out += c;
         continue;
       }
-      if (pos_ >= s_.size()) fail("unterminated escape");
+      if (pos_ >= s_.size()) fail("unterminated escape at end of input (truncated?)");
       char e = s_[pos_++];
       switch (e) {
         case '"':
@@ -217,10 +230,15 @@ class Parser {
           break;
         case 'u': {
           uint32_t cp = hex4();
-          if (cp >= 0xD800 && cp < 0xDC00 && s_.compare(pos_, 2, "\\u") == 0) {
+          if (cp >= 0xD800 && cp < 0xDC00) {
+            // A high surrogate must be followed by an escaped low surrogate.
+            if (s_.compare(pos_, 2, "\\u") != 0) fail("high surrogate not followed by a low surrogate");
             pos_ += 2;
             uint32_t lo = hex4();
+            if (lo < 0xDC00 || lo > 0xDFFF) fail("high surrogate not followed by a low surrogate");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+            fail("lone low surrogate");
           }
           appendUtf8(out, cp);
           break;
@@ -242,9 +260,9 @@ class Parser {
     while (true) {
       a.push_back(parseValue(depth + 1));
       char c = peek();
+      if (c != ']' && c != ',') fail("expected ',' or ']' in array");
       ++pos_;
       if (c == ']') break;
-      if (c != ',') fail("expected ',' or ']' in array");
     }
     return Json(std::move(a));
   }
@@ -262,9 +280,9 @@ class Parser {
       expect(':');
       o.emplace_back(std::move(key), parseValue(depth + 1));
       char c = peek();
+      if (c != '}' && c != ',') fail("expected ',' or '}' in object");
       ++pos_;
       if (c == '}') break;
-      if (c != ',') fail("expected ',' or '}' in object");
     }
     return Json(std::move(o));
   }
@@ -365,9 +383,11 @@ void Json::dumpTo(std::string& out) const {
         out += "null";
         break;
       }
-      char buf[32];
+      char buf[40];
       std::snprintf(buf, sizeof(buf), "%.17g", d_);
       out += buf;
+      // Keep it a double on the way back: "2" would parse as an integer.
+      if (std::strpbrk(buf, ".eEn") == nullptr) out += ".0";
       break;
     }
     case Type::String:

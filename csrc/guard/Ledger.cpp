@@ -136,6 +136,17 @@ void Ledger::pollCompletions() {
     try {
       done = work->isCompleted();
       if (done) ok = work->isSuccess();
+      if (done && !ok) {
+        if (auto ep = work->exception()) {
+          try {
+            std::rethrow_exception(ep);
+          } catch (const std::exception& inner) {
+            err = inner.what();
+          } catch (...) {
+            err = "unknown error";
+          }
+        }
+      }
     } catch (const std::exception& ex) {
       done = true;
       ok = false;

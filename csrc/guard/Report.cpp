@@ -54,7 +54,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (!g) continue;
       if (const EntryView* e = g->bySeq(s)) seen.emplace_back(&r, e);
     }
-    if (seen.size() < 2 && groupSize > 1) continue;
+    if (seen.empty() || (seen.size() < 2 && groupSize > 1)) continue;
     std::set<uint64_t> hashes, rollings;
     for (auto& p : seen) {
       hashes.insert(p.second->hash);
@@ -273,33 +273,48 @@ std::string formatRanks(const std::vector<int64_t>& ranks) {
 
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
                            const std::vector<RankOp>& ops, const std::string& note) {
-  // Group ranks by what they issued and where, in order of first appearance.
-  std::vector<std::pair<std::string, std::vector<int64_t>>> lines;
-  std::vector<std::string> texts, wheres;
+  // Group ranks by what they issued (fingerprint hash, not just its text: the
+  // text shows only the first few tensors of a coalesced op) and where, in order
+  // of first appearance.
+  struct Line {
+    uint64_t hash;
+    bool issued;
+    std::string text, where;
+    std::vector<int64_t> ranks;
+  };
+  std::vector<Line> lines;
   for (const auto& op : ops) {
-    std::string key = op.text + "\x1f" + op.where;
-    auto it = std::find_if(lines.begin(), lines.end(), [&](const auto& l) { return l.first == key; });
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const Line& l) {
+      return l.issued == op.issued && l.hash == op.hash && l.text == op.text && l.where == op.where;
+    });
     if (it == lines.end()) {
-      lines.emplace_back(key, std::vector<int64_t>{op.globalRank});
-      texts.push_back(op.text);
-      wheres.push_back(op.issued ? op.where : "");
+      lines.push_back(Line{op.hash, op.issued, op.text, op.issued ? op.where : "", {op.globalRank}});
     } else {
-      it->second.push_back(op.globalRank);
+      it->ranks.push_back(op.globalRank);
+    }
+  }
+  // Identical texts with different fingerprints: show the hash to tell them apart.
+  for (auto& l : lines) {
+    for (const auto& m : lines) {
+      if (&l != &m && l.issued && m.issued && l.text == m.text && l.hash != m.hash) {
+        l.text += " [fingerprint " + hex64(l.hash).substr(0, 8) + "]";
+        break;
+      }
     }
   }
   size_t rankWidth = 0, textWidth = 0;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    rankWidth = std::max(rankWidth, formatRanks(lines[i].second).size() + 1);
-    textWidth = std::max(textWidth, texts[i].size());
+  for (const auto& l : lines) {
+    rankWidth = std::max(rankWidth, formatRanks(l.ranks).size() + 1);
+    textWidth = std::max(textWidth, l.text.size());
   }
   std::ostringstream os;
   os << "collective #" << seq << " on group \"" << groupLabel << "\" (" << groupSize << " ranks) differs across ranks:";
-  for (size_t i = 0; i < lines.size(); ++i) {
-    os << "\n  " << padRight(formatRanks(lines[i].second) + ":", rankWidth + 1);
-    if (wheres[i].empty()) {
-      os << texts[i];
+  for (const auto& l : lines) {
+    os << "\n  " << padRight(formatRanks(l.ranks) + ":", rankWidth + 1);
+    if (l.where.empty()) {
+      os << l.text;
     } else {
-      os << padRight(texts[i], textWidth) << "  at " << wheres[i];
+      os << padRight(l.text, textWidth) << "  at " << l.where;
     }
   }
   if (!note.empty()) os << "\n  " << note;

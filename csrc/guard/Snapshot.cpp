@@ -12,7 +12,9 @@ std::string hex64(uint64_t v) {
 }
 
 uint64_t parseHex64(const std::string& s, const char* what) {
-  if (s.empty() || s.size() > 16) throw JsonError(std::string(what) + " must be a hex string of up to 16 digits");
+  if (s.empty() || s.size() > 16 || s.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    throw JsonError(std::string(what) + " must be a hex string of up to 16 digits, got '" + s + "'");
+  }
   char* end = nullptr;
   unsigned long long v = std::strtoull(s.c_str(), &end, 16);
   if (end != s.c_str() + s.size()) throw JsonError(std::string(what) + " must be a hex string, got '" + s + "'");

@@ -351,7 +351,7 @@ TEST(Snapshot, ValidationNamesTheProblem) {
   EXPECT_EQ(loadError(edited(ok, R"("rank":0,"size":1)", R"("rank":0,"size":0)")), "group '0' has rank 0 outside size 0");
   EXPECT_EQ(loadError(edited(ok, R"("name":"3","desc":"tp_group","rank":1)", R"("name":3,"desc":"tp_group","rank":1)")), "group name must be a string, got number");
   EXPECT_EQ(loadError(edited(ok, R"("rolling_hash":"fedcba9876543210","timeout_ms")", R"("rolling_hash":"zz","timeout_ms")")),
-            "rolling_hash must be a hex string, got 'zz'");
+            "rolling_hash must be a hex string of up to 16 digits, got 'zz'");
   // Entry fields.
   EXPECT_EQ(loadError(edited(ok, R"("op":"all_reduce")", R"("op":"allreduce")")), "unknown op 'allreduce'");
   EXPECT_EQ(loadError(edited(ok, R"("state":"scheduled")", R"("state":"running")")),
@@ -359,7 +359,7 @@ TEST(Snapshot, ValidationNamesTheProblem) {
   EXPECT_EQ(loadError(edited(ok, R"("state":"scheduled")", R"("state":1)")), "state must be a string, got number");
   EXPECT_EQ(loadError(edited(ok, R"("is_p2p":false)", R"("is_p2p":0)")), "is_p2p must be a bool, got number");
   EXPECT_EQ(loadError(edited(ok, R"("hash":"8000000000000001")", R"("hash":"0x8000000000000001")")),
-            "hash must be a hex string of up to 16 digits");
+            "hash must be a hex string of up to 16 digits, got '0x8000000000000001'");
   EXPECT_EQ(loadError(edited(ok, R"("input_sizes":[[10,2]])", R"("input_sizes":[10])")),
             "input_sizes entry must be an array, got number");
   EXPECT_EQ(loadError(edited(ok, R"("line":77)", R"("line":"77")")), "frame line must be an integer, got string");
@@ -380,8 +380,10 @@ TEST(Snapshot, ValidationNamesTheProblem) {
       }
       return std::string("(no error)");
     };
-    EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits");
-    EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits");
-    EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string, got '12xy'");
+    EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits, got ''");
+    EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits, got '10000000000000000'");
+    EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string of up to 16 digits, got '12xy'");
+    EXPECT_EQ(err("-1"), "rolling_hash must be a hex string of up to 16 digits, got '-1'");
+    EXPECT_EQ(err(" 1"), "rolling_hash must be a hex string of up to 16 digits, got ' 1'");
   }
 }
