@@ -48,6 +48,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -156,22 +157,26 @@ if __name__ == "__mp_main__":
 # Parent side: selection, running, results.
 
 
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Timeout|Failure|Interrupt)\b")
+
+
 def _first_line(text: str) -> str:
-    """The most telling line of an error: the last exception line of the last traceback."""
+    """The most telling line of an error: the exception line of the innermost traceback.
+
+    Failures of a rank arrive in the parent as "Process i exited with error code 10
+    and exception:" followed by the rank's traceback; the suite then appends a
+    "To execute this test, run ..." epilogue. The last line that starts like an
+    exception ("AssertionError: ...", "torch.distributed.DistBackendError: ...")
+    is the one that says what went wrong.
+    """
     lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
     if not lines:
         return ""
-    # Child failures arrive as "Process i exited with error code 10 and exception:\n<traceback>".
-    candidates = [
-        ln
-        for ln in lines
-        if not ln.startswith((" ", "\t", "Traceback", "During handling", "The above exception"))
-        and not ln.startswith("Process ")
-        and not ln.startswith("Exception raised from")
-        and not ln.startswith("frame #")
-    ]
-    pick = candidates[-1] if candidates else lines[-1]
-    # A C++ error's first line is the message; later lines are context.
+    exc = [ln for ln in lines if _EXC_LINE.match(ln)]
+    pick = exc[-1] if exc else lines[-1]
+    if pick.startswith("RuntimeError: Process ") and len(exc) == 1:
+        # Only the parent's summary: the rank died without a Python traceback.
+        pick = pick + " (no traceback from the rank: see its log)"
     return pick[:500]
 
 
@@ -263,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resume", action="store_true", help="skip tests already recorded in --out")
     p.add_argument("--log-dir", default="", help="per-test rank logs (default: a temp dir, kept)")
     p.add_argument("--list", action="store_true", help="print the selected test names and exit")
+    p.add_argument("--static-skips", action="store_true",
+                   help="run nothing: record which tests the suite's decorators skip at import time (and why)")
     p.add_argument("--import-ext", choices=("auto", "yes", "no"), default="auto",
                    help="import torch_ext before the suite (auto: only for backend guard)")
     args = p.parse_args(argv)
@@ -308,6 +315,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from torch.testing._internal.common_distributed import DistTestCases
+
+    if args.static_skips:
+        static = {}
+        for n in selected:
+            fn = getattr(cls, n)
+            if getattr(fn, "__unittest_skip__", False):
+                static[n] = {"status": "skipped", "reason": str(getattr(fn, "__unittest_skip_why__", ""))}
+            else:
+                static[n] = {"status": "would run"}
+        doc = {"meta": {"backend": args.backend, "profile": args.profile, "torch": torch.__version__,
+                        "world_size": args.world_size, "tests_in_suite": len(names)}, "results": static}
+        text = json.dumps(doc, indent=1)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write(text)
+        counts: dict[str, int] = {}
+        for e in static.values():
+            counts[e["status"]] = counts.get(e["status"], 0) + 1
+        print(f"static skips, {args.backend}, profile {args.profile}: {counts}")
+        return 0
 
     meta = {
         "suite": SUITE_MODULE,
