@@ -137,6 +137,20 @@ def check_scatter_object_list(rank: int, world: int) -> None:
     assert out[0] == {"to": rank, "payload": list(range(rank + 1))}, out[0]
 
 
+def check_profiler_events(rank: int, world: int) -> None:
+    # call_dist_op / test_*_profiler: for backends in PROFILING_SUPPORTED_BACKENDS
+    # (gloo, nccl, mpi, ucc) the suite asserts one async profiler event named
+    # "<dist.get_backend()>:all_reduce" per call; for other names it checks nothing.
+    t = torch.ones(8)
+    with torch.autograd.profiler.profile(record_shapes=True) as prof:
+        dist.all_reduce(t)
+    want = f"{dist.get_backend()}:all_reduce"
+    names = sorted({e.name for e in prof.function_events if "all_reduce" in e.name})
+    hits = [e for e in prof.function_events if e.name.endswith(want) or e.name.startswith(want)]
+    if len(hits) != 1:
+        raise AssertionError(f"expected 1 profiler event named {want!r}, found {len(hits)}; all_reduce events: {names}")
+
+
 def check_barrier_timeout(rank: int, world: int) -> None:
     # test_barrier_timeout_full_group ("Only gloo backend supports timeouts"):
     # only rank 0 enters a barrier of a group with a 1 s timeout; it must raise
@@ -171,6 +185,7 @@ CHECKS = {
     "monitored_barrier_missing_rank": (check_monitored_barrier_missing_rank,
                                        "test_monitored_barrier_gloo, _failure_order, _wait_all_ranks"),
     "scatter_object_list": (check_scatter_object_list, "test_scatter_object_list"),
+    "profiler_events": (check_profiler_events, "profiling assertions of call_dist_op, test_*_profiler"),
     "barrier_timeout": (check_barrier_timeout, "test_barrier_timeout_full_group / _global"),
 }
 
@@ -187,7 +202,12 @@ def _worker(rank: int, world: int, backend: str, name: str, init_file: str, q) -
         q.put((rank, "failed", f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"))
         traceback.print_exc()
     finally:
-        # No destroy_process_group: after a timeout the peers are not in step.
+        # Flush the queue's feeder thread, then leave without destroy_process_group
+        # (after a timeout the peers are not in step and it could block).
+        sys.stdout.flush()
+        sys.stderr.flush()
+        q.close()
+        q.join_thread()
         os._exit(0)
 
 

@@ -261,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--world-size", type=int, default=2)
     p.add_argument("--profile", choices=PROFILES, default="declared")
     p.add_argument("-k", dest="patterns", action="append", default=[], help="substring or glob; repeatable")
+    p.add_argument("--tests", default="", help="comma-separated exact test names (combined with -k by union)")
     p.add_argument("-x", "--exclude", action="append", default=[], help="substring or glob to leave out")
     p.add_argument("--shard", help="i/n: run every n-th selected test starting at the i-th (1-based)")
     p.add_argument("--test-timeout", type=int, default=180, help="seconds before the suite kills a test's ranks")
@@ -302,7 +303,15 @@ def main(argv: list[str] | None = None) -> int:
         if not 1 <= i <= n:
             p.error("--shard i/n needs 1 <= i <= n")
         shard = (i, n)
-    selected = _select(names, args.patterns, args.exclude, shard)
+    exact = [t for t in args.tests.split(",") if t]
+    unknown = [t for t in exact if t not in names]
+    if unknown:
+        p.error(f"--tests: not in the suite: {', '.join(unknown)}")
+    if exact and not args.patterns:
+        selected = _select(exact, [], args.exclude, shard)
+    else:
+        selected = _select(names, args.patterns, args.exclude, shard)
+        selected = sorted(set(selected) | set(_select(exact, [], args.exclude, shard)))
 
     results: dict[str, dict] = {}
     if args.out and args.resume and os.path.exists(args.out):
