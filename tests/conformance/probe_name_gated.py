@@ -111,16 +111,24 @@ def check_ddp_logging_backend_name(rank: int, world: int) -> None:
 
 
 def check_monitored_barrier(rank: int, world: int) -> None:
-    # test_monitored_barrier_gloo* (gloo-gated): all ranks arrive -> returns
+    # test_monitored_barrier_gloo* (gloo-gated): all ranks arrive -> returns.
+    # Public API: torch itself refuses every backend whose name is not "gloo".
     dist.monitored_barrier(timeout=timedelta(seconds=30))
+
+
+def check_monitored_barrier_pg(rank: int, world: int) -> None:
+    # The same through ProcessGroup.monitored_barrier, below torch's name check:
+    # shows whether the backend's monitoredBarrier forward works.
+    dist.group.WORLD.monitored_barrier(timedelta(seconds=30), wait_all_ranks=False)
 
 
 def check_monitored_barrier_missing_rank(rank: int, world: int) -> None:
     # test_monitored_barrier_gloo / _failure_order: a rank that never arrives is
     # named in rank 0's error ("Rank 1 failed to pass monitoredBarrier").
+    # Called through ProcessGroup.monitored_barrier (see check_monitored_barrier_pg).
     if rank == 0:
         try:
-            dist.monitored_barrier(timeout=timedelta(seconds=2))
+            dist.group.WORLD.monitored_barrier(timedelta(seconds=2), wait_all_ranks=False)
         except RuntimeError as e:
             if "Rank 1 failed to pass monitoredBarrier" not in str(e):
                 raise AssertionError(f"error does not name rank 1: {str(e)[:300]}") from e
@@ -172,6 +180,9 @@ def check_barrier_timeout(rank: int, world: int) -> None:
                 raise AssertionError(f"raised only after {took:.1f}s for a 1 s timeout") from e
             return
         raise AssertionError("barrier returned although rank 1 never joined")
+    # Stay alive past the timeout, as the suite's ranks do: a rank that exits
+    # closes its connections and turns the timeout into "connection reset".
+    time.sleep(8)
 
 
 CHECKS = {
@@ -182,6 +193,7 @@ CHECKS = {
     "ddp_allreduce_hook": (check_ddp_allreduce_hook, "gloo-gated DDP comm hook tests"),
     "ddp_logging_backend_name": (check_ddp_logging_backend_name, "test_ddp_logging_data_cpu"),
     "monitored_barrier": (check_monitored_barrier, "test_monitored_barrier_gloo*"),
+    "monitored_barrier_pg": (check_monitored_barrier_pg, "test_monitored_barrier_gloo (ProcessGroup method)"),
     "monitored_barrier_missing_rank": (check_monitored_barrier_missing_rank,
                                        "test_monitored_barrier_gloo, _failure_order, _wait_all_ranks"),
     "scatter_object_list": (check_scatter_object_list, "test_scatter_object_list"),
