@@ -145,6 +145,30 @@ def check_scatter_object_list(rank: int, world: int) -> None:
     assert out[0] == {"to": rank, "payload": list(range(rank + 1))}, out[0]
 
 
+def check_all_to_all(rank: int, world: int) -> None:
+    # test_all_to_all_single_{equal,unequal}_split*, test_all_to_all*: gated on
+    # MPI for CPU tensors, so they skip on gloo too although gloo implements both.
+    # Unequal splits: rank r sends (p + 1) rows to rank p, each row filled with r.
+    cols = 3
+    send = torch.cat([torch.full((p + 1, cols), float(rank)) for p in range(world)])
+    recv = torch.empty(world * (rank + 1), cols)
+    dist.all_to_all_single(recv, send, [rank + 1] * world, [p + 1 for p in range(world)])
+    expect = torch.cat([torch.full((rank + 1, cols), float(src)) for src in range(world)])
+    torch.testing.assert_close(recv, expect)
+    # Equal splits, no split lists.
+    send = torch.arange(world * 2, dtype=torch.float) + 100 * rank
+    recv = torch.empty(world * 2)
+    dist.all_to_all_single(recv, send)
+    expect = torch.cat([torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float) + 100 * src for src in range(world)])
+    torch.testing.assert_close(recv, expect)
+    # List form (gloo needs equal sizes): rank r sends 10 r + p to rank p.
+    ins = [torch.full((2,), float(10 * rank + p)) for p in range(world)]
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_to_all(outs, ins)
+    for src, o in enumerate(outs):
+        torch.testing.assert_close(o, torch.full((2,), float(10 * src + rank)))
+
+
 def check_profiler_events(rank: int, world: int) -> None:
     # call_dist_op / test_*_profiler: for backends in PROFILING_SUPPORTED_BACKENDS
     # (gloo, nccl, mpi, ucc) the suite asserts one async profiler event named
@@ -197,6 +221,7 @@ CHECKS = {
     "monitored_barrier_missing_rank": (check_monitored_barrier_missing_rank,
                                        "test_monitored_barrier_gloo, _failure_order, _wait_all_ranks"),
     "scatter_object_list": (check_scatter_object_list, "test_scatter_object_list"),
+    "all_to_all": (check_all_to_all, "test_all_to_all*, test_all_to_all_single_* (MPI-gated on CPU: skip on gloo too)"),
     "profiler_events": (check_profiler_events, "profiling assertions of call_dist_op, test_*_profiler"),
     "barrier_timeout": (check_barrier_timeout, "test_barrier_timeout_full_group / _global"),
 }
