@@ -25,6 +25,7 @@ from torch_ext.backend import (
     group_state,
     inner_backend,
     ledger,
+    monitored_barrier,
     register as _register,
 )
 from torch_ext.ops import *  # noqa: F401,F403
@@ -53,6 +54,7 @@ __all__ = [
     "group_state",
     "inner_backend",
     "ledger",
+    "monitored_barrier",
     *_ops_all,
     *_step_sync_all,
     *_samplers_all,

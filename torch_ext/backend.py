@@ -24,7 +24,8 @@ from torch.distributed import Backend, PrefixStore
 
 from torch_ext import _C
 
-__all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure"]
+__all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
+           "monitored_barrier"]
 
 BACKEND_NAME = "guard"
 # The inner backend's own timeout is the group's plus this grace, so the guard's
@@ -276,3 +277,20 @@ def dump(dir: str | os.PathLike[str] | None = None, reason: str = "manual") -> s
     when neither is set.
     """
     return _C._dump(reason, os.fspath(dir) if dir is not None else "")
+
+
+def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta | None = None,
+                      wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier`` for guarded groups.
+
+    torch's function refuses every backend not named "gloo" before reaching it;
+    the guard forwards the call to the gloo group it wraps, which names the
+    ranks that did not arrive, exactly as on plain gloo.
+    """
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if not _C._is_guard(pg._get_backend(torch.device("cpu"))):
+        dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
+        return
+    if timeout is None:
+        timeout = dist.distributed_c10d._get_default_timeout(BACKEND_NAME)
+    pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

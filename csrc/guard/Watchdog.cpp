@@ -504,11 +504,19 @@ void Watchdog::act(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
   const bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
   std::string text = v.text;
   auto abortText = [&](const std::string& body) {
-    std::ostringstream os;
-    os << body << "\n  aborting: the collective exceeded abort_after ("
-       << std::chrono::duration<double>(st.abortAfter()).count()
-       << " s, TORCH_EXT_ABORT_AFTER) and fails on every live rank";
-    return os.str();
+    // The first line says "timeout" in so many words: retry logic (and torch's
+    // own tests) grep for it in gloo's and NCCL's messages.
+    std::ostringstream why;
+    why << "timeout after abort_after=" << std::chrono::duration<double>(st.abortAfter()).count()
+        << " s (TORCH_EXT_ABORT_AFTER), the collective fails on every live rank";
+    const auto nl = body.find('\n');
+    std::string first = body.substr(0, nl);
+    const std::string rest = nl == std::string::npos ? "" : body.substr(nl);
+    if (!first.empty() && first.back() == ':') {
+      first.pop_back();
+      return first + " (" + why.str() + "):" + rest;
+    }
+    return first + ": " + why.str() + rest;
   };
   switch (v.kind) {
     case Verdict::Kind::Mismatch:

@@ -7,6 +7,8 @@ too, with an error that names the inner backend and the op.
 """
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -228,6 +230,8 @@ def _all_collectives(rank: int, world: int, numel: int) -> dict[str, str]:
         cmp(fn.__name__, fn)
     outcome = cmp.outcome
     outcome["monitored_barrier_guard"] = monitored_barrier(guard)
+    torch_ext.monitored_barrier(guard, timeout=timedelta(seconds=30))  # the wrapper reaches gloo's
+    outcome["monitored_barrier_wrapper"] = "done"
     # guard still works after an op the inner backend refused (PREMUL_SUM on gloo).
     t = x()
     dist.all_reduce(t, group=guard)
