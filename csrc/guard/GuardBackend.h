@@ -136,7 +136,7 @@ class GuardBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
   c10d::Backend& innerOrThrow(c10::DeviceType device, Op op);
   [[noreturn]] void failWhileIssuing(uint64_t id, const std::exception& e);
-  // Strict mode: one small all_gather on the helper backend; throws
+  // Strict mode: one small all_reduce on the helper backend; throws
   // CollectiveMismatchError on every rank when fingerprints differ.
   void strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite);
   // Strict mode, point-to-point: the sender publishes its fingerprint in the

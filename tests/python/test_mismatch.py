@@ -220,3 +220,11 @@ def test_soak_of_matching_random_collectives_raises_nothing(mode):
     env = dict(MODES[mode])
     results = run_ranks(_soak, 4, steps, 1234, env=env, timeout=600)
     assert assert_all_ok(results) == [steps] * 4
+
+
+@pytest.mark.parametrize("kind", ["count", "reduce_op", "all_to_all_splits"])
+def test_strict_two_ranks(kind):
+    # Two ranks take the one-element check (v0 + v1 == 2 v); both must raise.
+    results = run_ranks(_mismatch, 2, kind, env=MODES["strict"], timeout=60)
+    for text in assert_all_ok(results):
+        assert "differs across ranks" in text and 'group "default_pg" (2 ranks)' in text, report(results)
