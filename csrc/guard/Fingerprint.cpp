@@ -176,10 +176,10 @@ void FingerprintBuilder::addMeta(c10::ScalarType dtype, c10::IntArrayRef sizes, 
   }
   if (fp_.numTensors == 0) fp_.device = device;
   if (fp_.metas.size() < Fingerprint::kInlineMetas) {
-    TensorMeta m;
+    // Built in place: no temporary to copy on the hot path.
+    TensorMeta& m = fp_.metas.emplace_back();
     m.dtype = dtype;
     m.sizes.assign(sizes.begin(), sizes.end());
-    fp_.metas.push_back(std::move(m));
   }
   ++fp_.numTensors;
 }
