@@ -266,3 +266,26 @@ def test_ddp_with_comm_hooks_trains_to_the_same_weights_as_gloo(hook):
     for same, recorded in assert_all_ok(run_ranks(_train, 2, hook, timeout=120)):
         assert same
         assert recorded > 5  # DDP's bucket all-reduces went through the guard
+
+
+# --- any registered backend can be the inner one ----------------------------------------
+
+def _plugin_inner(rank: int, world: int) -> dict:
+    # torch's "fake" backend is a plugin registered with Backend.register_backend, like
+    # third-party backends are; it completes every collective without communicating.
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, is_master=False)
+    dist.init_process_group("guard", store=store, rank=rank, world_size=world,
+                            pg_options=torch_ext.GuardOptions(inner={"cpu": "fake"}, check="off"))
+    dist.all_reduce(torch.ones(3))
+    out = {"describe": torch_ext.describe(), "inner": torch_ext.inner_backend().name(),
+           "recorded": [e["op"] for e in torch_ext.ledger()]}
+    dist.destroy_process_group()
+    return out
+
+
+def test_a_registered_plugin_backend_can_be_the_inner_one():
+    for v in assert_all_ok(run_ranks(_plugin_inner, 2, backend=None, timeout=60)):
+        assert "inner=cpu:fake" in v["describe"] and v["inner"] == "fake"
+        assert v["recorded"] == ["all_reduce"]
