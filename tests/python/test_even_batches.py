@@ -335,7 +335,9 @@ _WORKERS_SCRIPT = textwrap.dedent(
                 zombies.append((pid, f.read().split()[2]))
         except FileNotFoundError:
             pass                            # reaped: good
-    print(f"RESULT rank={rank} steps={steps} workers={len(pids)} alive={alive} procs={zombies}", flush=True)
+    # One file per rank: torchrun's ranks share one stdout pipe, where lines can interleave.
+    with open(f"result_{rank}.txt", "w") as f:
+        f.write(f"rank={rank} steps={steps} workers={len(pids)} alive={alive} procs={zombies}")
     dist.barrier()
     dist.destroy_process_group()
     """
@@ -355,9 +357,9 @@ def test_dataloader_workers_shut_down_cleanly(tmp_path, policy):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "exited unexpectedly" not in out, out
-    lines = sorted(line for line in out.splitlines() if line.startswith("RESULT"))
+    results = [(tmp_path / f"result_{r}.txt").read_text() for r in range(2)]
     steps = [3, 3] if policy == "stop" else [3, 11]
-    assert lines == [f"RESULT rank={r} steps={steps[r]} workers=2 alive=[] procs=[]" for r in range(2)], out
+    assert results == [f"rank={r} steps={steps[r]} workers=2 alive=[] procs=[]" for r in range(2)], out
 
 
 # ---------------------------------------------------------------------------
