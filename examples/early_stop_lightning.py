@@ -67,4 +67,4 @@ if __name__ == "__main__":
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Model())
     print(f"rank {trainer.global_rank}: stopped at epoch {trainer.current_epoch} "
-          f"(reason: {es.stopping_reason.name}, mean val_loss {es.synced_metrics.get('val_loss', float('nan')):.4f})")
+          f"(reason: {es.stopping_reason.name}, mean val_loss {es.synced_metrics.get('val_loss', float('nan')):.3g})")

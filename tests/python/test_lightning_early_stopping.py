@@ -206,3 +206,48 @@ def test_with_ddp_guard_strategy(tmp_path):
         assert results["fused_local"][rank]["stopped_epoch"] == 4
         assert results["fused_riding"][rank]["stopped_epoch"] == 7
         assert results["uneven_even_batches"][rank]["train_batches"] == 6
+
+
+def test_single_process_keeps_lightning_behaviour_and_fills_synced_metrics(tmp_path):
+    """World 1: no collective; the stop epoch is Lightning's and ``synced_metrics`` holds the local values."""
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import EarlyStopping as LightningEarlyStopping
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import torch_ext.lightning as tel
+
+    curve = CURVES[1]
+
+    class Model(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, i):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, i):
+            self.log("val_loss", torch.tensor(curve[self.current_epoch]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def fit(es):
+        data = DataLoader(TensorDataset(torch.ones(2, 2)), batch_size=2)
+        trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=len(curve), callbacks=[es], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=tmp_path)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Model(), data, data)
+        return trainer
+
+    ours = tel.EarlyStopping("val_loss", patience=2, sync_metrics=["val_loss"])
+    theirs = LightningEarlyStopping("val_loss", patience=2)
+    t_ours, t_theirs = fit(ours), fit(theirs)
+    assert (t_ours.current_epoch, ours.stopped_epoch) == (t_theirs.current_epoch, theirs.stopped_epoch)
+    assert ours.stopped_epoch == _expected_stop_epoch(curve, 2)
+    assert ours.synced_metrics == {"val_loss": curve[ours.stopped_epoch]}

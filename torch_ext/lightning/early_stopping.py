@@ -78,7 +78,12 @@ class EarlyStopping(_LightningEarlyStopping):
         """Lightning's check, with the decision (and ``sync_metrics``) in one fused collective."""
         sync = self._step_sync(trainer)
         if sync is None:
-            return super()._run_early_stopping_check(trainer)
+            # One process: Lightning's own check; the "means" are the local values.
+            super()._run_early_stopping_check(trainer)
+            logs = trainer.callback_metrics
+            if self.sync_metrics and not trainer.fast_dev_run and self.monitor in logs:
+                self.synced_metrics = {k: float(v) for k, v in self._values(logs).items()}
+            return
 
         logs = trainer.callback_metrics
         if trainer.fast_dev_run or not self._validate_condition_metric(logs):
