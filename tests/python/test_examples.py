@@ -1,0 +1,156 @@
+"""Every example and the README demo run as a user runs them, and show what their docstrings promise.
+
+Each example starts its own processes (or runs under torchrun, as its
+docstring says), so each test is one subprocess with a timeout. The outputs
+are parsed with patterns rather than lines: ranks share one stdout, and their
+lines may interleave.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _run(args: list[str], cwd, timeout: float = 180) -> str:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+               PYTHONWARNINGS="ignore")
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-8000:]
+    return out
+
+
+def _example(name: str, cwd, timeout: float = 180) -> str:
+    return _run([sys.executable, os.path.join(EXAMPLES, name)], cwd, timeout)
+
+
+def _torchrun(name: str, nproc: int, cwd, timeout: float = 180) -> str:
+    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", os.path.join(EXAMPLES, name)],
+                cwd, timeout)
+
+
+def _per_rank(pattern: str, out: str) -> dict[int, tuple[str, ...]]:
+    """``{rank: groups}`` for every match of ``pattern``, whose first group is the rank."""
+    found: dict[int, tuple[str, ...]] = {}
+    for m in re.finditer(pattern, out):
+        found[int(m.group(1))] = m.groups()[1:]
+    return found
+
+
+# ---------------------------------------------------------------------------
+# The README demo
+# ---------------------------------------------------------------------------
+
+def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
+    out = _torchrun("demo.py", 4, tmp_path, timeout=240)
+    assert "CollectiveMismatchError" in out, out[-8000:]
+    assert "rank 2 has not arrived" in out, out[-8000:]
+    assert re.search(r"\[rank 0\] CollectiveTimeoutError", out), out[-8000:]
+    assert sorted(_per_rank(r"\[rank (\d)\] stopped after (\d+) steps", out).items()) == [
+        (r, ("3",)) for r in range(4)], out[-8000:]
+    assert "All scenes done" in out, out[-8000:]
+
+
+# ---------------------------------------------------------------------------
+# examples/bugs: each classic bug becomes an error on every rank
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["rank0_only_reduce.py", "mismatched_shapes.py", "rank0_validation.py"])
+def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
+    out = _example(os.path.join("bugs", name), tmp_path)
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1", "2"], out[-8000:]
+    assert "differs across ranks" in out, out[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
+
+
+def test_killed_rank_example_names_the_gone_rank(tmp_path):
+    out = _example(os.path.join("bugs", "killed_rank.py"), tmp_path)
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveFailureError", out)) == ["0", "1"], out[-8000:]
+    assert re.search(r"rank 2: no heartbeat for [\d.]+ s \(process gone or frozen\)", out), out[-8000:]
+    assert "rank 2 exit code: -9" in out, out
+
+
+def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
+    out = _example(os.path.join("bugs", "slow_rank.py"), tmp_path)
+    assert re.search(r"torch_ext WARNING: collective #2 all_reduce\(float32\[4\], SUM\) .* has waited", out), out
+    assert "rank 2 has not arrived" in out and "in validate" in out, out[-8000:]
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError", out)) == ["0", "1", "2"], out[-8000:]
+    # The dumps it wrote tell the same story post-mortem.
+    dumps = tmp_path / "torch_ext_dumps"
+    assert len(list(dumps.glob("*.json"))) >= 3, sorted(p.name for p in dumps.iterdir())
+    html = tmp_path / "report.html"
+    post = _run([sys.executable, "-m", "torch_ext.diagnose", str(dumps), "--html", str(html)], tmp_path, 60)
+    assert "rank 2 has not arrived" in post, post
+    assert html.stat().st_size > 0
+
+
+# ---------------------------------------------------------------------------
+# Early stopping and uneven data
+# ---------------------------------------------------------------------------
+
+def test_early_stop_step_sync_example_stops_every_rank_at_one_step(tmp_path):
+    out = _example("early_stop_step_sync.py", tmp_path)
+    stops = _per_rank(r"rank (\d): stopping at step (\d+)", out)
+    assert sorted(stops) == [0, 1] and stops[0] == stops[1], out
+
+
+def test_early_stop_overlapped_example_stops_every_rank_at_one_step(tmp_path):
+    out = _example("early_stop_overlapped.py", tmp_path)
+    stops = _per_rank(r"rank (\d): stopping after step (\d+) \(mean loss ([\d.]+)\)", out)
+    assert sorted(stops) == [0, 1] and stops[0] == stops[1], out
+
+
+def test_early_stop_lightning_example_under_torchrun(tmp_path):
+    out = _torchrun("early_stop_lightning.py", 2, tmp_path, timeout=240)
+    stops = _per_rank(r"rank (\d): stopped at epoch (\d+) \(reason: (\w+), mean val_loss ([^)]+)\)", out)
+    assert sorted(stops) == [0, 1] and stops[0] == stops[1], out[-8000:]
+    assert stops[0][1] == "PATIENCE_EXHAUSTED" and stops[0][2] != "nan", stops
+
+
+def test_uneven_even_batches_example_ends_each_epoch_together(tmp_path):
+    out = _example("uneven_even_batches.py", tmp_path)
+    found = re.findall(r"rank (\d) epoch (\d): (\d+) steps, ended because '(\w+)'", out)
+    by_epoch: dict[str, set] = {}
+    for rank, epoch, steps, reason in found:
+        by_epoch.setdefault(epoch, set()).add((steps, reason))
+    assert len(found) == 4 and all(len(v) == 1 for v in by_epoch.values()), out
+
+
+def test_uneven_join_ddp_example_trains_every_batch_and_ends_in_sync(tmp_path):
+    out = _example("uneven_join_ddp.py", tmp_path)
+    found = _per_rank(r"rank (\d): trained on all (\d+) of its batches; loop ended because '(\w+)'", out)
+    assert sorted(found) == [0, 1] and found[0][0] != found[1][0], out
+    assert "all ranks hold the same model" in out, out
+
+
+# ---------------------------------------------------------------------------
+# Samplers and WebDataset
+# ---------------------------------------------------------------------------
+
+def test_multiscale_buckets_example_shows_equal_counts_and_the_bug(tmp_path):
+    out = _example("multiscale_buckets.py", tmp_path)
+    epochs = re.findall(r"epoch (\d): batches per rank with BucketBatchSampler \[([\d, ]+)\] \(len (\d+)\), "
+                        r"with per-rank bucketing \[([\d, ]+)\]", out)
+    assert [e[0] for e in epochs] == ["0", "1"], out
+    for _, ours, length, theirs in epochs:
+        assert set(ours.split(", ")) == {length}, out        # equal, and len() is exact
+        assert len(set(theirs.split(", "))) > 1, out          # the per-rank bucketing bug
+
+
+def test_webdataset_lightning_example_trains_the_announced_length(tmp_path):
+    pytest.importorskip("webdataset")
+    out = _example("webdataset_lightning.py", tmp_path, timeout=240)
+    plan = _per_rank(r"rank (\d): split_by_node alone gives ranks \[([\d, ]+)\] batches; with_epoch set to (\d+)", out)
+    assert sorted(plan) == [0, 1] and plan[0] == plan[1], out[-8000:]
+    counts, length = plan[0]
+    assert len(set(counts.split(", "))) > 1, plan                    # uneven shards: unequal without the helper
+    trained = re.findall(r"epoch (\d) trained (\d+) batches; Lightning knew the length in advance: (\d+)", out)
+    assert trained and all(t[1] == length and t[2] == length for t in trained), out[-8000:]
