@@ -7,6 +7,7 @@ fresh interpreter).
 """
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from typing import Callable
@@ -20,6 +21,7 @@ def _main(train: Callable[[], None], backend: str) -> None:
     try:
         train()
     finally:
+        gc.collect()  # free what train() left in cycles (DDP holds the group) before the group goes
         dist.destroy_process_group()
 
 

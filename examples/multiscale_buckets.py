@@ -12,6 +12,7 @@ same count. Runs in a few seconds:
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import socket
 
@@ -90,6 +91,11 @@ def train(rank: int, world: int, port: int) -> None:
         if rank == 0:
             print(f"epoch {epoch}: batches per rank with BucketBatchSampler {ours} (len {len(sampler)}), "
                   f"with per-rank bucketing {theirs}; rank 0 batch shapes {dict(shapes)}")
+    # DDP holds the process group; drop it first, so the group is torn down by
+    # destroy_process_group() and not during interpreter shutdown, where gloo's
+    # threads can abort the process ("terminate called without an active exception").
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
