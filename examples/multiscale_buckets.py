@@ -92,8 +92,9 @@ def train(rank: int, world: int, port: int) -> None:
             print(f"epoch {epoch}: batches per rank with BucketBatchSampler {ours} (len {len(sampler)}), "
                   f"with per-rank bucketing {theirs}; rank 0 batch shapes {dict(shapes)}")
     # DDP holds the process group; drop it first, so the group is torn down by
-    # destroy_process_group() and not during interpreter shutdown, where gloo's
-    # threads can abort the process ("terminate called without an active exception").
+    # destroy_process_group() rather than during interpreter shutdown (a gloo group
+    # left to shutdown aborted a rank once in our CI: "terminate called without an
+    # active exception").
     del model, opt
     gc.collect()
     dist.destroy_process_group()
