@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +26,24 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 _CTX = None
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = None,
+               **env: str) -> subprocess.CompletedProcess:
+    """Runs ``python ARGS`` (under torchrun with ``nproc`` local ranks if given) as a user would.
+
+    The project root is on PYTHONPATH, one OpenMP thread per process, ``env``
+    added on top; output is captured as text and the run is killed at ``timeout``.
+    """
+    launcher = [] if nproc is None else [
+        "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
+    full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                    OMP_NUM_THREADS="1", **env)
+    return subprocess.run([sys.executable, *launcher, *args], capture_output=True, text=True, timeout=timeout,
+                          env=full_env, cwd=cwd)
 
 
 def _context():

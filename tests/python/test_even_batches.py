@@ -1,19 +1,15 @@
 """torch_ext.even_batches: uneven per-rank data ends on every rank at the same step."""
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, report, run_ranks, run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _lengths(seed: int, world: int) -> list[int]:
@@ -348,12 +344,7 @@ _WORKERS_SCRIPT = textwrap.dedent(
 def test_dataloader_workers_shut_down_cleanly(tmp_path, policy):
     script = tmp_path / "workers.py"
     script.write_text(_WORKERS_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), policy],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
-    )
+    proc = run_script([str(script), policy], tmp_path, timeout=120, nproc=2)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "exited unexpectedly" not in out, out

@@ -9,32 +9,27 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import ROOT, run_script
+
 EXAMPLES = os.path.join(ROOT, "examples")
 
 
-def _run(args: list[str], cwd, timeout: float = 180) -> str:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+def _run(args: list[str], cwd, timeout: float = 180, nproc: int | None = None) -> str:
+    proc = run_script(args, cwd, timeout, nproc, PYTHONWARNINGS="ignore")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     return out
 
 
 def _example(name: str, cwd, timeout: float = 180) -> str:
-    return _run([sys.executable, os.path.join(EXAMPLES, name)], cwd, timeout)
+    return _run([os.path.join(EXAMPLES, name)], cwd, timeout)
 
 
 def _torchrun(name: str, nproc: int, cwd, timeout: float = 180) -> str:
-    return _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
-                 "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", os.path.join(EXAMPLES, name)],
-                cwd, timeout)
+    return _run([os.path.join(EXAMPLES, name)], cwd, timeout, nproc)
 
 
 def _per_rank(pattern: str, out: str) -> dict[int, tuple[str, ...]]:
@@ -87,7 +82,7 @@ def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
     dumps = tmp_path / "torch_ext_dumps"
     assert len(list(dumps.glob("*.json"))) >= 3, sorted(p.name for p in dumps.iterdir())
     html = tmp_path / "report.html"
-    post = _run([sys.executable, "-m", "torch_ext.diagnose", str(dumps), "--html", str(html)], tmp_path, 60)
+    post = _run(["-m", "torch_ext.diagnose", str(dumps), "--html", str(html)], tmp_path, 60)
     assert "rank 2 has not arrived" in post, post
     assert html.stat().st_size > 0
 

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, run_ranks
 
 
 def _threads() -> list[str]:

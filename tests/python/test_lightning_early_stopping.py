@@ -7,16 +7,14 @@ fits in the same processes and writes one JSON line per rank and fit.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
+from harness import run_script
+
 pytest.importorskip("lightning")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Validation loss per rank and epoch. Alone, rank 1 plateaus first (its own
 # patience runs out at epoch 4); the cross-rank mean keeps improving until
@@ -120,14 +118,8 @@ _SCRIPT = textwrap.dedent(
 def _launch(tmp_path, strategy: str, cases: list[str], timeout: float = 240) -> dict:
     script = tmp_path / "lightning_es.py"
     script.write_text(_SCRIPT)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "0",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", str(script), strategy, json.dumps(CURVES),
-         ",".join(cases)],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path,
-    )
+    proc = run_script([str(script), strategy, json.dumps(CURVES), ",".join(cases)], tmp_path, timeout=timeout,
+                      nproc=2, PYTHONWARNINGS="ignore")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-8000:]
     results: dict = {}
