@@ -15,6 +15,7 @@ from torch_ext.errors import (
     CollectiveMismatchError,
     CollectiveTimeoutError,
     GuardError,
+    StoreLostError,
 )
 from torch_ext.backend import (
     BACKEND_NAME,
@@ -27,6 +28,7 @@ from torch_ext.backend import (
     ledger,
     monitored_barrier,
     register as _register,
+    store_health,
 )
 from torch_ext.ops import *  # noqa: F401,F403
 from torch_ext.ops import __all__ as _ops_all
@@ -37,7 +39,8 @@ from torch_ext.samplers import __all__ as _samplers_all
 
 __version__ = "0.1.0"
 
-_C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError)
+_C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
+                        StoreLostError)
 _runtime.install()
 _register()
 
@@ -48,6 +51,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CollectiveFailureError",
+    "StoreLostError",
     "describe",
     "dump",
     "failure",
@@ -55,6 +59,7 @@ __all__ = [
     "inner_backend",
     "ledger",
     "monitored_barrier",
+    "store_health",
     *_ops_all,
     *_step_sync_all,
     *_samplers_all,

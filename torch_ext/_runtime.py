@@ -35,5 +35,8 @@ def install() -> None:
     # the real paths and the paths as seen, in case of symlinks.
     internal += [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
     _C._install_runtime(sorted(set(internal)), stdlib, sorted(sites), main)
-    atexit.register(_C._uninstall_runtime)
+    # At interpreter exit every guarded group says "exited", the watchdog stops
+    # without waiting on the store, and inner backends are kept alive: no exit
+    # path joins a stuck thread or tears down a gloo group whose peer is gone.
+    atexit.register(_C._at_exit)
     _installed = True

@@ -25,7 +25,7 @@ from torch.distributed import Backend, PrefixStore
 from torch_ext import _C
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
-           "monitored_barrier"]
+           "store_health", "monitored_barrier"]
 
 BACKEND_NAME = "guard"
 # The inner backend's own timeout is the group's plus this grace, so the guard's
@@ -55,6 +55,8 @@ class GuardOptions:
         ledger_size: collectives remembered per group (TORCH_EXT_LEDGER_SIZE).
         interval: watchdog tick in seconds (TORCH_EXT_INTERVAL).
         call_sites: record Python call sites (TORCH_EXT_CALL_SITES).
+        store_timeout: seconds a store call of the guard may go unanswered
+            before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -65,6 +67,7 @@ class GuardOptions:
     ledger_size: int | None = None
     interval: float | None = None
     call_sites: bool | None = None
+    store_timeout: float | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""
@@ -178,6 +181,24 @@ def _device_available(device: str) -> bool:
     return bool(mod is not None and getattr(mod, "is_available", lambda: False)())
 
 
+def _store_host(store: dist.Store, global_ranks: list[int]) -> tuple[str, int]:
+    """Who serves ``store``, in words, and the global rank whose process it is (-1: none or unknown).
+
+    Under torchrun (and launchers that share its agent store) the agent hosts it;
+    with a plain env:// rendezvous (srun, mpirun, one ``python train.py`` per rank)
+    rank 0's process does, so rank 0 failing takes the store with it.
+    """
+    kind, host, port = _C._store_address(store)
+    if kind != "TCPStore":
+        return ("", -1)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return ("the launcher's agent (torchrun's TCPStore)", -1)
+    master = (os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT"))
+    if master[1] is not None and str(port) == master[1]:
+        return (f"rank 0's process (plain env:// rendezvous at MASTER_ADDR={master[0]}, MASTER_PORT={master[1]})", 0)
+    return ("the process that created the TCPStore server (is_master=True)", -1)
+
+
 def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     """Creator registered with ``Backend.register_backend(extended_api=True)``."""
     global _default_overrides
@@ -216,8 +237,10 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         # The guard's own small check collectives (strict mode's per-collective
         # check, async mode's all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
+    hosted_by, host_rank = _store_host(store, global_ranks)
     return _C._create_backend(
-        store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper
+        store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper,
+        hosted_by, host_rank,
     )
 
 
@@ -268,6 +291,15 @@ def inner_backend(group: dist.ProcessGroup | None = None, device: str = "cpu") -
 def failure(group: dist.ProcessGroup | None = None) -> tuple[str, str] | None:
     """``(kind, report)`` if ``group`` has failed, else None."""
     return _C._failure(_guard_backend(group))
+
+
+def store_health(group: dist.ProcessGroup | None = None) -> tuple[str, str]:
+    """``(health, description)`` of the store channel of ``group``.
+
+    ``health`` is ``"healthy"``, ``"not answering"`` or ``"lost"``; the description
+    names the store, who hosts it and why it was declared lost ("" while healthy).
+    """
+    return _C._store_health(_guard_backend(group))
 
 
 def dump(dir: str | os.PathLike[str] | None = None, reason: str = "manual") -> str:

@@ -13,6 +13,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveTimeoutError",
     "CollectiveFailureError",
+    "StoreLostError",
 ]
 
 
@@ -42,4 +43,17 @@ class CollectiveFailureError(GuardError):
     """The inner backend failed a collective (e.g. a peer process died).
 
     The message carries the cross-rank report, e.g. which rank has no heartbeat.
+    """
+
+
+class StoreLostError(CollectiveFailureError):
+    """The store the guard exchanges its checks through is gone or does not answer.
+
+    Outside torchrun the TCPStore lives in rank 0's process, so rank 0 raising,
+    being killed or freezing takes it down. The first line names the store
+    (``the store at HOST:PORT``), who hosts it, and whether it is gone
+    (connection closed or refused) or does not answer (``TORCH_EXT_STORE_TIMEOUT``);
+    the following lines give this rank's pending collective and each peer's last
+    known state. Raised by the pending and every following operation of every
+    guarded group on that store.
     """

@@ -143,6 +143,9 @@ const std::vector<EnvVarDoc>& envVarDocs() {
        "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks."},
       {"call_sites", "TORCH_EXT_CALL_SITES", "1",
        "Record the user's Python call site (file:line, function) of each collective."},
+      {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3",
+       "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
+       "under plain env://) is declared lost and every guarded group fails with StoreLostError."},
   };
   return docs;
 }
@@ -191,6 +194,8 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
       cfg.intervalS = detail::parseSeconds(value, what, 0.01, 10.0);
     } else if (opt == "call_sites") {
       cfg.callSites = detail::parseBool(value, what);
+    } else if (opt == "store_timeout") {
+      cfg.storeTimeoutS = detail::parseSeconds(value, what, 0.05, 3600.0);
     }
   }
   return cfg;
@@ -218,7 +223,8 @@ std::string Config::describe() const {
     os << "timeout";
   }
   os << " dump_dir=" << (dumpDir.empty() ? "(none)" : dumpDir) << " ledger_size=" << ledgerSize
-     << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0);
+     << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0) << " store_timeout=" << storeTimeoutS
+     << "s";
   return os.str();
 }
 

@@ -39,6 +39,9 @@ struct Config {
   int64_t ledgerSize = 1024;
   double intervalS = 0.2;
   bool callSites = true;
+  // The longest a store call of the guard may go unanswered before the store
+  // is declared lost (its own client; never the group's timeout).
+  double storeTimeoutS = 3.0;
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.

@@ -10,6 +10,8 @@ const char* guardErrorKindName(GuardErrorKind kind) {
       return "timeout";
     case GuardErrorKind::Failure:
       return "failure";
+    case GuardErrorKind::StoreLost:
+      return "store_lost";
   }
   return "?";
 }
@@ -22,6 +24,8 @@ void throwGuardError(GuardErrorKind kind, const std::string& msg) {
       throw CollectiveTimeoutError(msg);
     case GuardErrorKind::Failure:
       throw CollectiveFailureError(msg);
+    case GuardErrorKind::StoreLost:
+      throw StoreLostError(msg);
   }
   throw GuardError(kind, msg);
 }

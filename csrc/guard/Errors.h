@@ -14,6 +14,7 @@ enum class GuardErrorKind : uint8_t {
   Mismatch,  // ranks issued different collectives (CollectiveMismatchError)
   Timeout,   // a collective outlived abort_after (CollectiveTimeoutError)
   Failure,   // the inner backend failed, e.g. a peer died (CollectiveFailureError)
+  StoreLost, // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
 };
 
 const char* guardErrorKindName(GuardErrorKind kind);
@@ -46,6 +47,18 @@ class CollectiveTimeoutError : public GuardError {
 class CollectiveFailureError : public GuardError {
  public:
   explicit CollectiveFailureError(std::string msg) : GuardError(GuardErrorKind::Failure, std::move(msg)) {}
+
+ protected:
+  CollectiveFailureError(GuardErrorKind kind, std::string msg) : GuardError(kind, std::move(msg)) {}
+};
+
+// The store the guard exchanges its checks through (torchrun's agent, or rank
+// 0's process under plain env://) is gone or stopped answering: no cross-rank
+// check or report can be made, so every guarded group on it fails. A
+// CollectiveFailureError, so code that catches peer failures catches this too.
+class StoreLostError : public CollectiveFailureError {
+ public:
+  explicit StoreLostError(std::string msg) : CollectiveFailureError(GuardErrorKind::StoreLost, std::move(msg)) {}
 };
 
 } // namespace torch_ext

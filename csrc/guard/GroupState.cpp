@@ -4,7 +4,7 @@
 
 namespace torch_ext {
 
-GroupState::GroupState(GroupIdentity id, Config cfg, c10::intrusive_ptr<c10d::Store> store,
+GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore> store,
                        std::chrono::milliseconds timeout)
     : id_(std::move(id)),
       cfg_(std::move(cfg)),

@@ -8,8 +8,7 @@
 #include "guard/Config.h"
 #include "guard/Errors.h"
 #include "guard/Ledger.h"
-
-#include <torch/csrc/distributed/c10d/Store.hpp>
+#include "guard/StoreChannel.h"
 
 #include <atomic>
 #include <chrono>
@@ -40,8 +39,7 @@ struct Failure {
 
 class GroupState {
  public:
-  GroupState(GroupIdentity id, Config cfg, c10::intrusive_ptr<c10d::Store> store,
-             std::chrono::milliseconds timeout);
+  GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore> store, std::chrono::milliseconds timeout);
 
   const GroupIdentity& id() const {
     return id_;
@@ -55,9 +53,9 @@ class GroupState {
   const Ledger& ledger() const {
     return ledger_;
   }
-  // The group's store (already prefixed per group by torch).
-  const c10::intrusive_ptr<c10d::Store>& store() const {
-    return store_;
+  // The guard's bounded view of the group's store (see StoreChannel.h).
+  GroupStore& store() const {
+    return *store_;
   }
   std::chrono::milliseconds timeout() const {
     return timeout_;
@@ -91,7 +89,7 @@ class GroupState {
  private:
   GroupIdentity id_;
   Config cfg_;
-  c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<GroupStore> store_;
   std::chrono::milliseconds timeout_;
   Ledger ledger_;
 

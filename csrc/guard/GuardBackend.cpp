@@ -3,9 +3,10 @@
 #include "guard/CallSite.h"
 #include "guard/GuardWork.h"
 #include "guard/Json.h"
-#include "guard/Snapshot.h"
 #include "guard/Report.h"
 #include "guard/Runtime.h"
+#include "guard/Snapshot.h"
+#include "guard/StrictExchange.h"
 #include "guard/Watchdog.h"
 
 #include <ATen/ATen.h>
@@ -18,9 +19,10 @@ namespace torch_ext {
 
 namespace {
 
-// Inner backends of failed groups are kept alive on purpose: gloo joins its
-// worker threads on destruction, and a worker stuck waiting for a frozen peer
-// would turn a clean error exit into a hang.
+// Inner backends of failed groups, and of every group at interpreter exit, are
+// kept alive on purpose: gloo joins its worker threads on destruction, and a
+// worker stuck waiting for a frozen peer would turn a clean error exit into a
+// hang (NCCL's teardown can block the same way on a hung communicator).
 void keepForever(const c10::intrusive_ptr<c10d::Backend>& backend) {
   static auto* graveyard = new std::vector<c10::intrusive_ptr<c10d::Backend>>();
   static std::mutex mu;
@@ -53,7 +55,7 @@ std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
 
 } // namespace
 
-GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress storeAddress, int rank, int size,
                            std::chrono::milliseconds timeout, std::string groupName,
                            std::vector<int64_t> globalRanks, Config config,
                            std::map<std::string, InnerBackend> inner, c10::intrusive_ptr<c10d::Backend> helper)
@@ -72,7 +74,10 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int 
   id.rank = rank;
   id.size = size;
   id.globalRanks = std::move(globalRanks);
-  state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(store), timeout);
+  const auto storeTimeout = std::chrono::milliseconds(static_cast<int64_t>(config.storeTimeoutS * 1000.0));
+  auto opened = StoreChannel::open(store, std::move(storeAddress), storeTimeout);
+  auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
+  state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   pg_uid_ = state_->id().name;
 
   // On failure: error every pending future, abort pending works and the inner
@@ -120,6 +125,15 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int 
 
 GuardBackend::~GuardBackend() {
   stopWatchdog();
+  // At interpreter exit nothing is torn down that could block (see keepForever).
+  if (Watchdog::instance().exiting()) keepInnersForever();
+}
+
+void GuardBackend::keepInnersForever() {
+  for (const auto& kv : inner_) {
+    if (kv.second.backend) keepForever(kv.second.backend);
+  }
+  if (helper_) keepForever(helper_);
 }
 
 void GuardBackend::stopWatchdog() {
@@ -244,6 +258,20 @@ void GuardBackend::failWhileIssuing(uint64_t id, const std::exception& e) {
   throw CollectiveFailureError(report);
 }
 
+void GuardBackend::waitForHelper(const c10::intrusive_ptr<c10d::Work>& work) {
+  // Waited on through its future, so a group failure (a lost store, a
+  // deadline) ends the wait: gloo's own wait() is not released by abort(), and
+  // a peer that froze would hold this thread forever.
+  auto fut = work->getFuture();
+  std::weak_ptr<GroupState> weak = state_;
+  fut->addCallback([weak](c10::ivalue::Future&) {
+    if (auto st = weak.lock()) st->notify();
+  });
+  state_->waitUntil([&] { return fut->completed(); }, std::chrono::milliseconds(0));
+  if (!fut->completed()) state_->throwFailure("");
+  if (fut->hasError()) std::rethrow_exception(fut->exception_ptr());
+}
+
 void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite) {
   // ONE small all_reduce(MAX) of [v, ~v], v = the fingerprint bound to its seq:
   // every rank gets max(v) and, as ~max(~v), min(v), so all ranks see the same
@@ -260,7 +288,7 @@ void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t cal
   c10d::AllreduceOptions opts;
   opts.reduceOp = pair ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   std::vector<at::Tensor> ts{t};
-  helper_->allreduce(ts, opts)->wait();
+  waitForHelper(helper_->allreduce(ts, opts));
   bool same = pair ? static_cast<uint64_t>(p[0]) == 2 * static_cast<uint64_t>(v) : p[0] == ~p[1];
   bool paired = true;
   if (same && (fp.op == Op::AllToAll || fp.op == Op::AllToAllSingle)) {
@@ -268,14 +296,14 @@ void GuardBackend::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t cal
     at::Tensor d = at::empty({1}, at::TensorOptions().dtype(at::kLong));
     d.data_ptr<int64_t>()[0] = static_cast<int64_t>(fp.splitSend - fp.splitRecv);
     std::vector<at::Tensor> ds{d};
-    helper_->allreduce(ds, c10d::AllreduceOptions())->wait();
+    waitForHelper(helper_->allreduce(ds, c10d::AllreduceOptions()));
     paired = d.data_ptr<int64_t>()[0] == 0;
   }
   if (same && paired) return;
   // Slow path, taken by every rank since all saw the same reduction: fetch the
   // full fingerprints through the store and raise the same report everywhere.
   const int size = getSize();
-  std::vector<RankOp> ops = Watchdog::instance().exchangeStrictFingerprints(state_, fp, seq, callSite);
+  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, CallSites::instance().describe(callSite));
   std::string report = formatMismatch(state_->label(), size, seq, ops,
                                       same ? "all-to-all splits do not pair: what ranks send differs from what "
                                              "their peers expect to receive"
@@ -289,45 +317,28 @@ void GuardBackend::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint3
   const bool send = fp.op == Op::Send;
   const int src = send ? me : fp.root;
   const int dst = send ? fp.root : me;
-  const std::string key = "guard/p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" +
-                          std::to_string(fp.tag) + "/" + std::to_string(ordinal);
+  const std::string key = p2pKey(src, dst, fp.tag, ordinal);
   const std::string where = CallSites::instance().describe(callSite);
   if (send) {
-    Json mine = Json::object();
-    mine.set("text", fp.describe());
-    mine.set("where", where);
-    mine.set("pair", hex64(fp.p2pPairHash()));
-    const std::string v = mine.dump();
-    state_->store()->set(key, std::vector<uint8_t>(v.begin(), v.end()));  // the receiver deletes it
+    // A store that does not take it is lost: the watchdog fails the group, and
+    // the receiver's wait ends with that failure.
+    publishP2PPrint(*state_, key, P2PPrint{fp.describe(), where, fp.p2pPairHash()});
     return;
   }
-  // Wait for the sender's fingerprint in short slices, so that a group failure
-  // (e.g. the watchdog finding that nobody will send) ends the wait.
-  while (true) {
-    if (state_->failed()) state_->throwFailure(opName(fp.op));
-    try {
-      state_->store()->wait({key}, std::chrono::milliseconds(100));
-      break;
-    } catch (const std::exception&) {
-      // not there yet
-    }
-  }
-  auto raw = state_->store()->get(key);
-  state_->store()->deleteKey(key);
-  Json theirs = Json::parse(std::string(raw.begin(), raw.end()));
-  if (parseHex64(theirs.at("pair").asString(), "pair hash") == fp.p2pPairHash()) return;
+  const P2PPrint theirs = awaitP2PPrint(*state_, key, opName(fp.op));
+  if (theirs.pair == fp.p2pPairHash()) return;
   std::ostringstream os;
   os << "send/recv on group \"" << state_->label() << "\" do not pair (dtype, element count or tag differ):\n  rank "
-     << state_->id().globalRank(src) << ": " << theirs.at("text").asString() << " (#" << ordinal << ") at "
-     << theirs.at("where").asString() << "\n    but rank " << state_->id().globalRank(me) << " has " << fp.describe()
-     << " (#" << ordinal << ") at " << where;
+     << state_->id().globalRank(src) << ": " << theirs.text << " (#" << ordinal << ") at " << theirs.where
+     << "\n    but rank " << state_->id().globalRank(me) << " has " << fp.describe() << " (#" << ordinal << ") at "
+     << where;
   // Tell the sender and the others before raising here: they act on the
   // published verdict even if this process exits right after.
   Verdict v;
   v.kind = Verdict::Kind::Mismatch;
   v.text = os.str();
   v.reporter = state_->id().globalRank(me);
-  Watchdog::instance().publishVerdict(state_, Incident{"mismatch", "any", me, ""}, v);
+  Watchdog::instance().publishVerdict(state_, Incident{IncidentKind::Mismatch, "any", me, ""}, v);
   state_->fail(GuardErrorKind::Mismatch, v.text);
   state_->throwFailure("");
 }
@@ -356,7 +367,7 @@ void GuardBackend::auditSplits(uint64_t seq, uint64_t splitSend, uint64_t splitR
     }
     if (send == recv) return;
     if (auto st = weak.lock()) {
-      Watchdog::instance().requestIncident(st, Incident{"mismatch", "any", st->id().rank, ""});
+      Watchdog::instance().requestIncident(st, Incident{IncidentKind::Mismatch, "any", st->id().rank, ""});
     }
   });
 }
@@ -615,8 +626,13 @@ void GuardBackend::shutdown() {
   if (shutdown_) return;
   shutdown_ = true;
   stopWatchdog();
+  if (state_->failed() || Watchdog::instance().exiting()) {
+    // Failed inners stay alive on purpose, untouched: shutting down a gloo
+    // group whose peer is gone can block (see keepForever).
+    keepInnersForever();
+    return;
+  }
   for (auto& kv : inner_) kv.second.backend->shutdown();
-  if (state_->failed()) return;  // failed inners stay alive on purpose (see keepForever)
   // Release the inner and helper backends now: torch may keep this object alive
   // after destroy_process_group(), and their threads should not outlive it.
   state_->setAbortHook(nullptr);

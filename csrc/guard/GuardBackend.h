@@ -19,6 +19,7 @@
 #include "guard/Config.h"
 #include "guard/Fingerprint.h"
 #include "guard/GroupState.h"
+#include "guard/StoreChannel.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -38,12 +39,13 @@ struct InnerBackend {
 
 class GuardBackend : public c10d::Backend {
  public:
-  // `store` is the group's store; `inner` maps device type ("cpu", "cuda") to the
-  // wrapped backend; `helper` is a CPU backend used only by strict mode for its
-  // one small check collective (null otherwise).
-  GuardBackend(c10::intrusive_ptr<c10d::Store> store, int rank, int size, std::chrono::milliseconds timeout,
-               std::string groupName, std::vector<int64_t> globalRanks, Config config,
-               std::map<std::string, InnerBackend> inner, c10::intrusive_ptr<c10d::Backend> helper);
+  // `store` is the group's store (the guard talks to it through a StoreChannel
+  // of its own; `storeAddress` names who serves it, for reports); `inner` maps
+  // device type ("cpu", "cuda") to the wrapped backend; `helper` is a CPU
+  // backend for the guard's own check collectives (null with checks off).
+  GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress storeAddress, int rank, int size,
+               std::chrono::milliseconds timeout, std::string groupName, std::vector<int64_t> globalRanks,
+               Config config, std::map<std::string, InnerBackend> inner, c10::intrusive_ptr<c10d::Backend> helper);
   ~GuardBackend() override;
 
   const std::string getBackendName() const override {
@@ -139,6 +141,8 @@ class GuardBackend : public c10d::Backend {
   // Strict mode: one small all_reduce on the helper backend; throws
   // CollectiveMismatchError on every rank when fingerprints differ.
   void strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite);
+  // Waits for a work of the helper backend, or throws the group's failure.
+  void waitForHelper(const c10::intrusive_ptr<c10d::Work>& work);
   // Strict mode, point-to-point: the sender publishes its fingerprint in the
   // store, the receiver compares it with its own before receiving.
   void strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
@@ -147,6 +151,8 @@ class GuardBackend : public c10d::Backend {
   // sums runs on the helper group next to the op, without delaying it.
   void auditSplits(uint64_t seq, uint64_t splitSend, uint64_t splitRecv);
   void stopWatchdog();
+  // Keeps the inner and helper backends alive for good (see keepForever).
+  void keepInnersForever();
 
   std::shared_ptr<GroupState> state_;
   std::map<std::string, InnerBackend> inner_;

@@ -253,6 +253,24 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
 
 } // namespace
 
+std::string describeAbsent(const RankInput& r, int64_t nowNs) {
+  std::ostringstream os;
+  const std::string ago = r.heartbeatNs > 0 ? " " + seconds(nowNs - r.heartbeatNs) + " ago" : "";
+  if (r.statusKnown && r.phase == RankPhase::Left) {
+    os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq
+       << ": it finished early (ran out of data?)";
+  } else if (r.statusKnown && r.phase == RankPhase::Exited) {
+    os << "exited" << ago << " after issuing #" << r.lastSeq
+       << ": its process ended without destroy_process_group (an uncaught exception, sys.exit or the end of its "
+          "script)";
+  } else if (r.heartbeatNs > 0) {
+    os << "no heartbeat for " << seconds(nowNs - r.heartbeatNs) << " (process gone or frozen)";
+  } else {
+    os << "no heartbeat (process gone or frozen)";
+  }
+  return os.str();
+}
+
 std::string formatRanks(const std::vector<int64_t>& ranks) {
   // "ranks 0,1,3", with runs of three or more folded: "ranks 0-30".
   std::ostringstream os;
@@ -339,16 +357,62 @@ const char* Verdict::kindName(Kind k) {
   return "?";
 }
 
+namespace {
+
+Json ranksJson(const std::vector<int64_t>& ranks) {
+  Json a = Json::array();
+  for (auto r : ranks) a.push(r);
+  return a;
+}
+
+std::vector<int64_t> ranksFrom(const Json& j, const char* key) {
+  std::vector<int64_t> out;
+  if (const Json* a = j.get(key); a != nullptr && a->isArray()) {
+    for (const auto& r : a->asArray()) out.push_back(r.asInt(key));
+  }
+  return out;
+}
+
+const std::string& stringOr(const Json& j, const char* key, const std::string& fallback) {
+  const Json* v = j.get(key);
+  return v != nullptr && v->isString() ? v->asString(key) : fallback;
+}
+
+} // namespace
+
 Json Verdict::toJson() const {
-  Json j = json.isObject() ? json : Json::object();
+  Json j = Json::object();
   j.set("kind", kindName(kind));
   j.set("text", text);
   j.set("reporter", reporter);
   j.set("seq", seq);
+  j.set("group", group);
+  j.set("incident", incident);
+  if (kind == Kind::Mismatch) {
+    Json lines = Json::array();
+    for (const auto& op : ops) {
+      Json l = Json::object();
+      l.set("rank", op.globalRank);
+      l.set("issued", op.issued);
+      l.set("op", op.text);
+      l.set("where", op.where);
+      l.set("hash", hex64(op.hash));
+      lines.push(l);
+    }
+    j.set("ranks", lines);
+  }
+  if (kind == Kind::Hang || kind == Kind::Failure) {
+    j.set("op", op);
+    j.set("waiting", ranksJson(waiting));
+    j.set("not_arrived", ranksJson(notArrived));
+    j.set("gone", ranksJson(gone));
+    j.set("completed", ranksJson(completed));
+  }
   return j;
 }
 
 Verdict Verdict::fromJson(const Json& j) {
+  static const std::string empty;
   Verdict v;
   const std::string& k = j.at("kind").asString("verdict kind");
   if (k == "mismatch") {
@@ -363,16 +427,32 @@ Verdict Verdict::fromJson(const Json& j) {
   v.text = j.at("text").asString("verdict text");
   v.reporter = j.at("reporter").asInt("verdict reporter");
   v.seq = static_cast<uint64_t>(j.at("seq").asInt("verdict seq"));
-  v.json = j;
+  v.group = stringOr(j, "group", empty);
+  v.incident = stringOr(j, "incident", empty);
+  v.op = stringOr(j, "op", empty);
+  v.waiting = ranksFrom(j, "waiting");
+  v.notArrived = ranksFrom(j, "not_arrived");
+  v.gone = ranksFrom(j, "gone");
+  v.completed = ranksFrom(j, "completed");
+  if (const Json* lines = j.get("ranks"); lines != nullptr && lines->isArray()) {
+    for (const auto& l : lines->asArray()) {
+      RankOp op;
+      op.globalRank = l.at("rank").asInt("rank");
+      op.issued = l.at("issued").asBool("issued");
+      op.text = l.at("op").asString("op");
+      op.where = l.at("where").asString("where");
+      if (const Json* h = l.get("hash"); h != nullptr && h->isString()) op.hash = parseHex64(h->asString(), "hash");
+      v.ops.push_back(std::move(op));
+    }
+  }
   return v;
 }
 
 Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
                 int64_t nowNs) {
   Verdict v;
-  v.json = Json::object();
-  v.json.set("group", label);
-  v.json.set("incident", incident.id());
+  v.group = label;
+  v.incident = incident.id();
   const int size = static_cast<int>(ranks.size());
 
   if (auto m = findCollectiveMismatch(ranks)) {
@@ -384,16 +464,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
     }
     v.reporter = lowest;
-    Json lines = Json::array();
-    for (const auto& op : m->ops) {
-      Json l = Json::object();
-      l.set("rank", op.globalRank);
-      l.set("issued", op.issued);
-      l.set("op", op.text);
-      l.set("where", op.where);
-      lines.push(l);
-    }
-    v.json.set("ranks", lines);
+    v.ops = m->ops;
     return v;
   }
   if (auto p = findP2PMismatch(label, ranks)) {
@@ -407,7 +478,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     }
     return v;
   }
-  if (incident.kind == "mismatch" || incident.kind == "p2p") {
+  if (incident.kind == IncidentKind::Mismatch || incident.kind == IncidentKind::P2P) {
     // Nothing definite in the windows: no verdict (the hang path still watches).
     v.kind = Verdict::Kind::None;
     v.text = "no mismatch found in the ledger windows of group \"" + label + "\" for incident " + incident.id();
@@ -479,7 +550,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     }
   }
 
-  if (incident.kind == "failure") {
+  if (incident.kind == IncidentKind::Failure) {
     v.kind = Verdict::Kind::Failure;
     os << "failed in the inner backend (rank " << (poster ? poster->globalRank : incident.poster)
        << " saw: " << incident.error << ")";
@@ -491,38 +562,17 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
   if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
-  for (const RankInput* r : gone) {
-    os << "\n  rank " << r->globalRank << ": ";
-    if (r->left) {
-      os << "left the group (destroy_process_group) " << seconds(nowNs - r->heartbeatNs) << " ago after issuing #"
-         << r->leftAfterSeq << ": it finished early (ran out of data?)";
-      continue;
-    }
-    if (r->heartbeatNs > 0) {
-      os << "no heartbeat for " << seconds(nowNs - r->heartbeatNs);
-    } else {
-      os << "no heartbeat";
-    }
-    os << " (process gone or frozen)";
-  }
+  for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
   v.text = os.str();
   std::vector<int64_t> sortedWaiting = waiting;
   std::sort(sortedWaiting.begin(), sortedWaiting.end());
   v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
 
-  Json w = Json::array();
-  for (auto r : sortedWaiting) w.push(r);
-  v.json.set("waiting", w);
-  Json na = Json::array();
-  for (const RankInput* r : notArrived) na.push(r->globalRank);
-  v.json.set("not_arrived", na);
-  Json g = Json::array();
-  for (const RankInput* r : gone) g.push(r->globalRank);
-  v.json.set("gone", g);
-  Json c = Json::array();
-  for (auto r : completed) c.push(r);
-  v.json.set("completed", c);
-  v.json.set("op", opText);
+  v.waiting = sortedWaiting;
+  for (const RankInput* r : notArrived) v.notArrived.push_back(r->globalRank);
+  for (const RankInput* r : gone) v.gone.push_back(r->globalRank);
+  v.completed = completed;
+  v.op = opText;
   return v;
 }
 

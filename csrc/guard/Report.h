@@ -5,8 +5,10 @@
 // the store) and post-mortem `diagnose` (snapshots read from dump files), so a
 // report never depends on where its inputs came from.
 
+#include "guard/Incident.h"
 #include "guard/Json.h"
 #include "guard/Snapshot.h"
+#include "guard/StatusRecord.h"
 
 #include <cstdint>
 #include <optional>
@@ -36,22 +38,14 @@ struct RankInput {
   int groupRank = 0;
   int64_t globalRank = 0;
   bool responded = false;
-  RankSnapshot snapshot;           // valid if responded
-  int64_t heartbeatNs = 0;         // last heartbeat seen in the store (0: unknown)
-  bool left = false;               // it destroyed the group (status "left")
-  uint64_t leftAfterSeq = 0;       // the last collective it issued before leaving
-  const GroupView* group() const;  // this group's view inside snapshot, or null
+  RankSnapshot snapshot;  // valid if responded
+  // From its last status in the store, for ranks that did not respond.
+  bool statusKnown = false;
+  RankPhase phase = RankPhase::Running;  // Left: destroy_process_group; Exited: its process ended
+  int64_t heartbeatNs = 0;               // when it last published (0: unknown)
+  uint64_t lastSeq = 0;                  // the last collective it issued
+  const GroupView* group() const;        // this group's view inside snapshot, or null
   std::string groupName;
-};
-
-struct Incident {
-  std::string kind;     // hang, abort, mismatch, p2p, failure, dump
-  std::string subject;  // collective seq ("57") or p2p record ("p2p-<group rank>-<record id>")
-  int64_t poster = -1;  // group rank that raised it
-  std::string error;    // failure: the inner backend's error
-  std::string id() const {
-    return kind + ":" + subject;
-  }
 };
 
 struct Verdict {
@@ -60,12 +54,23 @@ struct Verdict {
   std::string text;
   int64_t reporter = -1;  // global rank that logs the report
   uint64_t seq = 0;
-  Json json;
+  std::string group;     // group label
+  std::string incident;  // incident id
+  std::string op;        // hang/failure: the stuck op's text
+  // Hang/failure: global ranks by where they are.
+  std::vector<int64_t> waiting, notArrived, gone, completed;
+  // Mismatch: what each rank issued at `seq`.
+  std::vector<RankOp> ops;
 
   static const char* kindName(Kind k);
   Json toJson() const;
   static Verdict fromJson(const Json& j);
 };
+
+// "left the group (destroy_process_group) 1.0 s ago after issuing #25: ...",
+// "exited 0.3 s ago after issuing #2: ...", "no heartbeat for 4.0 s (process
+// gone or frozen)": what a report says of a rank that did not answer.
+std::string describeAbsent(const RankInput& r, int64_t nowNs);
 
 // Analyses one group. `ranks` has one input per group rank, in order.
 Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,

@@ -1,32 +1,40 @@
 #pragma once
 
-// Watchdog: one thread per process that keeps every guarded group honest.
+// Watchdog: keeps every guarded group honest, on two kinds of thread.
 //
-// Each tick (TORCH_EXT_INTERVAL), for each group, with O(1) store operations
-// per rank whatever the world size:
-//  1. publish this rank's status (heartbeat, last seq, rolling hash, oldest
-//     pending op) under guard/st/<rank>;
-//  2. async mode: read the two ring neighbours' status and compare rolling
-//     hashes at the lower of the two seqs; a difference raises a mismatch
-//     incident;
-//  3. check the oldest pending op against warn_after / abort_after (and, for a
-//     stuck send/recv, a pairing check);
-//  4. poll the group's incident counter and take part in new incidents.
+// The watchdog thread (`torch_ext_watch`, one per process) does no store I/O.
+// Each tick (TORCH_EXT_INTERVAL), per group, it
+//  1. checks the store's health (StoreChannel: timestamps only). A store that
+//     is gone or does not answer fails the group at once, with a report made
+//     from what this rank knows (LocalReport);
+//  2. checks the deadlines of the oldest pending op (Deadlines): warn_after and
+//     abort_after raise incidents, and when their cross-rank verdict does not
+//     come in time, act on a local report instead. So deadlines fire on time
+//     whatever the store does;
+//  3. queues the group's exchange on its store channel's I/O thread, unless
+//     the last one is still running.
 //
-// An incident (hang, abort, mismatch, p2p, failure) runs the same protocol:
-// the rank that raises it wins a compare-set on guard/once/<id>, bumps
-// guard/alerts and becomes the analyst; every rank answers with a snapshot
-// (its ledger window and its main thread's stack) and writes its dump file; the
-// analyst waits until all ranks answered or a short deadline passed (ranks that
-// did not answer are gone), runs Report::analyze() and publishes the verdict
-// under guard/report/<id>; each rank then acts on it (log, fail the group).
-// Ranks that see no verdict in time analyse for themselves, so a dead analyst
-// cannot stall the others.
+// The exchange (a job on `torch_ext_store`, every store call bounded):
+// publish this rank's status (StatusRecord), read the two ring neighbours'
+// (kept as their last known state; in async mode their rolling hashes are
+// compared at the lower of the two seqs, and a difference raises a mismatch
+// incident), post the incidents the watchdog thread asked for, and take part
+// in the group's incidents (IncidentProtocol). O(1) store operations per rank
+// and tick whatever the world size.
+//
+// Exit: no exit path joins a thread that may be stuck or waits on the store.
+// At interpreter exit (atExit) every group says "exited" where the store
+// answers, the thread stops, the channels close, and inner backends are kept
+// alive (their teardown could block on a dead peer).
 
+#include "guard/Deadlines.h"
 #include "guard/Fingerprint.h"
 #include "guard/GroupState.h"
+#include "guard/IncidentProtocol.h"
+#include "guard/LocalReport.h"
 #include "guard/Report.h"
 #include "guard/Snapshot.h"
+#include "guard/StatusRecord.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -45,8 +53,8 @@ class Watchdog {
   static Watchdog& instance();
 
   void add(const std::shared_ptr<GroupState>& state);
-  // Stops watching the group and removes its keys; the thread ends with the
-  // last group.
+  // Stops watching the group: publishes "left" and, on the last rank to
+  // leave, removes the group's keys. The thread ends with the last group.
   void remove(const std::shared_ptr<GroupState>& state);
 
   // Publishes a first status for `rank` before the inner backends rendezvous,
@@ -67,19 +75,19 @@ class Watchdog {
   // returns the cross-rank report, waiting a few seconds at most.
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId, const std::string& error);
 
-  // Strict mode, after the check collective saw different hashes: every rank
-  // publishes its full fingerprint and reads all others'.
-  std::vector<RankOp> exchangeStrictFingerprints(const std::shared_ptr<GroupState>& state, const Fingerprint& fp,
-                                                 uint64_t seq, uint32_t callSite);
-
   // This process's view of all its groups (or one), with the main thread's stack.
   RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once.
   std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string());
 
-  // Stops the thread for good without leaving groups (interpreter exit).
-  void stopThread();
+  // Interpreter exit: says "exited" for every group where the store answers
+  // (briefly), stops the thread without waiting on the store, and closes the
+  // store channels. Later removals publish nothing.
+  void atExit();
+  bool exiting() const {
+    return exiting_.load(std::memory_order_acquire);
+  }
 
   struct Stats {
     uint64_t ticks = 0;
@@ -91,44 +99,41 @@ class Watchdog {
   Stats stats() const;
 
  private:
-  struct Awaiting {
-    Incident incident;
-    int64_t snapDeadlineNs = 0;    // analyst: stop waiting for snapshots
-    int64_t reportDeadlineNs = 0;  // others: analyse yourself after this
-    bool analyst = false;
-  };
   struct GroupCtx {
+    GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s);
     std::shared_ptr<GroupState> state;
-    std::mutex busy;  // held while the watchdog works on this group
-    bool removed = false;
-    std::atomic<bool> open{false};  // an incident is in progress (tick faster)
+    std::atomic<bool> removed{false};
+    std::atomic<bool> open{false};             // an incident is in progress (tick faster)
+    std::atomic<bool> exchangeQueued{false};   // a job is queued or running on the I/O thread
+    // Watchdog thread (and verdicts, under localMu).
+    std::mutex localMu;
+    Deadlines deadlines;
+    bool storeLossHandled = false;
+    // I/O thread only.
+    IncidentProtocol protocol;
     std::set<int> seenNeighbours;
-    uint64_t alertsSeen = 0;
-    std::set<std::string> posted;
-    std::set<std::string> handled;
-    std::vector<Awaiting> awaiting;
-    std::vector<Incident> requests;  // from failureReport(), guarded by Watchdog::mu_
-    std::string lastStatus;
+    StatusRecord lastPublished;
     int64_t lastPublishNs = 0;
-    uint64_t warnedId = 0, abortedId = 0, p2pCheckedId = 0;
+    // Written by the I/O thread, read for local reports.
+    std::mutex peersMu;
+    std::map<int, PeerState> peers;  // last status read of each watched peer
+    std::vector<Incident> requests;  // to post; guarded by Watchdog::mu_
   };
-
   Watchdog() = default;
   void loop();
-  void tick(GroupCtx& ctx);
+  // Watchdog thread: local checks, then the exchange is queued.
+  void tick(const std::shared_ptr<GroupCtx>& ctx);
+  // Fails the group when its store is lost; false then.
+  bool checkStore(GroupCtx& ctx, const Progress& p);
+  // Deadlines of the oldest pending op: incidents to raise, local fallbacks.
+  void checkDeadlines(GroupCtx& ctx, const Progress& p);
+  // I/O thread: status, neighbours (ring check), incidents.
+  void exchange(GroupCtx& ctx);
   void post(GroupCtx& ctx, const Incident& inc);
-  void pollAlerts(GroupCtx& ctx);
-  void respond(GroupCtx& ctx, const Incident& inc);
-  void progressAwaiting(GroupCtx& ctx);
-  bool tryAnalyse(GroupCtx& ctx, const Awaiting& a, bool force);
-  void act(GroupCtx& ctx, const Incident& inc, const Verdict& v);
+  void applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v);
+  LocalFacts localFacts(GroupCtx& ctx, const Progress& p);
   std::shared_ptr<GroupCtx> find(const GroupState* state);
-  void leaveGroup(GroupCtx& ctx);
-
-  // Store helpers that count operations and never throw.
-  bool sset(GroupState& st, const std::string& key, const std::string& value);
-  bool scheck(GroupState& st, const std::string& key);
-  std::optional<std::string> sget(GroupState& st, const std::string& key);  // only if it exists
+  void leaveGroup(GroupCtx& ctx);  // I/O thread
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -138,10 +143,11 @@ class Watchdog {
   std::thread::id threadId_;
   bool stop_ = false;
   bool wake_ = false;
-  bool exiting_ = false;
+  bool threadDone_ = false;
+  std::atomic<bool> exiting_{false};
 
   std::atomic<uint64_t> ticks_{0};
-  std::atomic<uint64_t> storeOps_{0};
+  std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
   std::atomic<bool> dumpWarned_{false};
 };

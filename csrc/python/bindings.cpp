@@ -31,6 +31,7 @@ namespace {
 PyObject* g_excMismatch = nullptr;
 PyObject* g_excTimeout = nullptr;
 PyObject* g_excFailure = nullptr;
+PyObject* g_excStoreLost = nullptr;
 PyObject* g_excGuard = nullptr;
 
 GuardBackend& asGuard(const c10::intrusive_ptr<c10d::Backend>& backend) {
@@ -52,6 +53,7 @@ py::dict configDict(const torch_ext::Config& c) {
   d["ledger_size"] = c.ledgerSize;
   d["interval"] = c.intervalS;
   d["call_sites"] = c.callSites;
+  d["store_timeout"] = c.storeTimeoutS;
   d["source"] = c.source;
   d["raw"] = c.raw;
   return d;
@@ -79,6 +81,9 @@ PYBIND11_MODULE(_C, m) {
     } catch (const torch_ext::CollectiveTimeoutError& e) {
       if (!g_excTimeout) throw;
       PyErr_SetString(g_excTimeout, e.what_without_backtrace());
+    } catch (const torch_ext::StoreLostError& e) {
+      if (!g_excStoreLost) throw;
+      PyErr_SetString(g_excStoreLost, e.what_without_backtrace());
     } catch (const torch_ext::CollectiveFailureError& e) {
       if (!g_excFailure) throw;
       PyErr_SetString(g_excFailure, e.what_without_backtrace());
@@ -90,12 +95,13 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "_register_exceptions",
-      [](py::object guard, py::object mismatch, py::object timeout, py::object failure) {
+      [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost) {
         // Kept alive for the life of the process: the translator may run at exit.
         g_excGuard = guard.release().ptr();
         g_excMismatch = mismatch.release().ptr();
         g_excTimeout = timeout.release().ptr();
         g_excFailure = failure.release().ptr();
+        g_excStoreLost = storeLost.release().ptr();
       },
       "Installs the Python classes raised for guard errors.");
 
@@ -122,17 +128,36 @@ PYBIND11_MODULE(_C, m) {
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutS, const std::string& groupName,
          const std::vector<int64_t>& globalRanks, const std::map<std::string, std::string>& overrides,
          const std::map<std::string, std::pair<std::string, c10::intrusive_ptr<c10d::Backend>>>& inner,
-         const std::optional<c10::intrusive_ptr<c10d::Backend>>& helper) -> c10::intrusive_ptr<c10d::Backend> {
+         const std::optional<c10::intrusive_ptr<c10d::Backend>>& helper, const std::string& storeHostedBy,
+         int64_t storeHostRank) -> c10::intrusive_ptr<c10d::Backend> {
         torch_ext::Config cfg = resolve(overrides);
+        torch_ext::StoreAddress address = torch_ext::StoreChannel::addressOf(store);
+        address.hostedBy = storeHostedBy;
+        address.hostRank = storeHostRank;
         std::map<std::string, torch_ext::InnerBackend> inners;
         for (const auto& kv : inner) inners[kv.first] = torch_ext::InnerBackend{kv.second.first, kv.second.second};
         auto timeout = std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000.0));
         py::gil_scoped_release release;
-        return c10::make_intrusive<GuardBackend>(store, rank, size, timeout, groupName, globalRanks, std::move(cfg),
-                                                 std::move(inners), helper.value_or(nullptr));
+        return c10::make_intrusive<GuardBackend>(store, std::move(address), rank, size, timeout, groupName, globalRanks,
+                                                 std::move(cfg), std::move(inners), helper.value_or(nullptr));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
-      py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none());
+      py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none(),
+      py::arg("store_hosted_by") = "", py::arg("store_host_rank") = -1);
+  m.def(
+      "_store_address",
+      [](const c10::intrusive_ptr<c10d::Store>& store) {
+        auto a = torch_ext::StoreChannel::addressOf(store);
+        return py::make_tuple(a.kind, a.host, a.port);
+      },
+      "(kind, host, port) of the store under a group's PrefixStores.");
+  m.def(
+      "_store_health",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        auto& channel = asGuard(b).state()->store().channel();
+        return py::make_tuple(torch_ext::storeHealthName(channel.health()), channel.describeLoss());
+      },
+      "(health, description of the loss) of the group's store channel.");
 
   m.def("_is_guard", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     return dynamic_cast<GuardBackend*>(b.get()) != nullptr;
@@ -235,7 +260,7 @@ PYBIND11_MODULE(_C, m) {
             }
           }
           // Pick the oldest pending collective as the subject of the analysis.
-          torch_ext::Incident inc{"hang", "0", -1, ""};
+          torch_ext::Incident inc{torch_ext::IncidentKind::Hang, "0", -1, ""};
           int64_t oldest = 0;
           for (const auto& in : inputs) {
             const auto* g = in.group();
@@ -267,13 +292,17 @@ PYBIND11_MODULE(_C, m) {
          const std::vector<std::string>& site, unsigned long mainThreadId) {
         torch_ext::py::installRuntime(internal, stdlib, site, mainThreadId);
       });
-  m.def("_uninstall_runtime", []() {
-    {
-      // The watchdog never needs the GIL, but the runtime's helper may.
-      py::gil_scoped_release release;
-      torch_ext::Watchdog::instance().stopThread();
-    }
-    torch_ext::py::uninstallRuntime();
-  });
+  m.def(
+      "_at_exit",
+      []() {
+        {
+          // The watchdog never needs the GIL, but the runtime's helper may.
+          py::gil_scoped_release release;
+          torch_ext::Watchdog::instance().atExit();
+        }
+        torch_ext::py::uninstallRuntime();
+      },
+      "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
+      "keeps inner backends alive, and detaches the Python runtime.");
   m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
 }

@@ -5,6 +5,8 @@
 #include "guard/GroupState.h"
 #include "guard/Runtime.h"
 
+#include "store_testing.h"
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <gtest/gtest.h>
@@ -22,8 +24,7 @@ using std::chrono::milliseconds;
 namespace {
 
 std::shared_ptr<GroupState> makeGroup(GroupIdentity id = GroupIdentity{"3", 1, 2, {4, 6}}, Config cfg = Config()) {
-  return std::make_shared<GroupState>(std::move(id), std::move(cfg), c10::make_intrusive<c10d::HashStore>(),
-                                      milliseconds(30000));
+  return std::make_shared<GroupState>(std::move(id), std::move(cfg), testkit::groupStore(), milliseconds(30000));
 }
 
 // The message of the GuardError that `f` throws, checking its dynamic type.
@@ -120,9 +121,9 @@ TEST(GroupState, IdentityLabelAndDeadlines) {
   EXPECT_EQ(st->abortAfter().count(), 30000);  // the group's timeout when unset
   cfg.abortAfterS = 2.5;
   EXPECT_EQ(makeGroup(GroupIdentity{}, cfg)->abortAfter().count(), 2500);
-  ASSERT_TRUE(st->store());
-  st->store()->set("k", std::vector<uint8_t>{1, 2});
-  EXPECT_EQ(st->store()->get("k"), (std::vector<uint8_t>{1, 2}));
+  ASSERT_TRUE(st->store().set("k", "12"));
+  EXPECT_EQ(st->store().get("k").value(), "12");
+  EXPECT_EQ(st->store().health(), StoreHealth::Healthy);
 
   EXPECT_EQ(st->label(), "3");
   st->setDesc("default_pg");

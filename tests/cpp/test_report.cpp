@@ -111,17 +111,12 @@ void setStart(RankInput& r, uint64_t seq, int64_t startNs, bool byId = false) {
 
 Incident incident(const std::string& kind, const std::string& subject, int64_t poster = 0) {
   Incident i;
-  i.kind = kind;
+  i.kind = parseIncidentKind(kind).value();
   i.subject = subject;
   i.poster = poster;
   return i;
 }
 
-std::vector<int64_t> ints(const Json& a) {
-  std::vector<int64_t> out;
-  for (const auto& v : a.asArray()) out.push_back(v.asInt());
-  return out;
-}
 
 } // namespace
 
@@ -170,15 +165,15 @@ TEST(Report, CollectiveMismatchAtTheFirstDifferingSeq) {
             "  rank 2:    all_reduce(float32[10], SUM)     at train.py:21 in step\n"
             "  rank 3:    broadcast(float32[10], src=0)    at train.py:30 in eval\n"
             "  rank 4:    has not issued #2 yet (last #1)");
-  EXPECT_EQ(v.json.at("group").asString(), "default_pg");
-  EXPECT_EQ(v.json.at("incident").asString(), "mismatch:2");
-  const auto& lines = v.json.at("ranks").asArray();
+  EXPECT_EQ(v.group, "default_pg");
+  EXPECT_EQ(v.incident, "mismatch:2");
+  const auto& lines = v.ops;
   ASSERT_EQ(lines.size(), 5u);
-  EXPECT_EQ(lines[3].at("op").asString(), "broadcast(float32[10], src=0)");
-  EXPECT_EQ(lines[3].at("where").asString(), "train.py:30 in eval");
-  EXPECT_TRUE(lines[3].at("issued").asBool());
-  EXPECT_EQ(lines[4].at("rank").asInt(), 4);
-  EXPECT_FALSE(lines[4].at("issued").asBool());
+  EXPECT_EQ(lines[3].text, "broadcast(float32[10], src=0)");
+  EXPECT_EQ(lines[3].where, "train.py:30 in eval");
+  EXPECT_TRUE(lines[3].issued);
+  EXPECT_EQ(lines[4].globalRank, 4);
+  EXPECT_FALSE(lines[4].issued);
   {
     SCOPED_TRACE("MismatchNamesRanksThatDidNotAnswerOrForgotTheSeq");
     // Group of global ranks 7, 3, 5, 9: the reporter is the lowest that answered.
@@ -391,9 +386,15 @@ TEST(Report, HangReportSaysWhoWaitsWhoIsMissingAndWhoIsGone) {
   in[3].snapshot.main = main;
   in.push_back(silent(4, 4, "0", kNow - 30 * kSec));
   RankInput left = silent(5, 5, "0", kNow - 5 * kSec);
-  left.left = true;
-  left.leftAfterSeq = 6;
+  left.statusKnown = true;
+  left.phase = RankPhase::Left;
+  left.lastSeq = 6;
   in.push_back(left);
+  RankInput exited = silent(6, 6, "0", kNow - 2 * kSec);
+  exited.statusKnown = true;
+  exited.phase = RankPhase::Exited;
+  exited.lastSeq = 5;
+  in.push_back(exited);
 
   Verdict v = analyze("default_pg", in, incident("hang", "7", 1), kNow);
   EXPECT_EQ(v.kind, Verdict::Kind::Hang);
@@ -408,13 +409,21 @@ TEST(Report, HangReportSaysWhoWaitsWhoIsMissingAndWhoIsGone) {
             "    data.py:33 in next_batch <- train.py:44 in main [main thread holds the GIL]\n"
             "  rank 4: no heartbeat for 30.0 s (process gone or frozen)\n"
             "  rank 5: left the group (destroy_process_group) 5.0 s ago after issuing #6: it finished early (ran out "
-            "of data?)");
-  EXPECT_EQ(ints(v.json.at("waiting")), (std::vector<int64_t>{0, 1, 2}));
-  EXPECT_EQ(ints(v.json.at("not_arrived")), (std::vector<int64_t>{3}));
-  EXPECT_EQ(ints(v.json.at("gone")), (std::vector<int64_t>{4, 5}));
-  EXPECT_TRUE(v.json.at("completed").asArray().empty());
-  EXPECT_EQ(v.json.at("op").asString(), "all_reduce(float32[10], SUM)");
-  EXPECT_EQ(v.json.at("incident").asString(), "hang:7");
+            "of data?)\n"
+            "  rank 6: exited 2.0 s ago after issuing #5: its process ended without destroy_process_group (an "
+            "uncaught exception, sys.exit or the end of its script)");
+  EXPECT_EQ(v.waiting, (std::vector<int64_t>{0, 1, 2}));
+  EXPECT_EQ(v.notArrived, (std::vector<int64_t>{3}));
+  EXPECT_EQ(v.gone, (std::vector<int64_t>{4, 5, 6}));
+  EXPECT_TRUE(v.completed.empty());
+  EXPECT_EQ(v.op, "all_reduce(float32[10], SUM)");
+  EXPECT_EQ(v.incident, "hang:7");
+  // Typed fields survive the trip through the store.
+  Verdict back = Verdict::fromJson(Json::parse(v.toJson().dump()));
+  EXPECT_EQ(back.gone, v.gone);
+  EXPECT_EQ(back.waiting, v.waiting);
+  EXPECT_EQ(back.notArrived, v.notArrived);
+  EXPECT_EQ(back.op, v.op);
 }
 
 TEST(Report, HangInASubgroupUsesGlobalRanks) {
@@ -434,7 +443,7 @@ TEST(Report, HangInASubgroupUsesGlobalRanks) {
             "  completed it: rank 4\n"
             "  rank 6 has not arrived: no collective completed on this group yet; main thread now at\n"
             "    (no Python frames)");
-  EXPECT_EQ(ints(v.json.at("completed")), (std::vector<int64_t>{4}));
+  EXPECT_EQ(v.completed, (std::vector<int64_t>{4}));
 }
 
 TEST(Report, HangOfAP2POpNamesTheMissingPeer) {
@@ -455,7 +464,7 @@ TEST(Report, HangOfAP2POpNamesTheMissingPeer) {
   EXPECT_NE(v.text.find("\n  waiting: rank 0 at pipe.py:11 in send_act\n  rank 1 has not arrived: last completed #1"),
             std::string::npos)
       << v.text;
-  EXPECT_EQ(ints(v.json.at("not_arrived")), (std::vector<int64_t>{1}));
+  EXPECT_EQ(v.notArrived, (std::vector<int64_t>{1}));
 }
 
 TEST(Report, FailureVerdictQuotesTheInnerError) {
@@ -489,7 +498,8 @@ TEST(Report, VerdictJsonRoundTrip) {
   EXPECT_EQ(back.reporter, 1);
   EXPECT_EQ(back.seq, 1u);
   EXPECT_EQ(back.toJson().dump(), text);
-  EXPECT_EQ(back.json.at("ranks").asArray().size(), 2u);
+  EXPECT_EQ(back.ops.size(), 2u);
+  EXPECT_EQ(back.ops[0].hash, v.ops[0].hash);
 
   for (auto k : {Verdict::Kind::None, Verdict::Kind::Mismatch, Verdict::Kind::Hang, Verdict::Kind::Failure}) {
     Verdict x;

@@ -3,6 +3,8 @@
 // the JSON round trip, and validation errors that name the problem.
 #include "guard/Snapshot.h"
 
+#include "store_testing.h"
+
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <gtest/gtest.h>
@@ -24,7 +26,7 @@ uint32_t site(const std::string& file, int line, const std::string& fn) {
 std::shared_ptr<GroupState> makeGroup(GroupIdentity id, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
   Config cfg;
   cfg.ledgerSize = 16;
-  return std::make_shared<GroupState>(std::move(id), cfg, c10::make_intrusive<c10d::HashStore>(), timeout);
+  return std::make_shared<GroupState>(std::move(id), cfg, testkit::groupStore(), timeout);
 }
 
 Fingerprint allReduce(int64_t n) {

@@ -1,0 +1,215 @@
+// The watchdog's local parts, which do no store I/O: the status record and its
+// encoding, the deadlines of the oldest pending op (driven by a fake clock),
+// and the report a rank makes alone when the store is gone.
+#include "guard/Deadlines.h"
+#include "guard/LocalReport.h"
+#include "guard/StatusRecord.h"
+
+#include <gtest/gtest.h>
+
+using namespace torch_ext;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr int64_t kSec = 1'000'000'000;
+
+Progress pendingAt(uint64_t id, uint64_t seq, int64_t startNs) {
+  Progress p;
+  p.lastSeq = seq;
+  p.hasPending = true;
+  p.oldestPending.id = id;
+  p.oldestPending.seq = seq;
+  p.oldestPending.startSteadyNs = startNs;
+  return p;
+}
+
+} // namespace
+
+TEST(StatusRecord, EncodesEveryPhaseAndRejectsAnythingElse) {
+  Progress p;
+  p.lastSeq = 57;
+  p.rolling = 0x0123456789abcdefULL;
+  p.lastCompletedSeq = 56;
+  for (auto phase : {RankPhase::Running, RankPhase::Left, RankPhase::Exited}) {
+    StatusRecord s = StatusRecord::of(phase, 1700000000 * kSec, p);
+    auto back = StatusRecord::decode(s.encode());
+    ASSERT_TRUE(back.has_value()) << s.encode();
+    EXPECT_EQ(back->phase, phase);
+    EXPECT_EQ(back->heartbeatNs, 1700000000 * kSec);
+    EXPECT_EQ(back->lastSeq, 57u);
+    EXPECT_EQ(back->rolling, 0x0123456789abcdefULL);
+    EXPECT_EQ(back->lastCompletedSeq, 56u);
+    EXPECT_TRUE(back->sameProgress(s));
+  }
+  EXPECT_EQ(StatusRecord::of(RankPhase::Exited, 5, p).encode(), "v2 exit 5 57 0123456789abcdef 56");
+  for (const char* bad : {"", "v1 5 57 0123456789abcdef 56", "v2 gone 5 57 0123456789abcdef 56",
+                          "v2 run 5 57 xyz 56", "v2 run 5 57 0123456789abcdef", "v2 run 5 57 0123456789abcdef 56 7"}) {
+    EXPECT_FALSE(StatusRecord::decode(bad).has_value()) << bad;
+  }
+  StatusRecord a = StatusRecord::of(RankPhase::Running, 1, p);
+  StatusRecord b = StatusRecord::of(RankPhase::Running, 2, p);
+  EXPECT_TRUE(a.sameProgress(b));  // only the heartbeat moved
+  b.lastCompletedSeq = 57;
+  EXPECT_FALSE(a.sameProgress(b));
+}
+
+TEST(Deadlines, WarnThenAbortOncePerOpOnAFakeClock) {
+  Deadlines d(milliseconds(3000), milliseconds(10000), 0.2, CheckMode::Async);
+  const int64_t t0 = 100 * kSec;
+  Progress p = pendingAt(7, 3, t0);
+  EXPECT_FALSE(d.check(p, 1, t0 + 2 * kSec).raise);
+  auto warn = d.check(p, 1, t0 + 3 * kSec + 1);
+  ASSERT_TRUE(warn.raise);
+  EXPECT_EQ(warn.raise->kind, IncidentKind::Hang);
+  EXPECT_EQ(warn.raise->id(), "hang:3");
+  EXPECT_EQ(warn.raise->poster, 1);
+  EXPECT_FALSE(d.check(p, 1, t0 + 4 * kSec).raise);  // once per op
+  auto abort = d.check(p, 1, t0 + 10 * kSec + 1);
+  ASSERT_TRUE(abort.raise);
+  EXPECT_EQ(abort.raise->id(), "abort:3");
+  EXPECT_EQ(abort.waitedNs, 10 * kSec + 1);
+  EXPECT_FALSE(d.check(p, 1, t0 + 11 * kSec).raise);
+  // A new op starts its own deadlines.
+  Progress q = pendingAt(8, 4, t0 + 20 * kSec);
+  EXPECT_EQ(d.check(q, 1, t0 + 23 * kSec + 1).raise->id(), "hang:4");
+  // Nothing pending, nothing to do.
+  EXPECT_FALSE(d.check(Progress{}, 1, t0 + 100 * kSec).raise);
+}
+
+TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
+  Deadlines d(milliseconds(1000), milliseconds(4000), 0.2, CheckMode::Async);
+  EXPECT_EQ(d.fallbackNs(), 5 * kSec);  // max(5 s, 25 ticks)
+  const int64_t t0 = 0;
+  Progress p = pendingAt(1, 1, t0);
+  ASSERT_TRUE(d.check(p, 0, t0 + kSec + 1).raise);  // hang incident
+  // The cross-rank report came: no local warning.
+  d.reported("1");
+  auto a = d.check(p, 0, t0 + 3 * kSec);
+  EXPECT_FALSE(a.localWarn);
+  ASSERT_TRUE(d.check(p, 0, t0 + 4 * kSec + 1).raise);  // abort incident
+  EXPECT_FALSE(d.check(p, 0, t0 + 8 * kSec).localAbort);  // the protocol still has time
+  auto late = d.check(p, 0, t0 + 9 * kSec + 2);
+  EXPECT_TRUE(late.localAbort);
+  EXPECT_EQ(late.entry.id, 1u);
+  EXPECT_FALSE(d.check(p, 0, t0 + 20 * kSec).localAbort);  // once
+
+  // No report for a hang: one local warning after the fallback.
+  Deadlines w(milliseconds(1000), milliseconds(60000), 0.2, CheckMode::Async);
+  Progress q = pendingAt(2, 5, 0);
+  ASSERT_TRUE(w.check(q, 0, kSec + 1).raise);
+  EXPECT_FALSE(w.check(q, 0, 5 * kSec).localWarn);
+  EXPECT_TRUE(w.check(q, 0, 6 * kSec + 2).localWarn);
+  EXPECT_FALSE(w.check(q, 0, 7 * kSec).localWarn);
+}
+
+TEST(Deadlines, PendingSendRecvGetsOnePairingCheckUnlessChecksAreOff) {
+  Deadlines d(milliseconds(60000), milliseconds(60000), 0.2, CheckMode::Async);
+  Progress p = pendingAt(9, 0, 0);  // seq 0: point-to-point
+  EXPECT_FALSE(d.check(p, 2, kSec / 2).raise);
+  auto c = d.check(p, 2, kSec + 1);
+  ASSERT_TRUE(c.raise);
+  EXPECT_EQ(c.raise->id(), "p2p:p2p-2-9");
+  EXPECT_FALSE(d.check(p, 2, 2 * kSec).raise);
+  Deadlines off(milliseconds(60000), milliseconds(60000), 0.2, CheckMode::Off);
+  EXPECT_FALSE(off.check(p, 2, 2 * kSec).raise);
+}
+
+namespace {
+
+LocalFacts facts() {
+  LocalFacts f;
+  f.groupLabel = "default_pg";
+  f.groupSize = 3;
+  f.groupRank = 1;
+  f.nowWallNs = 1000 * kSec;
+  f.storeHostRank = 0;
+  f.progress.lastSeq = 3;
+  f.progress.lastCompletedSeq = 2;
+  EntryView e;
+  e.seq = 3;
+  e.text = "all_reduce(float32[4], SUM)";
+  e.frames = {Frame{"/work/train.py", 20, "<module>"}};
+  f.pending = e;
+  f.pendingForNs = 1200'000'000;
+  Progress p0;
+  p0.lastSeq = 2;
+  p0.lastCompletedSeq = 2;
+  f.peers[0] = PeerState{StatusRecord::of(RankPhase::Running, 1000 * kSec - 1400'000'000, p0), 0};
+  Progress p2;
+  p2.lastSeq = 3;
+  p2.lastCompletedSeq = 2;
+  f.peers[2] = PeerState{StatusRecord::of(RankPhase::Running, 1000 * kSec - 200'000'000, p2), 0};
+  return f;
+}
+
+} // namespace
+
+TEST(LocalReport, StoreLostNamesTheStoreItsHostThisRanksOpAndEachPeer) {
+  LocalFacts f = facts();
+  EXPECT_EQ(formatStoreLost(f, "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone: connection failed "
+                               "during add: Broken pipe"),
+            "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone: connection failed during add: Broken "
+            "pipe; group \"default_pg\" (3 ranks) fails on rank 1: without the store no cross-rank check or report "
+            "can be made\n"
+            "  pending here: collective #3 all_reduce(float32[4], SUM) at train.py:20 in <module>, waiting 1.2 s\n"
+            "  rank 0 (hosts the store): last heartbeat 1.4 s ago, issued #2, completed #2; its process most likely "
+            "exited, was killed or froze\n"
+            "  rank 2: last heartbeat 0.2 s ago, issued #3, completed #2");
+  EXPECT_FALSE(f.allPeersDone());
+
+  // Nothing pending; peers that left or exited; peers not watched by this rank.
+  f.pending.reset();
+  f.groupSize = 6;
+  f.peers[0].status.phase = RankPhase::Exited;
+  f.peers[2].status.phase = RankPhase::Left;
+  const std::string t = formatStoreLost(f, "the store at h:1 is gone: x");
+  EXPECT_NE(t.find("\n  nothing pending here (last issued #3, completed #2): the next operation on the group raises "
+                   "this error\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("\n  rank 0 (hosts the store): exited 1.4 s ago after issuing #2 (its process ended)\n"),
+            std::string::npos)
+      << t;
+  EXPECT_NE(t.find("\n  rank 2: left the group (destroy_process_group) 0.2 s ago after issuing #3\n"), std::string::npos)
+      << t;
+  // Rank 1 of 6 watches ranks 0 and 2; ranks 3-5 are not watched.
+  EXPECT_NE(t.find("\n  ranks 3-5: not watched by this rank (each rank reads its two ring neighbours)"),
+            std::string::npos)
+      << t;
+  f.peers.erase(2);
+  EXPECT_NE(formatStoreLost(f, "x").find("\n  rank 2: no status read by this rank before the store was lost"),
+            std::string::npos);
+  // An op the inner backend failed (a peer's connection closed) is named as such.
+  EntryView failed;
+  failed.seq = 4;
+  failed.text = "all_reduce(float32[4], SUM)";
+  failed.frames = {Frame{"/work/train.py", 20, "<module>"}};
+  failed.error = "Connection closed by peer [127.0.0.1]:4242\nmore";
+  f.lastFailed = failed;
+  EXPECT_NE(formatStoreLost(f, "x").find("\n  failed here: collective #4 all_reduce(float32[4], SUM) at train.py:20 in "
+                                        "<module> (the inner backend: Connection closed by peer [127.0.0.1]:4242)\n"),
+            std::string::npos)
+      << formatStoreLost(f, "x");
+  f.groupSize = 3;
+  f.lastFailed.reset();
+  f.peers[2] = PeerState{StatusRecord::of(RankPhase::Left, 0, Progress{}), 0};
+  EXPECT_TRUE(f.allPeersDone());
+}
+
+TEST(LocalReport, TimeoutAndHangWithoutAVerdictSayWhy) {
+  LocalFacts f = facts();
+  const std::string t = formatLocalTimeout(f, 20, "the store answers, but no verdict arrived within 5 s");
+  EXPECT_EQ(t.substr(0, t.find('\n')),
+            "collective #3 all_reduce(float32[4], SUM) on group \"default_pg\" has waited 1.2 s: timeout after "
+            "abort_after=20 s (TORCH_EXT_ABORT_AFTER), the collective fails on this rank; no cross-rank report: the "
+            "store answers, but no verdict arrived within 5 s");
+  EXPECT_NE(t.find("\n  waiting: rank 1 (this rank) at train.py:20 in <module>\n  rank 0 (hosts the store): last "
+                   "heartbeat 1.4 s ago"),
+            std::string::npos)
+      << t;
+  const std::string h = formatLocalHang(f, "why");
+  EXPECT_EQ(h.substr(0, h.find('\n')),
+            "collective #3 all_reduce(float32[4], SUM) on group \"default_pg\" has waited 1.2 s (no cross-rank report: "
+            "why)");
+}
