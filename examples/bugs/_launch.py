@@ -2,11 +2,18 @@
 
 Unlike torchrun or mp.spawn, a rank that dies does not take the others down
 with it, so they can show what the guard reports about it.
+
+Ranks are started either way clusters start them: ``store="parent"`` (this
+launcher hosts the TCPStore, like torchrun's agent) or ``store="rank0"`` (plain
+env://, like SLURM srun, mpirun or one ``python train.py`` per rank: rank 0's
+own process hosts the TCPStore). Any example takes ``--store rank0`` or
+``--store parent`` on its command line to override its default.
 """
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import socket
 import sys
 from datetime import timedelta
 from typing import Callable
@@ -14,15 +21,20 @@ from typing import Callable
 import torch.distributed as dist
 
 
-def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, env: dict[str, str]) -> None:
+def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, store: str, env: dict[str, str]) -> None:
     os.environ.update(env)
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     import logging
 
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s %(levelname)s: %(message)s")
     import torch_ext  # noqa: F401  (registers "guard")
 
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
-    dist.init_process_group("guard", store=store, rank=rank, world_size=world)
+    if store == "parent":
+        os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        tcp = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
+        dist.init_process_group("guard", store=tcp, rank=rank, world_size=world)
+    else:
+        dist.init_process_group("guard")  # env://: rank 0 creates and serves the store
     try:
         fn(rank, world)
     except Exception as e:  # noqa: BLE001 - show what each rank got
@@ -30,13 +42,49 @@ def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, env
         sys.exit(1)
 
 
-def launch(fn: Callable[[int, int], None], world: int, **env: str) -> None:
+def _store_choice(default: str) -> str:
+    if "--store" in sys.argv:
+        choice = sys.argv[sys.argv.index("--store") + 1]
+        if choice not in ("parent", "rank0"):
+            raise SystemExit(f"--store {choice}: expected 'parent' (the launcher hosts the store) or 'rank0'")
+        return choice
+    return default
+
+
+def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **env: str) -> None:
+    store = _store_choice(store)
     ctx = mp.get_context("spawn")
-    server = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
-    procs = [ctx.Process(target=_child, args=(fn, r, world, server.port, env)) for r in range(world)]
+    server = None
+    if store == "parent":
+        server = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
+        port = server.port
+    else:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    print(f"store hosted by {'this launcher' if store == 'parent' else 'rank 0'}", flush=True)
+    procs = [ctx.Process(target=_child, args=(fn, r, world, port, store, env)) for r in range(world)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=120)
+    # Wait until every rank ended, or the only ones left are frozen (SIGSTOP,
+    # as an example may do on purpose): those are killed, the others are not.
+    deadline = 120.0
+    while deadline > 0 and any(p.exitcode is None and not _frozen(p.pid) for p in procs):
+        mp.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
+        deadline -= 0.5
     for r, p in enumerate(procs):
-        print(f"rank {r} exit code: {p.exitcode}")
+        if p.exitcode is None:
+            p.kill()
+            p.join()
+            print(f"rank {r} exit code: {p.exitcode} (killed by the launcher: it was "
+                  f"{'frozen' if deadline > 0 else 'still running after 120 s'})")
+        else:
+            print(f"rank {r} exit code: {p.exitcode}")
+
+
+def _frozen(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False

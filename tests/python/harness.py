@@ -2,11 +2,22 @@
 
 ``run_ranks(fn, world_size, ...)`` starts one process per rank (forked from a
 forkserver that has torch and torch_ext preloaded, so a rank starts in ~0.1 s),
-connects them through a TCPStore served by the test process, optionally calls
-``init_process_group``, runs ``fn(rank, world_size, *args)`` and returns one
-:class:`RankResult` per rank: the return value or the exception, the exit code,
-the rank's output, and whether it was still running at the deadline (then it is
-killed). Every rank's outcome is reported, not only the last one's.
+connects them through a TCPStore, optionally calls ``init_process_group``, runs
+``fn(rank, world_size, *args)`` and returns one :class:`RankResult` per rank: the
+return value or the exception, the exit code, the rank's output, and whether it
+was still running at the deadline (then it is killed). Every rank's outcome is
+reported, not only the last one's.
+
+Ranks are launched both ways users launch them (``store=``):
+
+- ``"parent"``: the test process serves the TCPStore, as torchrun's agent does;
+- ``"rank0"``: plain env:// rendezvous (SLURM srun, mpirun, Kubernetes, one
+  ``python train.py`` per rank): rank 0's own process hosts the TCPStore, so a
+  fault of rank 0 takes the store with it.
+
+``launch_script`` starts real interpreters (``python SCRIPT`` per rank, either
+way), for what only a real process shows: its exit path, its exit status, and
+how long it takes to end by itself.
 """
 from __future__ import annotations
 
@@ -14,7 +25,9 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -78,11 +91,31 @@ class RankResult:
         return f"{head}\n{body}\n[output]\n{self.log[-6000:]}"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world_size: int, port: int, store: str) -> dict[str, str]:
+    """The variables a launcher sets for ``rank``; ``store`` as in the module docstring."""
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+           "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    if store == "parent":
+        # The test process serves the store; with the agent-store flag, env://
+        # rendezvous (e.g. Lightning's) connects every rank to it as a client.
+        env.update(TORCHELASTIC_USE_AGENT_STORE="True", TORCHELASTIC_RESTART_COUNT="0")
+    elif store != "rank0":
+        raise ValueError(f"store={store!r}: expected 'parent' or 'rank0'")
+    return env
+
+
 def _child(
     fn: Callable[..., Any],
     rank: int,
     world_size: int,
     port: int,
+    store_host: str,
     backend: str | None,
     pg_options: Any,
     pg_timeout: float,
@@ -97,23 +130,22 @@ def _child(
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.environ.update(env)
-    # The test process serves the store; with the agent-store flag, env:// rendezvous
-    # (e.g. Lightning's) connects every rank to it as a client.
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
-                       "TORCHELASTIC_RESTART_COUNT": "0"})
+    os.environ.update(rank_env(rank, world_size, port, store_host))
     import logging
 
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s %(levelname)s: %(message)s",
                         stream=sys.stderr, force=True)
     code = 0
     try:
-        if backend is not None:
+        if backend is not None and store_host == "parent":
             store = dist.TCPStore("127.0.0.1", port, world_size, is_master=False,
                                   timeout=timedelta(seconds=60))
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                     timeout=timedelta(seconds=pg_timeout), pg_options=pg_options)
+        elif backend is not None:
+            # Plain env://: rank 0 creates and serves the TCPStore.
+            dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=pg_timeout),
+                                    pg_options=pg_options)
         value = fn(rank, world_size, *args, **kwargs)
         # Plain pickle, by value: multiprocessing's own pickler would share tensor
         # storage through file descriptors that die with this process.
@@ -134,9 +166,10 @@ def _child(
 
 
 class RunResults(list):
-    """The per-rank results, plus the store's keys once every rank has exited."""
+    """The per-rank results, plus the store's keys once every rank has exited
+    (None when rank 0 hosted the store)."""
 
-    store_keys: list[str]
+    store_keys: list[str] | None
 
 
 def run_ranks(
@@ -149,18 +182,24 @@ def run_ranks(
     env: dict[str, str] | None = None,
     pg_options: Any = None,
     natural_exit: bool = False,
+    store: str = "parent",
     **kwargs: Any,
 ) -> RunResults:
     """Runs ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` processes.
 
     ``backend=None`` skips ``init_process_group`` (the store address is still in
-    MASTER_ADDR/MASTER_PORT). Ranks still running after ``timeout`` seconds are
-    killed and marked ``timed_out``.
+    MASTER_ADDR/MASTER_PORT). ``store`` says who hosts the TCPStore: the test
+    process (``"parent"``) or rank 0 (``"rank0"``, plain env://). Ranks still
+    running after ``timeout`` seconds are killed and marked ``timed_out``.
     """
     ctx = _context()
-    server = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=60))
-    port = server.port
+    server = None
+    if store == "parent":
+        server = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=60))
+        port = server.port
+    else:
+        port = free_port()
     logdir = tempfile.mkdtemp(prefix="torch_ext_ranks_")
     procs, conns, logs = [], [], []
     for rank in range(world_size):
@@ -168,8 +207,8 @@ def run_ranks(
         log_path = os.path.join(logdir, f"rank{rank}.log")
         p = ctx.Process(
             target=_child,
-            args=(fn, rank, world_size, port, backend, pg_options, pg_timeout, dict(env or {}), args, kwargs,
-                  child, log_path, natural_exit),
+            args=(fn, rank, world_size, port, store, backend, pg_options, pg_timeout, dict(env or {}), args,
+                  kwargs, child, log_path, natural_exit),
             # Not daemonic, so ranks can start DataLoader workers; every rank is
             # joined or killed below.
             daemon=False,
@@ -215,7 +254,7 @@ def run_ranks(
                 results[r].log = f.read()
         except FileNotFoundError:
             results[r].log = "(no output: the rank did not start)"
-    results.store_keys = server.list_keys()
+    results.store_keys = server.list_keys() if server is not None else None
     del server
     return results
 
@@ -245,3 +284,80 @@ def assert_all_ok(results: list[RankResult]) -> list[Any]:
     bad = [r for r in results if not r.ok]
     assert not bad, "some ranks failed:\n" + report(results)
     return [r.value for r in results]
+
+
+@dataclasses.dataclass
+class ProcResult:
+    """One real process of :func:`launch_script`."""
+
+    rank: int
+    returncode: int | None  # None: it did not end by itself before the deadline (then killed)
+    output: str
+    ended_at: float | None  # time.time() when it ended by itself
+
+    def describe(self) -> str:
+        state = "DID NOT END (killed at the deadline)" if self.returncode is None else f"exit {self.returncode}"
+        return f"--- rank {self.rank}: {state}\n{self.output[-6000:]}"
+
+
+def launch_script(args: list[str], world_size: int, *, store: str = "rank0", timeout: float = 60.0,
+                  env: dict[str, str] | None = None, wait_for: list[int] | None = None) -> list[ProcResult]:
+    """Starts ``python ARGS`` once per rank, as SLURM/mpirun/torchrun would, and lets each end by itself.
+
+    ``store`` as in :func:`run_ranks`: ``"rank0"`` (plain env://, rank 0's process
+    hosts the TCPStore) or ``"parent"`` (this process hosts it, like torchrun's
+    agent). Waits until the ranks in ``wait_for`` (default: all) have ended or
+    ``timeout`` passed; then kills every process still there (a stopped one
+    too) and reports it as not ended. Each process has one OpenMP thread and the
+    project root on PYTHONPATH.
+    """
+    server = None
+    if store == "parent":
+        server = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=60))
+        port = server.port
+    else:
+        port = free_port()
+    logdir = tempfile.mkdtemp(prefix="torch_ext_procs_")
+    procs, logs = [], []
+    base = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+                **(env or {}))
+    for rank in range(world_size):
+        log = open(os.path.join(logdir, f"rank{rank}.log"), "w+")
+        procs.append(subprocess.Popen([sys.executable, *args], env=dict(base, **rank_env(rank, world_size, port, store)),
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=ROOT))
+        logs.append(log)
+    watch = set(range(world_size) if wait_for is None else wait_for)
+    ended: dict[int, float] = {}
+    # Woken by each process's end (a pidfd becomes readable when it exits).
+    pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
+    deadline = time.monotonic() + timeout
+    try:
+        while not watch <= set(ended):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([fd for fd, r in pidfds.items() if r not in ended], [], [], remaining)
+            for fd in ready:
+                r = pidfds[fd]
+                if procs[r].poll() is not None:
+                    ended[r] = time.time()
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    results = []
+    for r, p in enumerate(procs):
+        if r not in ended and p.poll() is not None:
+            ended[r] = time.time()
+        if r not in ended:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=30)
+        logs[r].seek(0)
+        results.append(ProcResult(r, p.returncode if r in ended else None, logs[r].read(), ended.get(r)))
+        logs[r].close()
+    del server
+    return results

@@ -73,6 +73,20 @@ def test_killed_rank_example_names_the_gone_rank(tmp_path):
     assert "rank 2 exit code: -9" in out, out
 
 
+@pytest.mark.parametrize("fault", ["raise", "stop"])
+def test_rank0_dies_example_names_the_lost_store_and_every_survivor_ends(tmp_path, fault):
+    out = _run([os.path.join(EXAMPLES, "bugs", "rank0_dies.py"), fault], tmp_path)
+    assert "store hosted by rank 0" in out, out[-8000:]
+    assert sorted(re.findall(r"\[rank(\d)\] raised StoreLostError", out)) == ["1", "2"], out[-8000:]
+    state = "is gone" if fault == "raise" else "does not answer"
+    assert re.search(r"the store at 127\.0\.0\.1:\d+ \(hosted by rank 0's process \(plain env:// rendezvous at "
+                     r"MASTER_ADDR=127\.0\.0\.1, MASTER_PORT=\d+\)\) " + state, out), out[-8000:]
+    assert "rank 0 (hosts the store)" in out, out[-8000:]
+    codes = dict(re.findall(r"rank (\d) exit code: (-?\d+)", out))
+    assert codes["1"] == codes["2"] == "1", out[-3000:]  # the survivors ended by themselves
+    assert codes["0"] == ("1" if fault == "raise" else "-9"), out[-3000:]
+
+
 def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
     out = _example(os.path.join("bugs", "slow_rank.py"), tmp_path)
     assert re.search(r"torch_ext WARNING: collective #2 all_reduce\(float32\[4\], SUM\) .* has waited", out), out

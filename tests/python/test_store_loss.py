@@ -1,0 +1,158 @@
+"""The safety net holds when the store's host fails: rank 0 raising, killed, frozen or aborted by gloo.
+
+Launched as most clusters launch ranks (SLURM srun, mpirun, Kubernetes, one
+``python train.py`` per rank): plain env://, so rank 0's own process hosts the
+TCPStore and its failure takes the store with it. Every survivor must get a
+typed error whose first line names the store and its host, within seconds, and
+its process must end by itself (non-zero when the error is not caught, zero
+when it is). The same faults with the store in the launcher (torchrun's way)
+still name rank 0. Each case runs real interpreters (harness.launch_script), so
+exit paths are the real ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+
+import pytest
+
+from harness import launch_script
+
+JOB = ["tests/python/jobs/fault_job.py"]
+# Generous bounds for a loaded 2-core CI machine; the figures measured on a
+# quiet one are in docs/diagnostics.md and well below these.
+ERROR_WITHIN = 15.0  # s from rank 0's fault to a survivor's error
+EXIT_WITHIN = 10.0   # s from a survivor's error to its process's end (the issue's requirement)
+STORE_GONE = re.compile(
+    r"^the store at 127\.0\.0\.1:\d+ \(hosted by rank 0's process \(plain env:// rendezvous at MASTER_ADDR=127\.0\.0\.1, "
+    r"MASTER_PORT=\d+\)\) (is gone: (connection closed|connection reset|broken pipe|connection refused) during \w+|"
+    r"does not answer: no reply to \w+ for)")
+
+
+def _records(out, name: str, world: int) -> dict[int, dict]:
+    found = {}
+    for r in range(world):
+        path = os.path.join(out, f"{name}{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                found[r] = json.load(f)
+    return found
+
+
+def _run(tmp_path, world: int, fault: str, check: str, store: str = "rank0", all_end: bool = False, **env: str):
+    out = tmp_path / "records"
+    out.mkdir()
+    # Rank 0 is waited for only where it is expected to end (it may be frozen or killed).
+    procs = launch_script(JOB, world, store=store, timeout=120, wait_for=None if all_end else list(range(1, world)),
+                          env=dict({"FAULT": fault, "OUT": str(out), "TORCH_EXT_CHECK": check,
+                                    "TORCH_EXT_WARN_AFTER": "4", "TORCH_EXT_ABORT_AFTER": "30"}, **env))
+    report = "\n".join(p.describe() for p in procs)
+    return procs, str(out), report
+
+
+def _assert_survivors_end(procs, out, world, report, expect_status):
+    faults = _records(out, "fault", world)
+    errors = _records(out, "error", world)
+    assert 0 in faults, report
+    for r in range(1, world):
+        p = procs[r]
+        assert p.returncode is not None, f"rank {r} did not end by itself\n{report}"
+        assert r in errors, f"rank {r} got no GuardError\n{report}"
+        err = errors[r]
+        assert err["t"] - faults[0]["t"] < ERROR_WITHIN, (err["t"] - faults[0]["t"], report)
+        assert p.ended_at - err["t"] < EXIT_WITHIN, (p.ended_at - err["t"], report)
+        assert (p.returncode == 0) == (expect_status == 0) and p.returncode >= 0, report
+        # One log line per fault, not hundreds: at most the guard's own report
+        # and torch's warning about the one store call that failed.
+        c10d = [line for line in p.output.splitlines() if "[c10d]" in line]
+        assert len(c10d) <= 2, (len(c10d), report)
+    return errors
+
+
+ROWS = ["raise", "kill", "stop", "gloo_abort"]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("check", ["async", "strict"])
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("fault", ROWS)
+def test_rank0_hosting_the_store_fails_and_every_survivor_ends_with_a_typed_error(tmp_path, fault, world, check):
+    procs, out, report = _run(tmp_path, world, fault, check, all_end=fault == "gloo_abort" and check == "strict")
+    if fault == "gloo_abort" and check == "strict":
+        # Strict mode checks before the op: no rank is aborted, every rank
+        # (rank 0 too) raises the mismatch, and rank 0's exit takes the store.
+        errors = _assert_survivors_end(procs, out, world, report, expect_status=1)
+        assert procs[0].returncode == 1, report
+        for r in range(1, world):
+            assert errors[r]["type"] == "CollectiveMismatchError", report
+            assert "float64[4]" in errors[r]["message"] and "float32[4]" in errors[r]["message"], report
+        return
+    errors = _assert_survivors_end(procs, out, world, report, expect_status=1)
+    if fault == "kill":
+        assert procs[0].returncode == -signal.SIGKILL, report
+    elif fault == "gloo_abort":
+        assert procs[0].returncode == -signal.SIGABRT, report  # gloo terminated rank 0, as in the issue
+    elif fault == "raise":
+        assert procs[0].returncode == 1 and "rank 0 failed in its training step" in procs[0].output, report
+    for r in range(1, world):
+        err = errors[r]
+        first = err["message"].splitlines()[0]
+        if fault == "gloo_abort" and err["type"] == "CollectiveMismatchError":
+            # The ring check may see the mismatch through the store before
+            # rank 0's abort takes the store down: then that report is the error.
+            assert "differs across ranks" in first, report
+            continue
+        assert err["type"] == "StoreLostError", report
+        assert STORE_GONE.match(first), first
+        if fault == "stop":
+            assert "does not answer" in first, first
+        body = err["message"]
+        assert "rank 0 (hosts the store)" in body, body
+        # This rank's own op: still pending, or already failed by gloo (a closed connection).
+        assert re.search(r"\n  (pending|failed) here: collective #4 all_reduce\(float32\[4\], SUM\) at fault_job\.py:\d+ "
+                         r"in <module>", body), body
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("destroy", ["0", "1"])
+def test_a_survivor_that_catches_the_error_exits_normally(tmp_path, destroy):
+    procs, out, report = _run(tmp_path, 3, "kill", "async", CATCH="1", DESTROY=destroy)
+    errors = _assert_survivors_end(procs, out, 3, report, expect_status=0)
+    for r in (1, 2):
+        assert errors[r]["type"] == "StoreLostError", report
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fault", ["raise", "kill"])
+def test_with_the_store_in_the_launcher_the_survivors_name_rank_0(tmp_path, fault):
+    # torchrun's way: the store outlives rank 0, so the cross-rank report says
+    # what happened to rank 0 itself.
+    procs, out, report = _run(tmp_path, 2, fault, "async", store="parent")
+    errors = _assert_survivors_end(procs, out, 2, report, expect_status=1)
+    err = errors[1]
+    assert err["type"] == "CollectiveFailureError", report
+    assert err["message"].startswith("collective #4 all_reduce(float32[4], SUM) on group \"default_pg\" failed in "
+                                     "the inner backend"), err["message"]
+    if fault == "raise":
+        # Its process ran its exit path and said so before going.
+        assert "rank 0: exited" in err["message"] and "without destroy_process_group" in err["message"], err
+    else:
+        assert "rank 0: no heartbeat" in err["message"], err
+
+
+@pytest.mark.timeout(600)
+def test_jobs_that_never_destroy_their_group_exit_cleanly_every_time(tmp_path):
+    # Plain gloo aborts at interpreter exit about 1 time in 5 here ("terminate
+    # called without an active exception": a gloo thread takes the GIL after
+    # finalization); the guard keeps its inner backends out of the teardown.
+    failures = []
+    for i in range(50):
+        out = tmp_path / f"run{i}"
+        out.mkdir()
+        procs = launch_script(JOB, 2, store="rank0", timeout=60, env={"FAULT": "none", "OUT": str(out)})
+        for p in procs:
+            if p.returncode != 0 or not os.path.exists(out / f"done{p.rank}.json"):
+                failures.append(f"run {i}:\n{p.describe()}")
+    assert not failures, f"{len(failures)} of 100 processes did not exit with 0:\n" + "\n".join(failures[:3])
