@@ -20,6 +20,17 @@ def _version() -> str:
             f"running torch {torch.__version__}) at {os.path.dirname(torch_ext.__file__)}")
 
 
+class _PrintVersion(argparse.Action):
+    """Like argparse's "version" action, without re-wrapping the line (it holds a path)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(_version())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m torch_ext.diagnose",
@@ -28,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
     ap.add_argument("--html", metavar="FILE", help="also write a self-contained timeline page")
     ap.add_argument("--json", action="store_true", help="print the analysis as JSON instead of text")
-    ap.add_argument("--version", action="version", version=_version(),
+    ap.add_argument("--version", action=_PrintVersion,
                     help="print torch_ext's version and the torch it was compiled against, and exit")
     args = ap.parse_args(argv)
     try:
