@@ -41,7 +41,8 @@ def _release(version: str) -> tuple[int, ...]:
 
 # The floor declared in pyproject.toml, which CI builds with (tests/python/
 # test_packaging.py). pip does not check build requirements without build
-# isolation, and an older setuptools fails on pyproject.toml's license field.
+# isolation, and an older setuptools fails obscurely: before 77 on
+# pyproject.toml's license field, 77.x on torch's BuildExtension.with_options.
 SETUPTOOLS_FLOOR = re.search(r'"setuptools>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
 if _release(setuptools.__version__) < _release(SETUPTOOLS_FLOOR):
     sys.exit(f"torch_ext needs setuptools>={SETUPTOOLS_FLOOR} to build, found {setuptools.__version__} "
