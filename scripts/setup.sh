@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything torch_ext needs on a fresh machine, then builds it in place.
-# Idempotent: re-running only rebuilds what changed.
+# Idempotent: re-running only rebuilds what changed (the objects stay in build/,
+# and ninja recompiles only sources whose inputs changed), in seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,12 +12,21 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 # "torch" would pull a multi-GB CUDA build).
 "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || pip_install "torch==2.13.0"
-pip_install "setuptools>=64" wheel ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2"
+# The setuptools floor is pyproject.toml's (the version the packaging tests build with).
+SETUPTOOLS=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
+pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2"
 
-# GoogleTest for the C++ suite (Debian package; needs root or sudo).
+# Debian packages (need root or sudo): GoogleTest and cmake for the C++ suite, and
+# ccache, which torch's extension build uses when present: a build in another
+# folder (the packaging tests' sdist and wheels) reuses the objects compiled here.
+apt_install() {
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@" >/dev/null
+}
 if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ] && [ ! -d /usr/include/gtest ]; then
-  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq libgtest-dev cmake >/dev/null
+  apt_install libgtest-dev cmake $(command -v ccache >/dev/null || echo ccache)
+elif ! command -v ccache >/dev/null; then
+  apt_install ccache || echo "note: ccache could not be installed; builds in new folders compile from scratch"
 fi
 
 # Build the extension against the installed torch (no build isolation: it would

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine and runs every test: pytest (multi-process tests on gloo
-# over loopback) and the GoogleTest suite of the C++ core.
+# Sets up a fresh machine and runs every test: the GoogleTest suite of the C++
+# core, pytest (multi-process tests on gloo over loopback), then the packaging
+# tests (sdist, wheel, lowest setuptools, each installed outside the tree).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -14,3 +15,9 @@ ctest --test-dir tests/cpp/build --output-on-failure
 
 echo "== Python (pytest)"
 "$PY" -m pytest tests/python "$@"
+
+echo "== Packaging (pytest -m packaging): sdist -> wheel, lowest setuptools, installed outside the tree"
+rc=0
+"$PY" -m pytest tests/python "$@" -m packaging || rc=$?
+# 5: the arguments selected none of them (e.g. -k for another test).
+[ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"

@@ -8,8 +8,15 @@ from __future__ import annotations
 import torch  # noqa: F401  (loads libtorch before our extension)
 import torch.distributed  # noqa: F401
 
-from torch_ext import _C
-from torch_ext import _runtime
+# The one place the version is written (pyproject.toml reads it from here).
+__version__ = "0.1.0"
+
+from torch_ext import _extension  # noqa: E402
+
+# Refuses, with one clear ImportError, a _C compiled against another torch.
+_C = _extension.load(__version__)
+
+from torch_ext import _runtime  # noqa: E402
 from torch_ext.errors import (
     CollectiveFailureError,
     CollectiveMismatchError,
@@ -36,8 +43,6 @@ from torch_ext.step_sync import *  # noqa: F401,F403
 from torch_ext.step_sync import __all__ as _step_sync_all
 from torch_ext.samplers import *  # noqa: F401,F403
 from torch_ext.samplers import __all__ as _samplers_all
-
-__version__ = "0.1.0"
 
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
                         StoreLostError)

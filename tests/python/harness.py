@@ -43,19 +43,23 @@ _CTX = None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = None,
-               **env: str) -> subprocess.CompletedProcess:
+def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = None, *,
+               python: str = sys.executable, source_tree: bool = True, **env: str) -> subprocess.CompletedProcess:
     """Runs ``python ARGS`` (under torchrun with ``nproc`` local ranks if given) as a user would.
 
-    The project root is on PYTHONPATH, one OpenMP thread per process, ``env``
-    added on top; output is captured as text and the run is killed at ``timeout``.
+    The project root is on PYTHONPATH (unless ``source_tree=False``: then the
+    caller's PYTHONPATH is dropped too, e.g. to run an installed wheel with
+    another ``python``), one OpenMP thread per process, ``env`` added on top;
+    output is captured as text and the run is killed at ``timeout``.
     """
     launcher = [] if nproc is None else [
         "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
         "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
-    full_env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                    OMP_NUM_THREADS="1", **env)
-    return subprocess.run([sys.executable, *launcher, *args], capture_output=True, text=True, timeout=timeout,
+    full_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if source_tree:
+        full_env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    full_env.update(OMP_NUM_THREADS="1", **env)
+    return subprocess.run([python, *launcher, *args], capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd)
 
 

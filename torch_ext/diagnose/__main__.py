@@ -3,10 +3,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from torch_ext.diagnose import analyze_dir, format_text
 from torch_ext.diagnose.html import render
+
+
+def _version() -> str:
+    import torch
+
+    import torch_ext
+    from torch_ext import _extension
+
+    return (f"torch_ext {torch_ext.__version__} (compiled against torch {_extension.built_against() or '(not recorded)'}, "
+            f"running torch {torch.__version__}) at {os.path.dirname(torch_ext.__file__)}")
+
+
+class _PrintVersion(argparse.Action):
+    """Like argparse's "version" action, without re-wrapping the line (it holds a path)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(_version())
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
     ap.add_argument("--html", metavar="FILE", help="also write a self-contained timeline page")
     ap.add_argument("--json", action="store_true", help="print the analysis as JSON instead of text")
+    ap.add_argument("--version", action=_PrintVersion,
+                    help="print torch_ext's version and the torch it was compiled against, and exit")
     args = ap.parse_args(argv)
     try:
         analysis = analyze_dir(args.dump_dir)
