@@ -296,12 +296,14 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
     assert_all_ok(run_ranks(_sleepy, 2, 2.5, env=env, timeout=60))
     text = (good / "rank0.json").read_text()
     (good / "rank0.json").write_text(text[: len(text) // 2])  # truncated
+    (good / "cut_in_a_string.json").write_text(text[: text.index('"hostname"') + 5])  # ends inside a string
     (good / "flight_recorder.json").write_text(json.dumps({"version": "2.10", "entries": []}))  # foreign
     (good / "notes.txt").write_text("not json")
     out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(good)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "rank0.json: truncated JSON" in out.stdout, out.stdout
+    assert "cut_in_a_string.json: truncated JSON: Unterminated string" in out.stdout, out.stdout
     assert "flight_recorder.json: not a valid torch_ext dump" in out.stdout and "version '2.10'" in out.stdout
     assert "notes.txt: invalid JSON" in out.stdout
     assert "1 dump(s) from rank(s) 1" in out.stdout  # the rest is analysed

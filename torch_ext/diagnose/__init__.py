@@ -70,7 +70,9 @@ def load_dir(path: str | os.PathLike[str]) -> tuple[list[Dump], list[BadFile]]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            what = "truncated JSON" if e.pos >= len(text.rstrip()) - 1 else "invalid JSON"
+            # The text ended where more was due: at its end, or inside a string that never closed.
+            ended = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string")
+            what = "truncated JSON" if ended else "invalid JSON"
             bad.append(BadFile(full, f"{what}: {e.msg} at line {e.lineno} column {e.colno}"))
             continue
         try:
