@@ -250,6 +250,32 @@ PYBIND11_MODULE(_C, m) {
               break;
             }
           }
+          if (oldest == 0) {
+            // Nothing pending: the dumps may have been written for a collective that has
+            // failed since (incident "failure:2" after a peer died). Make it the subject,
+            // so the verdict names that collective as the live report did.
+            const auto colon = incident.find(':');
+            const std::string kind = incident.substr(0, colon);
+            const std::string subject = colon == std::string::npos ? "" : incident.substr(colon + 1);
+            const bool seqSubject = !subject.empty() && subject.find_first_not_of("0123456789") == std::string::npos;
+            if ((kind == "failure" || kind == "abort" || kind == "hang") && seqSubject) {
+              const uint64_t seq = std::strtoull(subject.c_str(), nullptr, 10);
+              for (const auto& in : inputs) {
+                const auto* g = in.group();
+                const auto* e = g ? g->bySeq(seq) : nullptr;
+                if (e == nullptr || e->state != "failed") continue;
+                inc.kind = kind == "failure" ? "failure" : "hang";
+                inc.subject = subject;
+                inc.poster = g->rank;
+                inc.error = e->error;
+                oldest = e->startNs;
+                break;
+              }
+            }
+          }
+          // Still nothing: look for mismatches only (a verdict of "none" if there is none),
+          // rather than report a hang of a collective nobody waits in.
+          if (oldest == 0) inc.kind = "mismatch";
           auto v = torch_ext::analyze(info.second, inputs, inc, now);
           auto j = v.toJson();
           j.set("group_name", name);

@@ -197,6 +197,28 @@ def test_killed_rank_is_named_as_gone():
         assert "rank 2: no heartbeat" in r.value and "process gone or frozen" in r.value, r.value
 
 
+def _clean(rank: int, world: int) -> None:
+    dist.all_reduce(torch.ones(2))
+    torch_ext.dump()
+
+
+def test_diagnose_names_the_collective_that_failed_and_finds_nothing_in_a_clean_dump(tmp_path):
+    # After a failure the dumps hold no pending op (the collective failed); the
+    # post-mortem verdict still names it, as the live report did. A dump with
+    # nothing pending and nothing different is no hang.
+    failed, clean = tmp_path / "failed", tmp_path / "clean"
+    results = run_ranks(_killed, 3, env=dict(FAST, TORCH_EXT_DUMP_DIR=str(failed)), timeout=60)
+    assert all(r.ok for r in results[:2]), report(results)
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(failed)], capture_output=True, text=True,
+                         timeout=120)
+    assert 'collective #2 all_reduce(float32[3], SUM) on group "default_pg" failed in the inner backend' in out.stdout
+    assert "rank 2: no heartbeat" in out.stdout, out.stdout
+    assert_all_ok(run_ranks(_clean, 2, env={"TORCH_EXT_DUMP_DIR": str(clean)}, timeout=60))
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(clean)], capture_output=True, text=True,
+                         timeout=120)
+    assert 'group "default_pg": nothing pending, no mismatch found' in out.stdout, out.stdout
+
+
 # --- a rank that left its loop early (uneven data) ----------------------------------
 
 def _uneven(rank: int, world: int, final: str) -> str:
