@@ -160,6 +160,7 @@ c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
   Fingerprint fp = builder.finish();
+  fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
   const Op op = fp.op;
   if (state_->failed()) state_->throwFailure(opName(op));
   if (shutdown_) {
