@@ -11,7 +11,8 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 # "torch" would pull a multi-GB CUDA build).
 "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
   || pip_install "torch==2.13.0"
-pip_install "setuptools>=64" wheel ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2"
+pip_install "setuptools>=64" wheel ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2" \
+  "accelerate==1.15.0"
 
 # Debian packages (need root or sudo): GoogleTest for the C++ suite, and a headless
 # Chromium that renders diagnose's HTML page in tests/python/test_post_mortem.py
