@@ -172,3 +172,14 @@ def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(
         # totals are exact, and the collectives ran on the guard under Accelerate's "gloo" label.
         assert (together, gathered, label, pg) == ("300", "50", "gloo", "guard"), summary
 
+
+def test_post_mortem_example_writes_the_three_outputs_and_torchfrtrace_names_the_stuck_rank(tmp_path):
+    out = _example("post_mortem.py", tmp_path, timeout=240)
+    assert 'collective #29 all_reduce(float32[256], SUM) on group "default_pg" has waited' in out, out[-8000:]
+    assert "rank 3 has not arrived" in out and "in load_batch" in out, out[-8000:]
+    # torchfrtrace, on the exported files, names the same collective and rank.
+    assert "Not all ranks joining collective, sequence number: 29" in out and "missing ranks: {3}" in out, out[-8000:]
+    outputs = tmp_path / "post_mortem"
+    assert sorted(os.listdir(outputs / "fr")) == [f"torch_ext_fr_rank_{r}" for r in range(4)]
+    assert (outputs / "trace.json").read_text().startswith('{"traceEvents":[')
+    assert "id='model'" in (outputs / "report.html").read_text()
