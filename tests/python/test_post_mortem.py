@@ -201,6 +201,13 @@ def test_fr_export_of_a_killed_rank_names_it_in_torchfrtrace(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "missed FR dumps from ranks ({2})" in out.stderr, out.stderr
 
+    # The trace and the page still give the dead rank its lane, as the culprit.
+    assert _diagnose(dumps, "--trace", tmp_path / "t.json", "--html", tmp_path / "p.html").returncode == 0
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert "rank 2 (no dump)" in [e["args"]["name"] for e in events if e["name"] == "process_name"]
+    assert "culprit: rank 2 is gone" in [e["name"] for e in events if e["ph"] == "i"]
+    assert '"culprits":{"2":"is gone"}' in (tmp_path / "p.html").read_text()
+
 
 def test_fr_export_of_an_unpaired_recv_is_named_by_torchfrtrace(tmp_path):
     dumps = tmp_path / "dumps"
@@ -247,6 +254,32 @@ def test_torchfrtrace_limit_a_p2p_op_right_after_collective_1_is_taken_for_a_coa
     _export(dumps, fr)
     out = _torchfrtrace(fr)
     assert out.returncode != 0 and "AssertionError" in out.stderr, out.stdout + out.stderr
+
+
+def _p2p_in_a_group_of_three(rank: int, world: int) -> None:
+    dist.all_reduce(torch.ones(2))  # #1
+    dist.all_reduce(torch.ones(2))  # #2 (no p2p right after #1: the limit above)
+    t = torch.ones(3)
+    if rank == 0:
+        dist.send(t, dst=1)
+    elif rank == 1:
+        dist.recv(t, src=0)
+    dist.all_reduce(torch.ones(2))  # #3
+    torch_ext.dump()
+
+
+def test_torchfrtrace_limit_a_healthy_send_recv_in_a_group_of_three_is_checked_against_every_rank(tmp_path):
+    # docs/diagnostics.md: outside batch_isend_irecv, torch's analyzer expects every
+    # rank of the group to take part in a send/recv, and blames the third rank.
+    dumps = tmp_path / "dumps"
+    assert_all_ok(run_ranks(_p2p_in_a_group_of_three, 3, env={"TORCH_EXT_DUMP_DIR": str(dumps)}, timeout=60))
+    assert _verdict(dumps)["kind"] == "none"
+    fr = tmp_path / "fr"
+    _export(dumps, fr)
+    out = _torchfrtrace(fr)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Not all ranks joining collective, sequence number: 2" in out.stderr, out.stderr
+    assert re.search(r"collective: gloo:(send 0->1|recv 1<-0)\nmissing ranks: \{2\}", out.stderr), out.stderr
 
 
 def _every_op(rank: int, world: int) -> None:

@@ -147,6 +147,19 @@ def page_model(a: Analysis) -> dict[str, Any]:
     return {"ranks": a.ranks, "bad": [[b.path, b.reason] for b in a.bad], "groups": groups}
 
 
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out: list[str] = []
+    for r in sorted(ranks):
+        if out and r == last + 1:
+            first = out.pop().split("-")[0]
+            out.append(f"{first}-{r}")
+        else:
+            out.append(str(r))
+        last = r
+    return ", ".join(out) or "(none)"
+
+
 def _global(g: dict[str, Any], group_rank: int) -> int:
     ranks = g.get("ranks", [])
     return int(ranks[group_rank]) if 0 <= group_rank < len(ranks) else group_rank
@@ -330,7 +343,7 @@ def render(a: Analysis, title: str = "torch_ext diagnose") -> str:
     model = page_model(a)
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
            f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
-    out.append(f"<p>{len(a.dumps)} dump(s) from rank(s) {', '.join(map(str, a.ranks)) or '(none)'}</p>")
+    out.append(f"<p>{len(a.dumps)} dump(s) from rank(s) {_ranges(a.ranks)}</p>")
     for b in a.bad:
         out.append(f"<p class='bad'>bad file {html.escape(b.path)}: {html.escape(b.reason)}</p>")
     if model["groups"]:

@@ -87,7 +87,7 @@ def render_trace(a: Analysis) -> dict[str, Any]:
                     args["state"] = "scheduled (still pending when the dump was written)"
                 events.append({
                     "ph": "X", "cat": "guard," + e["state"], "name": e["op"], "pid": pid, "tid": tid,
-                    "ts": _us(start, base), "dur": max(_us(int(stop), base) - _us(start, base), 0.001),
+                    "ts": _us(start, base), "dur": max(round((int(stop) - start) / 1000.0, 3), 0.001),
                     "args": {k: v for k, v in args.items() if v is not None},
                     **({"cname": "terrible"} if e["state"] == "failed" else
                        {"cname": "bad"} if e["state"] == "scheduled" else {}),
