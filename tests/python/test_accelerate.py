@@ -95,13 +95,18 @@ def _sampler_through_prepare(rank: int, world: int, global_plan: bool) -> dict:
     seen = [i for batch in loader for i in batch.tolist()]
     everyone = [None] * world
     dist.all_gather_object(everyone, seen)
-    return {"batches": len(loader), "union": len(set().union(*map(set, everyone)))}
+    epochs = [sampler.epoch]
+    for _ in loader:  # Accelerate advances the epoch through sampler.sampler.set_epoch
+        epochs.append(sampler.epoch)
+        break
+    return {"batches": len(loader), "union": len(set().union(*map(set, everyone))), "epochs": epochs}
 
 
 @pytest.mark.parametrize("global_plan", [True, False])
 def test_bucket_sampler_through_prepare_is_dealt_once_with_the_global_plan(global_plan):
     values = assert_all_ok(run_ranks(_sampler_through_prepare, 2, global_plan, backend=None, timeout=120))
     assert values[0]["batches"] == values[1]["batches"]  # equal counts either way
+    assert values[0]["epochs"] == [0, 1]
     if global_plan:
         assert values[0]["union"] == 60  # every sample reaches a rank
     else:
