@@ -14,19 +14,23 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
   || pip_install "torch==2.13.0"
 # The setuptools floor is pyproject.toml's (the version the packaging tests build with).
 SETUPTOOLS=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
-pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2"
+pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2" \
+  "accelerate==1.15.0"
 
-# Debian packages (need root or sudo): GoogleTest and cmake for the C++ suite, and
+# Debian packages (need root or sudo): GoogleTest and cmake for the C++ suite;
 # ccache, which torch's extension build uses when present: a build in another
-# folder (the packaging tests' sdist and wheels) reuses the objects compiled here.
-apt_install() {
-  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq "$@" >/dev/null
-}
+# folder (the packaging tests' sdist and wheels) reuses the objects compiled here;
+# and a headless Chromium that renders diagnose's HTML page in
+# tests/python/test_post_mortem.py (about 30 s to install; without it that test skips).
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+apt_install() { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null; }
 if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ] && [ ! -d /usr/include/gtest ]; then
   apt_install libgtest-dev cmake $(command -v ccache >/dev/null || echo ccache)
 elif ! command -v ccache >/dev/null; then
   apt_install ccache || echo "note: ccache could not be installed; builds in new folders compile from scratch"
+fi
+if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  apt_install chromium
 fi
 
 # Build the extension against the installed torch (no build isolation: it would

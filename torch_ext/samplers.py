@@ -71,6 +71,10 @@ class BucketBatchSampler(Sampler[list[int]]):
     rank ``k % num_replicas``. Planning 10M samples takes a fraction of a second
     in C++ and holds about 8 bytes per sample (see ``docs/performance.md``).
 
+    ``batch_sizes`` lists the batch size of each bucket; ``batch_size`` is the size
+    when every batch has it (one size, no short batch), else None: the way torch
+    and Hugging Face Accelerate mark a batch sampler whose batches vary in length.
+
     Resuming: :meth:`state_dict` records the epoch, the seed and how many batches
     of the epoch's global order were consumed (by all ranks together);
     :meth:`load_state_dict` continues with the rest of the same plan, dealt to
@@ -113,7 +117,6 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.seed = _check_seed(seed)
         self.policy = policy
         self.epoch = 0
-        self.batch_size = batch_size
 
         ids, keys = _dense_bucket_ids(buckets, num_samples)
         self._bucket_ids = ids
@@ -125,6 +128,13 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.bucket_counts: list[int] = counts.tolist()
         self.fingerprint = int(torch.ops.torch_ext.bucket_fingerprint(ids, self._batch_sizes_t)) & _U64
         self.num_batches = _count_batches(self.bucket_counts, self.batch_sizes, policy)
+        # torch and Hugging Face Accelerate read a batch sampler's ``batch_size`` as "every
+        # batch has this many samples" and None as "lengths vary": Accelerate's
+        # BatchSamplerShard then deals batches of any length (with an int it skips every
+        # round whose last batch is short, and a mapping breaks it).
+        uniform = len(set(self.batch_sizes)) == 1
+        full = policy == "drop" or all(c % b == 0 for c, b in zip(self.bucket_counts, self.batch_sizes))
+        self.batch_size: int | None = self.batch_sizes[0] if uniform and full else None
 
         self._plan: tuple[int, int, torch.Tensor, torch.Tensor] | None = None
         self._resume: int | None = None  # global position for the next pass, from load_state_dict

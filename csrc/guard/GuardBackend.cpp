@@ -174,6 +174,7 @@ c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
   Fingerprint fp = builder.finish();
+  fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
   const Op op = fp.op;
   if (state_->failed()) state_->throwFailure(opName(op));
   if (shutdown_) {
@@ -500,7 +501,10 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::barrier(const c10d::BarrierOptions&
   c10::DeviceType device = c10::DeviceType::CPU;
   if (opts.device.has_value()) {
     device = opts.device->type();
-  } else if (!opts.device_ids.empty()) {
+  } else if (!opts.device_ids.empty() && innerFor(c10::DeviceType::CUDA) != nullptr) {
+    // Device ids name GPUs for NCCL; gloo ignores them. Without a CUDA inner backend
+    // (a CPU-only job) the barrier runs on CPU, as it would on plain gloo: Hugging Face
+    // Accelerate passes device_ids=[local_rank] on CPU too.
     device = c10::DeviceType::CUDA;
   }
   return run(FingerprintBuilder(Op::Barrier), device, [&](c10d::Backend& b) { return b.barrier(opts); });

@@ -151,6 +151,10 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
     if (state_->failed()) state_->throwFailure("");
     failFromInner(e.what());
   }
+  // An inner wait that returns false was cut short: the group failed meanwhile (the
+  // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
+  // rather than return as if the data had arrived.
+  if (!result && state_->failed()) state_->throwFailure("");
   if (mode_ == Mode::Blocking) state_->ledger().complete(id_, true);
   return result;
 }

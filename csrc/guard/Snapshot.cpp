@@ -27,6 +27,7 @@ EntryView EntryView::from(const Entry& e) {
   v.seq = e.seq;
   v.p2pOrdinal = e.p2pOrdinal;
   v.op = opName(e.fp.op);
+  v.device = c10::DeviceTypeName(e.fp.device, /*lower_case=*/true);
   v.text = e.fp.describe();
   v.isP2P = ::torch_ext::isP2P(e.fp.op);
   v.peer = e.fp.root;
@@ -168,6 +169,7 @@ Json toJson(const EntryView& e, const GroupView& g) {
   j.set("frames", framesJson(e.frames));
   // torch_ext fields.
   j.set("op", e.op);
+  j.set("device", e.device);
   j.set("fingerprint", e.text);
   j.set("hash", hex64(e.hash));
   j.set("rolling_hash", hex64(e.rolling));
@@ -256,6 +258,7 @@ GroupView groupFromJson(const Json& j) {
     e.op = ej.at("op").asString("op");
     Op parsed;
     if (!opFromName(e.op, &parsed)) throw JsonError("unknown op '" + e.op + "'");
+    e.device = optString(ej, "device");
     e.text = ej.at("fingerprint").asString("fingerprint");
     e.isP2P = ej.at("is_p2p").asBool("is_p2p");
     e.peer = static_cast<int32_t>(optInt(ej, "peer", -1));

@@ -28,6 +28,7 @@ struct EntryView {
   uint64_t seq = 0;
   uint64_t p2pOrdinal = 0;
   std::string op;    // "all_reduce"
+  std::string device;  // "cpu", "cuda": which inner backend ran it ("" in older dumps)
   std::string text;  // "all_reduce(float32[10], SUM)"
   bool isP2P = false;
   int32_t peer = -1;  // group rank of root/src/dst or p2p peer; -1 none/any

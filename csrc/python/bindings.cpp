@@ -275,6 +275,34 @@ PYBIND11_MODULE(_C, m) {
               break;
             }
           }
+          if (oldest == 0) {
+            // Nothing pending: the dumps may have been written for a collective that has
+            // failed since (incident "failure:2" after a peer died). Make it the subject,
+            // so the verdict names that collective as the live report did.
+            const auto parsed = torch_ext::Incident::fromId(incident);
+            const bool seqSubject = parsed && !parsed->subject.empty() &&
+                parsed->subject.find_first_not_of("0123456789") == std::string::npos;
+            if (seqSubject && (parsed->kind == torch_ext::IncidentKind::Failure ||
+                               parsed->kind == torch_ext::IncidentKind::Abort ||
+                               parsed->kind == torch_ext::IncidentKind::Hang)) {
+              const uint64_t seq = std::strtoull(parsed->subject.c_str(), nullptr, 10);
+              for (const auto& in : inputs) {
+                const auto* g = in.group();
+                const auto* e = g ? g->bySeq(seq) : nullptr;
+                if (e == nullptr || e->state != "failed") continue;
+                inc.kind = parsed->kind == torch_ext::IncidentKind::Failure ? torch_ext::IncidentKind::Failure
+                                                                            : torch_ext::IncidentKind::Hang;
+                inc.subject = parsed->subject;
+                inc.poster = g->rank;
+                inc.error = e->error;
+                oldest = e->startNs;
+                break;
+              }
+            }
+          }
+          // Still nothing: look for mismatches only (a verdict of "none" if there is none),
+          // rather than report a hang of a collective nobody waits in.
+          if (oldest == 0) inc.kind = torch_ext::IncidentKind::Mismatch;
           auto v = torch_ext::analyze(info.second, inputs, inc, now);
           auto j = v.toJson();
           j.set("group_name", name);

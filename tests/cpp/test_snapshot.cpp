@@ -73,6 +73,7 @@ RankSnapshot sampleSnapshot() {
   c.id = 90;
   c.seq = 57;
   c.op = "all_reduce";
+  c.device = "cuda";
   c.text = "all_reduce(float32[10, 2], SUM)";
   c.reduceOp = "SUM";
   c.dtypes = {"float32"};
@@ -129,6 +130,7 @@ void expectSameEntry(const EntryView& a, const EntryView& b) {
   EXPECT_EQ(a.seq, b.seq);
   EXPECT_EQ(a.p2pOrdinal, b.p2pOrdinal);
   EXPECT_EQ(a.op, b.op);
+  EXPECT_EQ(a.device, b.device);
   EXPECT_EQ(a.text, b.text);
   EXPECT_EQ(a.isP2P, b.isP2P);
   EXPECT_EQ(a.peer, b.peer);
@@ -223,6 +225,7 @@ TEST(Snapshot, JsonUsesFlightRecorderFieldNames) {
   EXPECT_EQ(c.at("collective_seq_id").asInt(), 57);
   EXPECT_EQ(c.at("p2p_seq_id").asInt(), 0);
   EXPECT_EQ(c.at("profiling_name").asString(), "guard:all_reduce");
+  EXPECT_EQ(c.at("device").asString(), "cuda");
   EXPECT_EQ(c.at("input_sizes").dump(), "[[10,2]]");
   EXPECT_EQ(c.at("input_dtypes").dump(), R"(["float32"])");
   EXPECT_EQ(c.at("state").asString(), "scheduled");
@@ -280,6 +283,7 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   EXPECT_EQ(e1.id, c1);
   EXPECT_EQ(e1.seq, 1u);
   EXPECT_EQ(e1.op, "all_reduce");
+  EXPECT_EQ(e1.device, "cpu");
   EXPECT_EQ(e1.text, "all_reduce(float32[10], SUM)");
   EXPECT_FALSE(e1.isP2P);
   EXPECT_EQ(e1.reduceOp, "SUM");
@@ -366,6 +370,10 @@ TEST(Snapshot, ValidationNamesTheProblem) {
             "input_sizes entry must be an array, got number");
   EXPECT_EQ(loadError(edited(ok, R"("line":77)", R"("line":"77")")), "frame line must be an integer, got string");
   EXPECT_EQ(loadError(edited(ok, R"("record_id":90,)", "")), "missing field 'record_id'");
+  // "device" came later: dumps without it still load, with an empty device.
+  const std::string noDevice = edited(ok, R"("device":"cuda",)", "");
+  ASSERT_EQ(loadError(noDevice), "(no error)");
+  EXPECT_EQ(snapshotFromJson(Json::parse(noDevice)).groups[0].entries[0].device, "");
   {
     SCOPED_TRACE("Hex64");
     EXPECT_EQ(hex64(0), "0000000000000000");

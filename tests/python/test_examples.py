@@ -163,3 +163,37 @@ def test_webdataset_lightning_example_trains_the_announced_length(tmp_path):
     assert len(set(counts.split(", "))) > 1, plan                    # uneven shards: unequal without the helper
     trained = re.findall(r"epoch (\d) trained (\d+) batches; Lightning knew the length in advance: (\d+)", out)
     assert trained and all(t[1] == length and t[2] == length for t in trained), out[-8000:]
+
+
+def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(tmp_path):
+    pytest.importorskip("accelerate")
+    out = _example("accelerate_guard.py", tmp_path, timeout=240)
+    steps = re.findall(r"\[rank (\d)\] epoch (\d): (\d+) steps of (\d+)", out)
+    by_epoch: dict[str, set[tuple[str, str]]] = {}
+    for rank, epoch, n, length in steps:
+        by_epoch.setdefault(epoch, set()).add((n, length))
+    assert sorted(by_epoch) == ["0", "1"] and len(steps) == 4, out[-8000:]
+    (full, length), = by_epoch["0"]          # the same count on both ranks: the whole epoch
+    assert full == length and int(length) > 0, out[-8000:]
+    (stopped, _), = by_epoch["1"]             # rank 1's trigger stopped both ranks at the same step
+    assert stopped == "5", out[-8000:]
+    summary = _per_rank(r"\[rank (\d)\] samples seen per rank \[(\d+), (\d+)\], together (\d+) of 300; "
+                        r"eval gathered (\d+) of 50 \(accuracy [\d.]+\); accelerate backend label '(\w+)', "
+                        r"process group '(\w+)'", out)
+    assert sorted(summary) == [0, 1], out[-8000:]
+    for _, _, together, gathered, label, pg in summary.values():
+        # Every sample reached a rank (the plan was dealt once, not twice), evaluation
+        # totals are exact, and the collectives ran on the guard under Accelerate's "gloo" label.
+        assert (together, gathered, label, pg) == ("300", "50", "gloo", "guard"), summary
+
+
+def test_post_mortem_example_writes_the_three_outputs_and_torchfrtrace_names_the_stuck_rank(tmp_path):
+    out = _example("post_mortem.py", tmp_path, timeout=240)
+    assert 'collective #29 all_reduce(float32[256], SUM) on group "default_pg" has waited' in out, out[-8000:]
+    assert "rank 3 has not arrived" in out and "in load_batch" in out, out[-8000:]
+    # torchfrtrace, on the exported files, names the same collective and rank.
+    assert "Not all ranks joining collective, sequence number: 29" in out and "missing ranks: {3}" in out, out[-8000:]
+    outputs = tmp_path / "post_mortem"
+    assert sorted(os.listdir(outputs / "fr")) == [f"torch_ext_fr_rank_{r}" for r in range(4)]
+    assert (outputs / "trace.json").read_text().startswith('{"traceEvents":[')
+    assert "id='model'" in (outputs / "report.html").read_text()

@@ -142,6 +142,11 @@ def _all_collectives(rank: int, world: int, numel: int) -> dict[str, str]:
         dist.barrier(group=g)
         return "done"
 
+    def barrier_device_ids(g):
+        # gloo ignores device ids (Hugging Face Accelerate passes them on CPU too).
+        dist.barrier(group=g, device_ids=[rank])
+        return "done"
+
     def async_ops(g):
         t = x()
         work = dist.all_reduce(t, group=g, async_op=True)
@@ -226,6 +231,7 @@ def _all_collectives(rank: int, world: int, numel: int) -> dict[str, str]:
 
     for fn in [broadcast, reduce, all_gather, all_gather_into_tensor, gather, scatter, reduce_scatter,
                reduce_scatter_tensor, all_to_all, all_to_all_single_uneven, all_to_all_single_even, barrier,
+               barrier_device_ids,
                async_ops, coalesced, all_reduce_coalesced, p2p_ring, batch_p2p, recv_any_source, subgroup]:
         cmp(fn.__name__, fn)
     outcome = cmp.outcome
@@ -263,6 +269,7 @@ def _check(outcomes: list[dict[str, str]], world: int, numel: int) -> None:
                 assert "gloo" in outcome.lower(), f"{where}: {outcome}"
     # The ops gloo supports must actually have run (not refused) on guard too.
     for op in ["all_reduce_RedOpType.SUM", "broadcast", "all_gather", "all_to_all_single_uneven", "barrier",
+               "barrier_device_ids",
                "p2p_ring", "batch_p2p", "recv_any_source", "async_ops", "coalesced"]:
         assert outcomes[0][op] == "equal", f"world={world} numel={numel} {op}: {outcomes[0][op]}"
 

@@ -156,6 +156,23 @@ def test_send_recv_that_do_not_pair_are_reported(kind, mode):
         assert "send(float32" in text and "recv(float" in text, text
 
 
+def _both_receive(rank: int, world: int) -> str:
+    buf = torch.zeros(4)
+    try:
+        dist.recv(buf, src=1 - rank)  # both wait for the other to send first
+    except torch_ext.CollectiveMismatchError as e:
+        return f"recv raised: {e}"
+    return f"recv returned {buf.tolist()}"
+
+
+def test_a_recv_whose_send_never_comes_raises_from_the_recv_itself():
+    # The watchdog finds the pair that cannot complete and fails the group, which
+    # aborts gloo's pending receive; its wait() then returns false. That must raise,
+    # not return zeros as if data had arrived.
+    for text in assert_all_ok(run_ranks(_both_receive, 2, env=MODES["async"], timeout=60)):
+        assert text.startswith("recv raised: send/recv on group") and "do not pair" in text, text
+
+
 # --- no false positives --------------------------------------------------------------
 
 def _soak(rank: int, world: int, steps: int, seed: int) -> int:

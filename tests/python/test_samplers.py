@@ -157,6 +157,24 @@ def test_bucket_keys_any_hashable_tensor_array_and_callable():
     assert BucketBatchSampler([1, "1"], {1: 1, "1": 1}, num_replicas=1, rank=0).num_batches == 2
 
 
+def test_batch_size_is_the_size_of_every_batch_or_none_when_lengths_vary():
+    # torch and Accelerate read batch_size as "every batch has this many samples"
+    # (Accelerate's BatchSamplerShard deals any lengths only when it is None).
+    keys = [i % 2 for i in range(20)]  # two buckets of 10
+
+    def lengths(s):
+        return {len(b) for b in s}
+
+    s = BucketBatchSampler(keys, 5, num_replicas=1, rank=0)  # 10 = 2 x 5: all full
+    assert s.batch_size == 5 and lengths(s) == {5}
+    s = BucketBatchSampler(keys, 4, num_replicas=1, rank=0)  # pad: each bucket ends with a batch of 2
+    assert s.batch_size is None and lengths(s) == {2, 4}
+    s = BucketBatchSampler(keys, 4, num_replicas=1, rank=0, policy="drop")
+    assert s.batch_size == 4 and lengths(s) == {4}
+    s = BucketBatchSampler(keys, {0: 5, 1: 2}, num_replicas=1, rank=0)  # one size per bucket
+    assert s.batch_size is None and s.batch_sizes == [5, 2] and lengths(s) == {2, 5}
+
+
 def test_len_is_exact_for_the_drop_remainders():
     keys = [0] * 10 + [1] * 7
     s = BucketBatchSampler(keys, {0: 4, 1: 3}, num_replicas=2, rank=0, policy="drop")

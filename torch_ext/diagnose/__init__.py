@@ -3,19 +3,22 @@
 Every rank of a guarded job writes ``rank<N>.json`` into ``TORCH_EXT_DUMP_DIR``
 whenever a report is made (hang, mismatch, failure) or on ``torch_ext.dump()``.
 This reads those files alone (no running job needed), runs the same cross-rank
-analysis as the live reports, and prints it; ``--html`` writes a self-contained
-timeline page.
+analysis as the live reports, and prints it. It can also write the dumps out for
+other tools: ``--fr`` PyTorch Flight Recorder files for ``torchfrtrace``
+(``flight_recorder.py``), ``--trace`` a Chrome Trace Event / Perfetto JSON
+(``trace.py``) and ``--html`` a self-contained page (``html.py``).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import re
 from typing import Any
 
 from torch_ext import _C
 
-__all__ = ["Dump", "BadFile", "Analysis", "load_dir", "analyze_dir", "format_text"]
+__all__ = ["Dump", "BadFile", "Analysis", "load_dir", "analyze_dir", "format_text", "culprits", "group_sizes"]
 
 
 @dataclasses.dataclass
@@ -70,7 +73,9 @@ def load_dir(path: str | os.PathLike[str]) -> tuple[list[Dump], list[BadFile]]:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
-            what = "truncated JSON" if e.pos >= len(text.rstrip()) - 1 else "invalid JSON"
+            # The text ended where more was due: at its end, or inside a string that never closed.
+            ended = e.pos >= len(text.rstrip()) - 1 or e.msg.startswith("Unterminated string")
+            what = "truncated JSON" if ended else "invalid JSON"
             bad.append(BadFile(full, f"{what}: {e.msg} at line {e.lineno} column {e.colno}"))
             continue
         try:
@@ -92,7 +97,8 @@ def analyze_dir(path: str | os.PathLike[str]) -> Analysis:
     return Analysis(dumps, bad, verdicts)
 
 
-def _group_sizes(dumps: list[Dump]) -> dict[str, int]:
+def group_sizes(dumps: list[Dump]) -> dict[str, int]:
+    """Group name -> size, from whichever dumps hold the group."""
     sizes: dict[str, int] = {}
     for d in dumps:
         for g in d.data.get("groups", []):
@@ -100,9 +106,43 @@ def _group_sizes(dumps: list[Dump]) -> dict[str, int]:
     return sizes
 
 
+_P2P_RANK = re.compile(r"^\s*(?:but )?rank (\d+)(?::| has )", re.M)
+
+
+def culprits(verdict: dict[str, Any]) -> dict[int, str]:
+    """The ranks a verdict blames (global rank -> why), for the HTML page and the trace.
+
+    A hang or failure blames the ranks that have not arrived and those that are
+    gone. A collective mismatch blames the ranks outside the largest group of
+    identical calls (every named rank when there is no single largest group); a
+    send/recv that does not pair blames both sides.
+    """
+    kind = verdict.get("kind")
+    out: dict[int, str] = {}
+    if kind in ("hang", "failure"):
+        for r in verdict.get("not_arrived", []):
+            out[int(r)] = "has not arrived"
+        for r in verdict.get("gone", []):
+            out[int(r)] = "is gone"
+    elif kind == "mismatch" and verdict.get("ranks"):
+        calls: dict[str, list[int]] = {}
+        for line in verdict["ranks"]:
+            calls.setdefault(line["op"] if line.get("issued", True) else "(not issued)", []).append(int(line["rank"]))
+        largest = max(len(v) for v in calls.values())
+        majority = [op for op, rs in calls.items() if len(rs) == largest]
+        for op, rs in calls.items():
+            if len(majority) > 1 or op not in majority:
+                for r in rs:
+                    out[r] = f"differs: {op}"
+    elif kind == "mismatch":
+        for m in _P2P_RANK.finditer(verdict.get("text", "")):
+            out[int(m.group(1))] = "send/recv does not pair"
+    return dict(sorted(out.items()))
+
+
 def format_text(a: Analysis) -> str:
     lines: list[str] = []
-    world = max(_group_sizes(a.dumps).values(), default=0)
+    world = max(group_sizes(a.dumps).values(), default=0)
     lines.append(f"torch_ext diagnose: {len(a.dumps)} dump(s) from rank(s) {_ranks(a.ranks)}")
     missing = [r for r in range(world) if r not in a.ranks]
     if missing:

@@ -1,4 +1,4 @@
-"""``python -m torch_ext.diagnose DUMP_DIR [--html report.html] [--json]``."""
+"""``python -m torch_ext.diagnose DUMP_DIR [--html FILE] [--trace FILE] [--fr OUT_DIR] [--json]``."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +6,20 @@ import json
 import os
 import sys
 
-from torch_ext.diagnose import analyze_dir, format_text
+from torch_ext.diagnose import analyze_dir, format_text, group_sizes
+from torch_ext.diagnose.flight_recorder import DEFAULT_PREFIX, ExportError, export
 from torch_ext.diagnose.html import render
+from torch_ext.diagnose.trace import render_trace
+
+
+def _write_text(path: str, text: str, flag: str) -> str | None:
+    """Writes ``text`` to ``path``; returns an error line naming the fix, or None."""
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        return f"error: cannot write {flag} file {path!r}: {e.strerror} (pass {flag} a path in a folder you can write)"
+    return None
 
 
 def _version() -> str:
@@ -37,7 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         description="Cross-rank analysis of the per-rank dumps a guarded job wrote to TORCH_EXT_DUMP_DIR.",
     )
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
-    ap.add_argument("--html", metavar="FILE", help="also write a self-contained timeline page")
+    ap.add_argument("--html", metavar="FILE", help="also write a self-contained page: one lane per rank, the stuck op "
+                    "and the culprits marked")
+    ap.add_argument("--trace", metavar="FILE", help="also write a Chrome Trace Event / Perfetto JSON (open it in "
+                    "ui.perfetto.dev or chrome://tracing)")
+    ap.add_argument("--fr", metavar="OUT_DIR", help="also write one PyTorch Flight Recorder file per rank into OUT_DIR "
+                    "(an empty or new folder), for `torchfrtrace OUT_DIR -p PREFIX`")
+    ap.add_argument("--fr-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
+                    help=f"file name prefix of the Flight Recorder files (default {DEFAULT_PREFIX}; the rank follows)")
     ap.add_argument("--json", action="store_true", help="print the analysis as JSON instead of text")
     ap.add_argument("--version", action=_PrintVersion,
                     help="print torch_ext's version and the torch it was compiled against, and exit")
@@ -55,14 +74,36 @@ def main(argv: list[str] | None = None) -> int:
         }, indent=2))
     else:
         print(format_text(analysis))
-    if args.html:
-        with open(args.html, "w", encoding="utf-8") as f:
-            f.write(render(analysis, title=f"torch_ext diagnose: {args.dump_dir}"))
-        if not args.json:
-            print(f"\nwrote {args.html}")
     if not analysis.dumps:
+        print(f"error: no torch_ext dump in {args.dump_dir!r} (it should hold the rank<N>.json files a job wrote "
+              "to TORCH_EXT_DUMP_DIR, or that torch_ext.dump() wrote)", file=sys.stderr)
         return 1
-    return 0
+    wrote: list[str] = []
+    errors: list[str] = []
+    if args.html:
+        err = _write_text(args.html, render(analysis, title=f"torch_ext diagnose: {args.dump_dir}"), "--html")
+        errors.append(err) if err else wrote.append(f"wrote {args.html}")
+    if args.trace:
+        err = _write_text(args.trace, json.dumps(render_trace(analysis), separators=(",", ":")), "--trace")
+        errors.append(err) if err else wrote.append(f"wrote {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")
+    if args.fr:
+        try:
+            paths = export(analysis, args.fr, args.fr_prefix)
+        except ExportError as e:
+            errors.append(f"error: --fr: {e}")
+        else:
+            world = max(group_sizes(analysis.dumps).values(), default=0)
+            missing = [r for r in range(world) if r not in analysis.ranks]
+            line = (f"wrote {len(paths)} Flight Recorder file(s) to {args.fr}; analyse them with: "
+                    f"torchfrtrace {args.fr} -p {args.fr_prefix}")
+            if missing:
+                line += " --allow-incomplete-ranks (no dump from rank(s) " + ",".join(map(str, missing)) + ")"
+            wrote.append(line)
+    if wrote and not args.json:
+        print("\n" + "\n".join(wrote))
+    for e in errors:
+        print(e, file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
