@@ -1,6 +1,7 @@
 #include "guard/GuardWork.h"
 
 #include "guard/Watchdog.h"
+#include "guard/WorkRetirement.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,6 +12,7 @@ namespace torch_ext {
 c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
                                               c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
                                               Op op, c10::DeviceType device) {
+  WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
   if (device != c10::DeviceType::CPU) {
     state->ledger().pollLater(id, inner);
     return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Device, nullptr);
@@ -55,6 +57,12 @@ GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d:
       op_(op),
       mode_(mode),
       future_(std::move(future)) {}
+
+GuardWork::~GuardWork() {
+  auto& retirement = WorkRetirement::instance();
+  retirement.retire(std::move(inner_));
+  retirement.retire(std::move(future_));
+}
 
 std::string GuardWork::describe() const {
   std::ostringstream os;

@@ -37,6 +37,9 @@ class GuardWork : public c10d::Work {
 
   GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
             Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> future);
+  // Hands the inner work and our future to WorkRetirement: the inner backend's
+  // worker may still hold them, and must not be the one to free them.
+  ~GuardWork() override;
 
   bool isCompleted() override;
   bool isSuccess() const override;

@@ -25,6 +25,7 @@ import dataclasses
 import multiprocessing as mp
 import os
 import pickle
+import re
 import select
 import signal
 import socket
@@ -300,8 +301,21 @@ class ProcResult:
     ended_at: float | None  # time.time() when it ended by itself
 
     def describe(self) -> str:
-        state = "DID NOT END (killed at the deadline)" if self.returncode is None else f"exit {self.returncode}"
-        return f"--- rank {self.rank}: {state}\n{self.output[-6000:]}"
+        if self.returncode is None:
+            state = "DID NOT END (killed at the deadline)"
+        elif self.returncode < 0:
+            state = f"exit {self.returncode} (killed by {signal.Signals(-self.returncode).name})"
+        else:
+            state = f"exit {self.returncode}"
+        # c10d's warnings carry a C++ backtrace of ~20 "frame #N:" lines each:
+        # drop them, so a failure's log shows every rank's own lines.
+        lines = self.output.splitlines()
+        kept = [line for line in lines if not _BACKTRACE_FRAME.match(line)]
+        dropped = f"({len(lines) - len(kept)} C++ backtrace frame lines left out)\n" if len(kept) < len(lines) else ""
+        return f"--- rank {self.rank}: {state}\n{dropped}" + "\n".join(kept)[-6000:]
+
+
+_BACKTRACE_FRAME = re.compile(r"^frame #\d+: ")
 
 
 def launch_script(args: list[str], world_size: int, *, store: str = "rank0", timeout: float = 60.0,

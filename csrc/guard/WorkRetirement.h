@@ -1,0 +1,55 @@
+#pragma once
+
+// WorkRetirement: where a guarded op's inner Work and future go when the
+// GuardWork handed to torch is dropped, so that they are freed on a thread that
+// issues collectives (a Python thread) and never on the inner backend's worker.
+//
+// Why: gloo's worker thread keeps its reference to a Work until just after
+// completing it. When the user's thread has already dropped its own, the worker
+// frees the Work, and with it the user's tensors; a tensor whose Python object
+// outlived its Python references then needs the GIL to let it go. If that
+// happens while the interpreter is finalizing, the worker is made to exit
+// inside a noexcept destructor, and the process aborts ("terminate called
+// without an active exception") after the script ended normally. Keeping a
+// reference here until ours is the last one moves every such free onto the
+// next issuing thread (sweep), and the references still here at exit are never
+// released (the container is leaked on purpose), so no free runs after it.
+//
+// Cost: nothing is kept when the worker has let go already (the common case);
+// otherwise a Work stays until the next collective is issued.
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <atomic>
+#include <cstddef>
+#include <mutex>
+#include <vector>
+
+namespace torch_ext {
+
+class WorkRetirement {
+ public:
+  static WorkRetirement& instance();
+
+  // Drops `ref` now if nobody else holds it, else keeps it until sweep()
+  // finds ours to be the last reference.
+  void retire(c10::intrusive_ptr<c10::intrusive_ptr_target> ref);
+
+  // Frees what only this holds any more; cheap when nothing is kept.
+  void sweep() {
+    if (kept_.load(std::memory_order_relaxed) != 0) sweepSlow();
+  }
+
+  size_t kept() const {
+    return kept_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  void sweepSlow();
+
+  std::mutex mu_;
+  std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> refs_;
+  std::atomic<size_t> kept_{0};
+};
+
+} // namespace torch_ext
