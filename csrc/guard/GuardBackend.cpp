@@ -8,6 +8,7 @@
 #include "guard/Snapshot.h"
 #include "guard/StrictExchange.h"
 #include "guard/Watchdog.h"
+#include "guard/WorkRetirement.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceType.h>
@@ -644,6 +645,9 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
+  // Their workers have let go of every work by now: free the ones kept for
+  // them (a gloo work holds its context, and so the transport's thread).
+  WorkRetirement::instance().sweep();
 }
 
 } // namespace torch_ext
