@@ -57,6 +57,8 @@ class GuardOptions:
         call_sites: record Python call sites (TORCH_EXT_CALL_SITES).
         store_timeout: seconds a store call of the guard may go unanswered
             before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
+        store_budget: store operations per second the watchdogs of the whole
+            job may spend; 0 for none (TORCH_EXT_STORE_BUDGET).
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -68,6 +70,7 @@ class GuardOptions:
     interval: float | None = None
     call_sites: bool | None = None
     store_timeout: float | None = None
+    store_budget: int | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""

@@ -125,6 +125,11 @@ CheckMode parseCheckMode(const std::string& text, const std::string& what) {
 
 } // namespace detail
 
+double exchangeIntervalS(double intervalS, double storeBudget, int groupSize) {
+  if (storeBudget <= 0 || groupSize <= 1) return intervalS;
+  return std::max(intervalS, kStoreOpsPerExchange * static_cast<double>(groupSize) / storeBudget);
+}
+
 const std::vector<EnvVarDoc>& envVarDocs() {
   static const std::vector<EnvVarDoc> docs = {
       {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl",
@@ -143,6 +148,10 @@ const std::vector<EnvVarDoc>& envVarDocs() {
        "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks."},
       {"call_sites", "TORCH_EXT_CALL_SITES", "1",
        "Record the user's Python call site (file:line, function) of each collective."},
+      {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000",
+       "Store operations per second the guard's watchdogs may spend across the whole job (0: no budget). Groups "
+       "larger than budget * interval / 3 ranks (1,333 with the defaults) exchange statuses less often, and their "
+       "reports and checks take proportionally longer."},
       {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3",
        "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
        "under plain env://) is declared lost and every guarded group fails with StoreLostError."},
@@ -194,6 +203,8 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
       cfg.intervalS = detail::parseSeconds(value, what, 0.01, 10.0);
     } else if (opt == "call_sites") {
       cfg.callSites = detail::parseBool(value, what);
+    } else if (opt == "store_budget") {
+      cfg.storeBudget = static_cast<double>(detail::parseInt(value, what, 0, 1'000'000'000));
     } else if (opt == "store_timeout") {
       cfg.storeTimeoutS = detail::parseSeconds(value, what, 0.05, 3600.0);
     }
@@ -224,7 +235,7 @@ std::string Config::describe() const {
   }
   os << " dump_dir=" << (dumpDir.empty() ? "(none)" : dumpDir) << " ledger_size=" << ledgerSize
      << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0) << " store_timeout=" << storeTimeoutS
-     << "s";
+     << "s store_budget=" << storeBudget;
   return os.str();
 }
 

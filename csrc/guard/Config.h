@@ -22,6 +22,15 @@ enum class CheckMode : uint8_t { Off, Async, Strict };
 
 const char* checkModeName(CheckMode mode);
 
+// The watchdog's store operations per rank per exchange (status set, the ring
+// neighbours' multi_get, the alert counter), which the store budget divides.
+constexpr int kStoreOpsPerExchange = 3;
+
+// Seconds between two store exchanges of a rank in a group of `groupSize`:
+// the configured interval, stretched so that the group's ranks together stay
+// within the store budget (interval at 1,300 ranks and below with the defaults).
+double exchangeIntervalS(double intervalS, double storeBudget, int groupSize);
+
 // Raised for a malformed setting; the message names the source and the fix.
 class ConfigError : public std::invalid_argument {
  public:
@@ -42,6 +51,9 @@ struct Config {
   // The longest a store call of the guard may go unanswered before the store
   // is declared lost (its own client; never the group's timeout).
   double storeTimeoutS = 3.0;
+  // Store operations per second that the watchdogs of the whole job may spend
+  // (0: no budget). Large groups exchange less often to stay within it.
+  double storeBudget = 20000.0;
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.

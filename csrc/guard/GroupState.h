@@ -47,6 +47,12 @@ class GroupState {
   const Config& config() const {
     return cfg_;
   }
+  // Seconds between two store exchanges of this rank (the interval, stretched
+  // for large groups by the store budget); the waits of the cross-rank protocol
+  // are counted in these. Local deadlines are checked every interval regardless.
+  double exchangeIntervalS() const {
+    return torch_ext::exchangeIntervalS(cfg_.intervalS, cfg_.storeBudget, id_.size);
+  }
   Ledger& ledger() {
     return ledger_;
   }

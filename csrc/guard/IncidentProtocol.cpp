@@ -111,7 +111,7 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
     respond(*inc);
     Awaiting a;
     a.incident = *inc;
-    const double interval = st_.config().intervalS;
+    const double interval = st_.exchangeIntervalS();
     a.snapDeadlineNs = nowNs + snapWaitNs(interval);
     a.reportDeadlineNs = nowNs + reportWaitNs(interval);
     a.analyst = inc->poster == st_.id().rank;
@@ -129,15 +129,18 @@ bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) 
   const std::string iid = a.incident.id();
   std::vector<std::string> snapKeys;
   for (int r = 0; r < id.size; ++r) snapKeys.push_back("snap/" + iid + "/" + std::to_string(r));
-  std::vector<bool> present(id.size, false);
-  bool all = true;
-  for (int r = 0; r < id.size; ++r) {
+  // One check for all the snapshots while waiting (a large group would
+  // otherwise cost the store one call per rank per tick); rank by rank only
+  // once the wait is over, to tell who is missing.
+  auto every = store.check(snapKeys);
+  if (!every.ok()) return false;  // the store failed: no verdict from here
+  if (!every.value && !force) return false;
+  std::vector<bool> present(id.size, every.value);
+  for (int r = 0; !every.value && r < id.size; ++r) {
     auto there = store.check({snapKeys[r]});
-    if (!there.ok()) return false;  // the store failed: no verdict from here
+    if (!there.ok()) return false;
     present[r] = there.value;
-    all = all && present[r];
   }
-  if (!all && !force) return false;
   std::vector<RankInput> inputs(id.size);
   for (int r = 0; r < id.size; ++r) {
     RankInput& in = inputs[r];

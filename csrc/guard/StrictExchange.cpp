@@ -14,7 +14,7 @@ constexpr std::chrono::milliseconds kSlice{100};
 // raise that failure, or say so plainly if it has not come yet.
 [[noreturn]] void storeFailed(GroupState& st, const std::string& op) {
   st.waitUntil([] { return false; }, std::chrono::milliseconds(
-                                         static_cast<int64_t>(std::max(1.0, 4 * st.config().intervalS) * 1000)));
+                                         static_cast<int64_t>(std::max(1.0, 4 * st.exchangeIntervalS()) * 1000)));
   if (st.failed()) st.throwFailure(op);
   throw StoreLostError(st.store().channel().describeLoss() + " (during " + op + " on group \"" + st.label() + "\")");
 }

@@ -17,6 +17,11 @@ constexpr int64_t kHeartbeatNs = 500'000'000;
 // At exit, how long saying "exited" may take, and how long the thread gets to stop.
 constexpr std::chrono::milliseconds kExitStatusBound{300};
 constexpr std::chrono::milliseconds kExitJoinBound{2000};
+// While an incident is open, the watchdog ticks (and exchanges) this often.
+constexpr double kOpenIntervalS = 0.05;
+// An exchange comes due this much before its period ends, so that one due at
+// a tick is not put off to the next by the tick's jitter.
+constexpr int64_t kTickSlackNs = 10'000'000;
 
 std::string statusKey(int rank) {
   return "st/" + std::to_string(rank);
@@ -48,7 +53,7 @@ Watchdog& Watchdog::instance() {
 
 Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
     : state(std::move(s)),
-      deadlines(state->warnAfter(), state->abortAfter(), state->config().intervalS, state->config().check),
+      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->config().check),
       protocol(*state,
                IncidentProtocol::Hooks{
                    [&dog, st = state.get()](const Incident& inc) {
@@ -212,7 +217,7 @@ void Watchdog::loop() {
         busy = busy || g->open.load() || !g->requests.empty();
       }
       // While an incident is open, tick faster so reports arrive quickly.
-      if (busy) intervalNs = std::min<int64_t>(intervalNs, 50'000'000);
+      if (busy) intervalNs = std::min<int64_t>(intervalNs, static_cast<int64_t>(kOpenIntervalS * 1e9));
       cv_.wait_for(lock, std::chrono::nanoseconds(intervalNs), [this] { return stop_ || wake_; });
       wake_ = false;
       if (stop_) return;
@@ -230,6 +235,15 @@ void Watchdog::loop() {
   }
 }
 
+int64_t Watchdog::GroupCtx::exchangePeriodNs(bool incidentOpen) const {
+  const Config& cfg = state->config();
+  // The shortest period that keeps the group within the budget (0: no budget).
+  const double budgetS = exchangeIntervalS(0.0, cfg.storeBudget, state->id().size);
+  const double wantS = incidentOpen ? std::min(cfg.intervalS, kOpenIntervalS) : cfg.intervalS;
+  if (budgetS <= wantS) return 0;  // within the budget: every tick exchanges
+  return static_cast<int64_t>(budgetS * 1e9) - kTickSlackNs;
+}
+
 void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
   GroupState& st = *ctx->state;
   st.ledger().pollCompletions();
@@ -240,8 +254,12 @@ void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
   }
   checkDeadlines(*ctx, p);
   // The exchange runs on the store's I/O thread; one at a time per group, so
-  // a store call that hangs there holds up nothing here.
+  // a store call that hangs there holds up nothing here. A large group
+  // exchanges less often than it ticks, to stay within the store budget.
+  const int64_t now = steadyNs();
+  if (now < ctx->nextExchangeNs) return;
   if (!ctx->exchangeQueued.exchange(true)) {
+    ctx->nextExchangeNs = now + ctx->exchangePeriodNs(ctx->open.load());
     const bool queued = st.store().channel().post([this, ctx] {
       if (!ctx->removed) exchange(*ctx);
       ctx->exchangeQueued = false;
@@ -487,7 +505,7 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
   Incident inc{IncidentKind::Failure, subject, state->id().rank, shortError};
   const std::string resultKey = state->id().name + "/" + inc.id();
   const auto budget = std::chrono::milliseconds(
-      std::max<int64_t>(5000, static_cast<int64_t>(25 * state->config().intervalS * 1000)));
+      std::max<int64_t>(5000, static_cast<int64_t>(25 * state->exchangeIntervalS() * 1000)));
   std::unique_lock<std::mutex> lock(mu_);
   if (!results_.count(resultKey)) {
     ctx->requests.push_back(inc);

@@ -105,6 +105,10 @@ class Watchdog {
     std::atomic<bool> removed{false};
     std::atomic<bool> open{false};             // an incident is in progress (tick faster)
     std::atomic<bool> exchangeQueued{false};   // a job is queued or running on the I/O thread
+    int64_t nextExchangeNs = 0;                // watchdog thread: not before (steady clock)
+    // Between two exchanges: the exchange interval, or 50 ms while an incident
+    // is open, either stretched to the store budget for a large group.
+    int64_t exchangePeriodNs(bool incidentOpen) const;
     // Watchdog thread (and verdicts, under localMu).
     std::mutex localMu;
     Deadlines deadlines;

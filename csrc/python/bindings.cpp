@@ -118,6 +118,9 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       "(option, env var, default, meaning) for every setting.");
+  m.def("exchange_interval", &torch_ext::exchangeIntervalS, py::arg("interval"), py::arg("store_budget"),
+        py::arg("group_size"),
+        "Seconds between two store exchanges of a rank in a group of group_size ranks under the store budget.");
 
   m.def(
       "_announce", [](const c10::intrusive_ptr<c10d::Store>& store, int rank) { torch_ext::Watchdog::announce(*store, rank); },

@@ -91,3 +91,22 @@ TEST(Config, EveryDocumentedOptionParses) {
     EXPECT_GT(std::string(d.meaning).size(), 10u) << d.env;
   }
 }
+
+TEST(Config, StoreBudgetStretchesTheExchangeOfLargeGroupsOnly) {
+  using torch_ext::exchangeIntervalS;
+  const auto defaults = torch_ext::Config::resolve({});
+  EXPECT_DOUBLE_EQ(defaults.storeBudget, 20000.0);
+  // 3 ops per rank per exchange: 20,000 ops/s keep 1,333 ranks at 0.2 s.
+  EXPECT_DOUBLE_EQ(exchangeIntervalS(0.2, 20000, 8), 0.2);
+  EXPECT_DOUBLE_EQ(exchangeIntervalS(0.2, 20000, 1333), 0.2);
+  EXPECT_NEAR(exchangeIntervalS(0.2, 20000, 4096), 0.6144, 1e-9);
+  EXPECT_NEAR(exchangeIntervalS(0.2, 20000, 16384), 2.4576, 1e-9);
+  // 0: no budget; a lone rank exchanges nothing to speak of.
+  EXPECT_DOUBLE_EQ(exchangeIntervalS(0.2, 0, 16384), 0.2);
+  EXPECT_DOUBLE_EQ(exchangeIntervalS(0.2, 20000, 1), 0.2);
+  const auto cfg = torch_ext::Config::resolve({{"store_budget", "0"}});
+  EXPECT_DOUBLE_EQ(cfg.storeBudget, 0.0);
+  EXPECT_NE(cfg.describe().find("store_budget=0"), std::string::npos);
+  EXPECT_THROW(torch_ext::Config::resolve({{"store_budget", "-5"}}), torch_ext::ConfigError);
+  EXPECT_THROW(torch_ext::Config::resolve({{"store_budget", "lots"}}), torch_ext::ConfigError);
+}
