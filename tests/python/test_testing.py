@@ -166,5 +166,4 @@ def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
     monkeypatch.delenv("TORCH_EXT_ABORT_AFTER", raising=False)
     assert guard_deadlines(60, {}) == {"TORCH_EXT_WARN_AFTER": "5", "TORCH_EXT_ABORT_AFTER": "10"}
     assert guard_deadlines(12, {}) == {"TORCH_EXT_WARN_AFTER": "1.5", "TORCH_EXT_ABORT_AFTER": "3"}
-    assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "8"}) == {"TORCH_EXT_ABORT_AFTER": "16"}
-    assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "2"}) == {}
+    assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "8"}) == {}  # the caller chose: the guard's config applies

@@ -33,11 +33,24 @@ DEVICES = ("cpu", "cuda")
 STORES = ("parent", "rank0")
 
 
+def _ready() -> None:
+    pass
+
+
 def _context():
+    """The forkserver context, started and done preloading (seconds, once per process).
+
+    The first start is waited for here, before any run's deadline starts: on a
+    loaded CI machine importing torch can take longer than a short test timeout.
+    """
     global _CTX
     if _CTX is None:
-        _CTX = mp.get_context("forkserver")
-        _CTX.set_forkserver_preload(PRELOAD)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(PRELOAD)
+        p = ctx.Process(target=_ready)
+        p.start()  # returns once the forkserver has imported PRELOAD and forked
+        p.join()
+        _CTX = ctx
     return _CTX
 
 
@@ -167,23 +180,15 @@ def guard_deadlines(timeout: float, env: dict[str, str] | None = None) -> dict[s
     A collective waiting a quarter of the run's budget (at least 2 s, at most
     10 s) is a hang in a test: the guard aborts it there, on every live rank, with
     its report, well before the ranks would be killed at ``timeout``; the report
-    is logged at half that. Values already in ``env`` or this process's
-    environment win; one given alone moves the other so that warn < abort.
+    is logged at half that. Returns nothing when either variable is already in
+    ``env`` or this process's environment: then the caller has chosen, and the
+    guard's own configuration (the one place they are parsed) applies as usual.
     """
-    given = {**os.environ, **(env or {})}
+    names = ("TORCH_EXT_WARN_AFTER", "TORCH_EXT_ABORT_AFTER")
+    if any(name in (env or {}) or name in os.environ for name in names):
+        return {}
     abort = min(max(timeout / 4, 2.0), 10.0)
-    warn_set, abort_set = given.get("TORCH_EXT_WARN_AFTER"), given.get("TORCH_EXT_ABORT_AFTER")
-    out: dict[str, str] = {}
-    try:
-        if warn_set is None and abort_set is None:
-            out = {"TORCH_EXT_WARN_AFTER": f"{abort / 2:g}", "TORCH_EXT_ABORT_AFTER": f"{abort:g}"}
-        elif abort_set is None:
-            out = {"TORCH_EXT_ABORT_AFTER": f"{max(abort, 2 * float(warn_set)):g}"}
-        elif warn_set is None:
-            out = {"TORCH_EXT_WARN_AFTER": f"{min(abort / 2, float(abort_set) / 2):g}"}
-    except ValueError:
-        pass  # a malformed value is the guard's to refuse, naming the variable
-    return out
+    return {names[0]: f"{abort / 2:g}", names[1]: f"{abort:g}"}
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, store_host: str, backend: str | None,
