@@ -8,6 +8,7 @@ run's outcomes and failure output. This suite also uses the plugin directly
 """
 from __future__ import annotations
 
+import multiprocessing
 import textwrap
 import time
 
@@ -159,6 +160,8 @@ def test_run_ranks_raises_one_error_holding_every_rank():
     assert "1 of 2 rank(s) failed" in text and "rank 0: ok" in text, text
     assert "rank 1: raised KeyError: 'missing column' (exit 1)" in text and "in _raise_on_one" in text, text
     assert [r.ok for r in info.value.results] == [True, False]
+    assert [r.exitcode for r in info.value.results] == [0, 1]  # both ended by themselves, none killed
+    assert multiprocessing.active_children() == []  # every rank joined
 
 
 def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
