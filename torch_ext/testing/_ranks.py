@@ -84,7 +84,9 @@ class RankResult:
 
     @property
     def ok(self) -> bool:
-        return self.error_type is None and not self.timed_out and self.exitcode == 0
+        # Reported: a process that ended with 0 without returning from the
+        # function (os._exit in user code) did not pass.
+        return self.reported and self.error_type is None and not self.timed_out and self.exitcode == 0
 
     def status(self) -> str:
         """One line: how the rank ended."""
