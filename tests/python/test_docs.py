@@ -40,6 +40,20 @@ def test_no_other_module_reads_torch_ext_variables():
     assert offenders == []
 
 
+def test_the_test_time_variable_is_read_in_one_place_and_listed():
+    # TORCH_EXT_GPU_RUNNER is for test suites, not jobs: torch_ext/testing/_gpu.py
+    # reads it (gpu_runner()), and the README lists it in its own table.
+    readers = []
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "torch_ext")):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(dirpath, name), encoding="utf-8") as f:
+                    if "os.environ.get(GPU_RUNNER_VAR" in f.read():
+                        readers.append(os.path.relpath(os.path.join(dirpath, name), ROOT))
+    assert readers == [os.path.join("torch_ext", "testing", "_gpu.py")]
+    assert "| `TORCH_EXT_GPU_RUNNER` |" in _readme()
+
+
 def test_readme_first_screen_has_the_two_commands():
     head = _readme().split("## Use it")[0]
     assert "bash scripts/demo.sh" in head and "bash scripts/test.sh" in head

@@ -38,11 +38,12 @@ def _nccl_matches(rank: int, world: int) -> dict:
     }
 
 
-def test_guard_over_nccl_matches_nccl_and_serves_cpu_on_gloo():
-    for v in assert_all_ok(run_ranks(_nccl_matches, 2, timeout=180)):
-        assert v["same"]
-        assert v["inner"] == {"cpu": "gloo", "cuda": "nccl"}
-        assert v["cpu"] == [2.0, 2.0, 2.0]
+@pytest.mark.world(2, device="cuda", timeout=180)  # torch_ext's pytest plugin: rank r on GPU r
+def test_guard_over_nccl_matches_nccl_and_serves_cpu_on_gloo(rank, world_size):
+    v = _nccl_matches(rank, world_size)
+    assert v["same"]
+    assert v["inner"] == {"cpu": "gloo", "cuda": "nccl"}
+    assert v["cpu"] == [2.0, 2.0, 2.0]
 
 
 def _nccl_abort(rank: int, world: int) -> str:

@@ -1,0 +1,113 @@
+"""Real interpreters per rank (``python SCRIPT``), for what only a real process shows:
+its exit path, its exit status, and how long it takes to end by itself."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from typing import Any
+
+from torch_ext.testing._ranks import free_port, rank_env
+
+
+@dataclasses.dataclass
+class ProcResult:
+    """One real process of :func:`launch_script`."""
+
+    rank: int
+    returncode: int | None  # None: it did not end by itself before the deadline (then killed)
+    output: str
+    ended_at: float | None  # time.time() when it ended by itself
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def describe(self) -> str:
+        if self.returncode is None:
+            state = "DID NOT END (killed at the deadline)"
+        elif self.returncode < 0:
+            state = f"exit {self.returncode} (killed by {signal.Signals(-self.returncode).name})"
+        else:
+            state = f"exit {self.returncode}"
+        # c10d's warnings carry a C++ backtrace of ~20 "frame #N:" lines each:
+        # drop them, so a failure's log shows every rank's own lines.
+        lines = self.output.splitlines()
+        kept = [line for line in lines if not _BACKTRACE_FRAME.match(line)]
+        dropped = f"({len(lines) - len(kept)} C++ backtrace frame lines left out)\n" if len(kept) < len(lines) else ""
+        return f"--- rank {self.rank}: {state}\n{dropped}" + "\n".join(kept)[-6000:]
+
+
+_BACKTRACE_FRAME = re.compile(r"^frame #\d+: ")
+
+
+def launch_script(args: list[str], world_size: int, *, store: str = "rank0", timeout: float = 60.0,
+                  env: dict[str, str] | None = None, wait_for: list[int] | None = None,
+                  cwd: Any = None) -> list[ProcResult]:
+    """Starts ``python ARGS`` once per rank, as SLURM/mpirun/torchrun would, and lets each end by itself.
+
+    ``store``: ``"rank0"`` (plain env://, rank 0's process hosts the TCPStore) or
+    ``"parent"`` (this process hosts it, like torchrun's agent). Waits until the
+    ranks in ``wait_for`` (default: all) have ended or ``timeout`` passed; then
+    kills every process still there (a stopped one too) and reports it as not
+    ended. Each process gets one OpenMP thread and ``env`` on top of this
+    process's environment, and runs in ``cwd``.
+    """
+    import torch.distributed as dist
+
+    server = None
+    if store == "parent":
+        server = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=60))
+        port = server.port
+    else:
+        port = free_port()
+    logdir = tempfile.mkdtemp(prefix="torch_ext_procs_")
+    procs, logs = [], []
+    base = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
+    for rank in range(world_size):
+        log = open(os.path.join(logdir, f"rank{rank}.log"), "w+")
+        procs.append(subprocess.Popen([sys.executable, *args], env=dict(base, **rank_env(rank, world_size, port, store)),
+                                      stdout=log, stderr=subprocess.STDOUT, cwd=cwd))
+        logs.append(log)
+    watch = set(range(world_size) if wait_for is None else wait_for)
+    ended: dict[int, float] = {}
+    # Woken by each process's end (a pidfd becomes readable when it exits).
+    pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
+    deadline = time.monotonic() + timeout
+    try:
+        while not watch <= set(ended):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select([fd for fd, r in pidfds.items() if r not in ended], [], [], remaining)
+            for fd in ready:
+                r = pidfds[fd]
+                if procs[r].poll() is not None:
+                    ended[r] = time.time()
+    finally:
+        for fd in pidfds:
+            os.close(fd)
+    results = []
+    for r, p in enumerate(procs):
+        if r not in ended and p.poll() is not None:
+            ended[r] = time.time()
+        if r not in ended:
+            try:
+                p.send_signal(signal.SIGCONT)
+                p.kill()
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=30)
+        logs[r].seek(0)
+        results.append(ProcResult(r, p.returncode if r in ended else None, logs[r].read(), ended.get(r)))
+        logs[r].close()
+    del server
+    return results
