@@ -42,6 +42,9 @@ struct Config {
   // The longest a store call of the guard may go unanswered before the store
   // is declared lost (its own client; never the group's timeout).
   double storeTimeoutS = 3.0;
+  // Python packages (importable names, e.g. "mylab.trainer") whose frames are
+  // library code for call sites and stacks, like installed packages.
+  std::vector<std::string> libraryPackages;
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.
@@ -76,6 +79,8 @@ double parseSeconds(const std::string& text, const std::string& what, double lo,
 int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
 bool parseBool(const std::string& text, const std::string& what);
 CheckMode parseCheckMode(const std::string& text, const std::string& what);
+// Parses "mylab,mylab_utils.trainer" (comma-separated importable package names).
+std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what);
 } // namespace detail
 
 } // namespace torch_ext
