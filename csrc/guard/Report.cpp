@@ -256,17 +256,22 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
 // went on: names the collectives the others issued after the ended ranks' last
 // one, with their call sites. When every one of those call sites had already run
 // on all ranks before (the same loop), the ended ranks stopped while the others
-// were still in it: that is the case where "ran out of data?" is the likely
-// story. A call site the others reach only now (rank-0-only logging or
+// were still in it: if they also left on purpose (destroy_process_group), that
+// is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging or
 // validation, a collective after an early `break`) is not.
 void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks,
                      const std::vector<const RankInput*>& gone) {
   std::vector<int64_t> ended;
   uint64_t lastOfEnded = UINT64_MAX;
+  // "Ran out of data" is a rank that finished its loop and left the group on
+  // purpose; a process that just ended (an exception, the end of a script
+  // that never destroys the group) is not told that story.
+  bool allLeft = true;
   for (const RankInput* r : gone) {
     if (r->statusKnown && (r->phase == RankPhase::Left || r->phase == RankPhase::Exited)) {
       ended.push_back(r->globalRank);
       lastOfEnded = std::min(lastOfEnded, r->lastSeq);
+      allLeft &= r->phase == RankPhase::Left;
     }
   }
   if (ended.empty()) return;
@@ -283,7 +288,7 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
       issuers.insert(r.globalRank);
       bool ranBefore = false;
       for (const auto& f : g->entries) {
-        if (!f.isP2P && f.seq <= lastOfEnded && f.op == e.op && !f.frames.empty() && f.where() == e.where()) {
+        if (!f.isP2P && f.seq <= lastOfEnded && f.text == e.text && !f.frames.empty() && f.where() == e.where()) {
           ranBefore = true;
           break;
         }
@@ -308,7 +313,7 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
     if (kv.second.size() != by.size()) os << " (" << formatRanks(kv.second) << ")";
     ++shown;
   }
-  if (allRanBefore) {
+  if (allRanBefore && allLeft) {
     os << "\n  every rank had issued these from the same lines before: " << formatRanks(ended)
        << " stopped while the others were still in the loop (ran out of data?)";
   }
