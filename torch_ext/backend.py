@@ -16,13 +16,13 @@ import dataclasses
 import json
 import os
 from datetime import timedelta
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C
+from torch_ext import _C, _runtime
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "store_health", "monitored_barrier"]
@@ -59,6 +59,10 @@ class GuardOptions:
             before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
         store_budget: store operations per second the watchdogs of the whole
             job may spend; 0 for none (TORCH_EXT_STORE_BUDGET).
+        library_packages: Python packages whose frames count as library code
+            in call sites and stacks, e.g. ``["mylab"]`` or ``"mylab,other"``
+            (TORCH_EXT_LIBRARY_PACKAGES). Process-wide: the last guard group
+            created decides.
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -71,6 +75,7 @@ class GuardOptions:
     call_sites: bool | None = None
     store_timeout: float | None = None
     store_budget: int | None = None
+    library_packages: Sequence[str] | str | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""
@@ -81,6 +86,8 @@ class GuardOptions:
                 continue
             if f.name == "inner" and isinstance(value, Mapping):
                 value = ",".join(f"{dev}:{name}" for dev, name in value.items())
+            elif f.name == "library_packages" and not isinstance(value, str):
+                value = ",".join(value)
             elif isinstance(value, bool):
                 value = "1" if value else "0"
             elif isinstance(value, os.PathLike):
@@ -207,6 +214,9 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     global _default_overrides
     overrides = _overrides_from(pg_options)
     cfg = _C.resolve_config(overrides)  # ValueError naming the bad setting
+    if list(cfg["library_packages"]) != _runtime.library_packages():
+        # Process-wide: call sites are decided per code object, not per group.
+        _runtime.set_library_packages(list(cfg["library_packages"]))
     store = dist_opts.store
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout

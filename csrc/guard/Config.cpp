@@ -123,6 +123,31 @@ CheckMode parseCheckMode(const std::string& text, const std::string& what) {
   bad(what, text, "one of off, async, strict");
 }
 
+std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what) {
+  const std::string accepted = "comma-separated importable package names such as 'mylab,mylab_utils.trainer'";
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    item = trim(item);
+    if (item.empty()) continue;
+    bool ok = true;
+    bool atStart = true;
+    for (unsigned char c : item) {
+      if (c == '.') {
+        ok &= !atStart;
+        atStart = true;
+      } else {
+        ok &= (std::isalpha(c) || c == '_' || (!atStart && std::isdigit(c)));
+        atStart = false;
+      }
+    }
+    if (!ok || atStart) bad(what, text, accepted);
+    if (std::find(out.begin(), out.end(), item) == out.end()) out.push_back(item);
+  }
+  return out;
+}
+
 } // namespace detail
 
 double exchangeIntervalS(double intervalS, double storeBudget, int groupSize) {
@@ -155,6 +180,9 @@ const std::vector<EnvVarDoc>& envVarDocs() {
       {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3",
        "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
        "under plain env://) is declared lost and every guarded group fails with StoreLostError."},
+      {"library_packages", "TORCH_EXT_LIBRARY_PACKAGES", "(none)",
+       "Comma-separated Python packages whose frames count as library code in call sites and stacks, like installed "
+       "packages (e.g. your own training framework installed in editable mode)."},
   };
   return docs;
 }
@@ -207,6 +235,8 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
       cfg.storeBudget = static_cast<double>(detail::parseInt(value, what, 0, 1'000'000'000));
     } else if (opt == "store_timeout") {
       cfg.storeTimeoutS = detail::parseSeconds(value, what, 0.05, 3600.0);
+    } else if (opt == "library_packages") {
+      cfg.libraryPackages = detail::parsePackageNames(value, what);
     }
   }
   return cfg;
@@ -236,6 +266,10 @@ std::string Config::describe() const {
   os << " dump_dir=" << (dumpDir.empty() ? "(none)" : dumpDir) << " ledger_size=" << ledgerSize
      << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0) << " store_timeout=" << storeTimeoutS
      << "s store_budget=" << storeBudget;
+  if (!libraryPackages.empty()) {
+    os << " library_packages=";
+    for (size_t i = 0; i < libraryPackages.size(); ++i) os << (i ? "," : "") << libraryPackages[i];
+  }
   return os.str();
 }
 

@@ -54,6 +54,9 @@ struct Config {
   // Store operations per second that the watchdogs of the whole job may spend
   // (0: no budget). Large groups exchange less often to stay within it.
   double storeBudget = 20000.0;
+  // Python packages (importable names, e.g. "mylab.trainer") whose frames are
+  // library code for call sites and stacks, like installed packages.
+  std::vector<std::string> libraryPackages;
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.
@@ -88,6 +91,8 @@ double parseSeconds(const std::string& text, const std::string& what, double lo,
 int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
 bool parseBool(const std::string& text, const std::string& what);
 CheckMode parseCheckMode(const std::string& text, const std::string& what);
+// Parses "mylab,mylab_utils.trainer" (comma-separated importable package names).
+std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what);
 } // namespace detail
 
 } // namespace torch_ext

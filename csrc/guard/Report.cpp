@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace torch_ext {
 
@@ -21,7 +22,7 @@ std::string padRight(const std::string& s, size_t width) {
 }
 
 std::string stackText(const MainThreadStack& st) {
-  std::string text = st.frames.empty() ? std::string("(no Python frames)") : describeFrames(st.frames, 4);
+  std::string text = describeStack(st.frames);
   if (!st.note.empty()) text += " [" + st.note + "]";
   return text;
 }
@@ -251,14 +252,80 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
   os << "; main thread now at\n    " << stackText(r.snapshot.main);
 }
 
+// Ranks that ended (destroy_process_group, or their process ended) while others
+// went on: names the collectives the others issued after the ended ranks' last
+// one, with their call sites. When every one of those call sites had already run
+// on all ranks before (the same loop), the ended ranks stopped while the others
+// were still in it: if they also left on purpose (destroy_process_group), that
+// is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging or
+// validation, a collective after an early `break`) is not.
+void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks,
+                     const std::vector<const RankInput*>& gone) {
+  std::vector<int64_t> ended;
+  uint64_t lastOfEnded = UINT64_MAX;
+  // "Ran out of data" is a rank that finished its loop and left the group on
+  // purpose; a process that just ended (an exception, the end of a script
+  // that never destroys the group) is not told that story.
+  bool allLeft = true;
+  for (const RankInput* r : gone) {
+    if (r->statusKnown && (r->phase == RankPhase::Left || r->phase == RankPhase::Exited)) {
+      ended.push_back(r->globalRank);
+      lastOfEnded = std::min(lastOfEnded, r->lastSeq);
+      allLeft &= r->phase == RankPhase::Left;
+    }
+  }
+  if (ended.empty()) return;
+  // (seq, what, where) -> the ranks that issued it, in rank order.
+  std::map<std::tuple<uint64_t, std::string, std::string>, std::vector<int64_t>> extras;
+  std::set<int64_t> issuers;
+  bool allRanBefore = true;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.responded ? r.group() : nullptr;
+    if (g == nullptr) continue;
+    for (const auto& e : g->entries) {
+      if (e.isP2P || e.seq <= lastOfEnded) continue;
+      extras[{e.seq, e.text, e.where()}].push_back(r.globalRank);
+      issuers.insert(r.globalRank);
+      bool ranBefore = false;
+      for (const auto& f : g->entries) {
+        if (!f.isP2P && f.seq <= lastOfEnded && f.text == e.text && !f.frames.empty() && f.where() == e.where()) {
+          ranBefore = true;
+          break;
+        }
+      }
+      allRanBefore &= ranBefore;
+    }
+  }
+  if (extras.empty()) return;
+  std::sort(ended.begin(), ended.end());
+  const std::vector<int64_t> by(issuers.begin(), issuers.end());
+  os << "\n  " << formatRanks(by) << " issued collectives that " << formatRanks(ended)
+     << " never issued before ending:";
+  constexpr size_t kShown = 4;
+  size_t shown = 0;
+  for (const auto& kv : extras) {
+    if (shown == kShown) {
+      os << "\n    ... and " << (extras.size() - kShown) << " more (up to #" << std::get<0>(extras.rbegin()->first)
+         << ")";
+      break;
+    }
+    os << "\n    #" << std::get<0>(kv.first) << " " << std::get<1>(kv.first) << " at " << std::get<2>(kv.first);
+    if (kv.second.size() != by.size()) os << " (" << formatRanks(kv.second) << ")";
+    ++shown;
+  }
+  if (allRanBefore && allLeft) {
+    os << "\n  every rank had issued these from the same lines before: " << formatRanks(ended)
+       << " stopped while the others were still in the loop (ran out of data?)";
+  }
+}
+
 } // namespace
 
 std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   std::ostringstream os;
   const std::string ago = r.heartbeatNs > 0 ? " " + seconds(nowNs - r.heartbeatNs) + " ago" : "";
   if (r.statusKnown && r.phase == RankPhase::Left) {
-    os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq
-       << ": it finished early (ran out of data?)";
+    os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq;
   } else if (r.statusKnown && r.phase == RankPhase::Exited) {
     os << "exited" << ago << " after issuing #" << r.lastSeq
        << ": its process ended without destroy_process_group (an uncaught exception, sys.exit or the end of its "
@@ -563,6 +630,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
+  endedEarlyLines(os, ranks, gone);
   v.text = os.str();
   std::vector<int64_t> sortedWaiting = waiting;
   std::sort(sortedWaiting.begin(), sortedWaiting.end());

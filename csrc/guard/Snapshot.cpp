@@ -51,7 +51,7 @@ EntryView EntryView::from(const Entry& e) {
 }
 
 std::string EntryView::where() const {
-  return frames.empty() ? "(unknown call site)" : frames.front().describe();
+  return describeCallSite(frames);
 }
 
 const EntryView* GroupView::bySeq(uint64_t seq) const {
@@ -101,6 +101,7 @@ Json toJson(const Frame& f) {
   j.set("name", f.function);
   j.set("filename", f.filename);
   j.set("line", static_cast<int64_t>(f.line));
+  if (!f.library.empty()) j.set("library", f.library);
   return j;
 }
 
@@ -119,6 +120,7 @@ std::vector<Frame> framesFrom(const Json& j, const char* what) {
     fr.function = f.at("name").asString("frame name");
     fr.filename = f.at("filename").asString("frame filename");
     fr.line = static_cast<int>(f.at("line").asInt("frame line"));
+    if (const Json* lib = f.get("library")) fr.library = lib->asString("frame library");
     out.push_back(std::move(fr));
   }
   return out;

@@ -419,8 +419,16 @@ void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
 
 void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
   GroupState& st = *ctx.state;
-  const bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
+  bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
   std::string text = v.text;
+  if (v.kind == Verdict::Kind::Mismatch && reporter) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (loggedMismatches_.size() < 1024) {
+      reporter = loggedMismatches_.insert(text).second;
+    } else {
+      reporter = !loggedMismatches_.count(text);
+    }
+  }
   switch (v.kind) {
     case Verdict::Kind::Mismatch:
       if (st.config().check != CheckMode::Off) {

@@ -143,6 +143,11 @@ class Watchdog {
   std::condition_variable cv_;
   std::vector<std::shared_ptr<GroupCtx>> groups_;
   std::map<std::string, std::string> results_;  // failure incident id -> report
+  // Mismatch reports already logged by this process. One mismatch reaches
+  // applyVerdict more than once: as the "mismatch" incident, then as each
+  // "failure" incident of the collectives the mismatch aborted (their analysis
+  // finds the same mismatch first). It is logged once.
+  std::set<std::string> loggedMismatches_;
   std::thread thread_;
   std::thread::id threadId_;
   bool stop_ = false;

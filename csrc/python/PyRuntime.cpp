@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -26,9 +27,19 @@ namespace torch_ext::py {
 
 namespace {
 
-constexpr size_t kMaxStackFrames = 8;
+// Frames kept of a main-thread stack: enough that the user's frames under a
+// deep framework stack (Lightning's fit loop is ~40 frames) are never cut off.
+constexpr size_t kMaxStackFrames = 96;
+constexpr size_t kMaxUserStackFrames = 8;
 
-std::vector<std::string> g_internal;
+// A library named by its folder: frames under `prefix` belong to `name`.
+struct LibraryRoot {
+  std::string prefix;
+  std::string name;
+};
+
+std::vector<LibraryRoot> g_internal;  // torch, torch_ext
+std::vector<LibraryRoot> g_listed;    // TORCH_EXT_LIBRARY_PACKAGES
 std::vector<std::string> g_stdlib;
 std::vector<std::string> g_site;
 std::atomic<bool> g_installed{false};
@@ -39,18 +50,51 @@ bool startsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-bool isInternalFile(const std::string& file) {
-  if (startsWith(file, "<frozen")) return true;
-  for (const auto& p : g_internal) {
-    if (startsWith(file, p)) return true;
+// The first path component after `prefix` in `file`, without ".py": the
+// top-level package or module of an installed file.
+std::string topLevelName(const std::string& file, size_t from) {
+  size_t end = file.find('/', from);
+  std::string name = file.substr(from, end == std::string::npos ? std::string::npos : end - from);
+  if (end == std::string::npos) {
+    auto dot = name.find('.');
+    if (dot != std::string::npos) name.resize(dot);
+  }
+  return name.empty() ? "site-packages" : name;
+}
+
+enum class FrameKind : uint8_t {
+  User,       // the user's script or a package under development
+  Framework,  // an installed package or one the user listed (Lightning, Accelerate, ...)
+  Core,       // torch, torch_ext, the standard library: never named as the "via" frame
+};
+
+struct Classified {
+  FrameKind kind = FrameKind::User;
+  std::string library;  // empty for user code
+};
+
+// The rule of docs/architecture.md ("Whose line a call site names").
+Classified classifyFile(const std::string& file) {
+  if (startsWith(file, "<frozen")) return {FrameKind::Core, "stdlib"};
+  for (const auto& r : g_internal) {
+    if (startsWith(file, r.prefix)) return {FrameKind::Core, r.name};
+  }
+  for (const auto& r : g_listed) {
+    if (startsWith(file, r.prefix)) return {FrameKind::Framework, r.name};
   }
   for (const auto& p : g_site) {
-    if (startsWith(file, p)) return false;
+    if (startsWith(file, p)) return {FrameKind::Framework, topLevelName(file, p.size())};
+  }
+  // Any other site-packages/dist-packages folder (a user site, a system one seen
+  // through a venv) holds installed packages too.
+  for (const char* marker : {"/site-packages/", "/dist-packages/"}) {
+    auto pos = file.find(marker);
+    if (pos != std::string::npos) return {FrameKind::Framework, topLevelName(file, pos + std::strlen(marker))};
   }
   for (const auto& p : g_stdlib) {
-    if (startsWith(file, p)) return true;
+    if (startsWith(file, p)) return {FrameKind::Core, "stdlib"};
   }
-  return false;
+  return {};
 }
 
 std::string attrString(PyObject* obj, const char* name) {
@@ -69,21 +113,28 @@ std::string attrString(PyObject* obj, const char* name) {
 // --- call sites (GIL held) ---------------------------------------------------
 
 struct CodeInfo {
-  bool internal = false;
+  FrameKind kind = FrameKind::User;
+  std::string library;
   std::string filename;
   std::string function;
 };
 
+// A call site is the user's frame and the innermost framework frame above it
+// (code object and instruction of each; the framework half is null when the
+// user's code called torch directly).
 struct SiteKey {
   PyCodeObject* code;
   int lasti;
+  PyCodeObject* viaCode;
+  int viaLasti;
   bool operator==(const SiteKey& o) const {
-    return code == o.code && lasti == o.lasti;
+    return code == o.code && lasti == o.lasti && viaCode == o.viaCode && viaLasti == o.viaLasti;
   }
 };
 struct SiteKeyHash {
   size_t operator()(const SiteKey& k) const {
-    return std::hash<void*>()(k.code) ^ (static_cast<size_t>(k.lasti) * 0x9e3779b97f4a7c15ULL);
+    size_t h = std::hash<void*>()(k.code) ^ (static_cast<size_t>(k.lasti) * 0x9e3779b97f4a7c15ULL);
+    return h ^ (std::hash<void*>()(k.viaCode) * 31u) ^ (static_cast<size_t>(k.viaLasti) * 0xc2b2ae3d27d4eb4fULL);
   }
 };
 
@@ -99,11 +150,31 @@ const CodeInfo& codeInfo(PyCodeObject* code) {
   info.filename = attrString(reinterpret_cast<PyObject*>(code), "co_filename");
   info.function = attrString(reinterpret_cast<PyObject*>(code), "co_qualname");
   if (info.function.empty()) info.function = attrString(reinterpret_cast<PyObject*>(code), "co_name");
-  info.internal = isInternalFile(info.filename);
+  Classified c = classifyFile(info.filename);
+  info.kind = c.kind;
+  info.library = std::move(c.library);
   Py_INCREF(code);
   return g_codes->emplace(code, std::move(info)).first->second;
 }
 
+int frameLasti(PyFrameObject* frame) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyFrame_GetLasti(frame);
+#else
+  return PyFrame_GetLineNumber(frame);
+#endif
+}
+
+Frame frameOf(PyFrameObject* frame, const CodeInfo& info) {
+  return Frame{info.filename, PyFrame_GetLineNumber(frame), info.function, info.library};
+}
+
+// Walks from the innermost frame to the first user frame, remembering the
+// innermost framework frame on the way. Per frame this costs one lookup of the
+// code object's cached decision; the strings are built once per distinct
+// (user frame, framework frame) pair. With no user frame on the stack (a
+// collective issued entirely by library code) the innermost framework frame is
+// the call site.
 uint32_t captureCallSite() {
   if (!g_installed.load(std::memory_order_acquire) || !g_callSites.load(std::memory_order_relaxed)) return 0;
   // A thread without a Python thread state has no Python frames (e.g. autograd
@@ -113,33 +184,62 @@ uint32_t captureCallSite() {
   uint32_t id = 0;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
+  PyFrameObject* via = nullptr;  // owned
+  PyCodeObject* viaCode = nullptr;  // owned
+  const CodeInfo* viaInfo = nullptr;
+  PyFrameObject* user = nullptr;  // owned
+  PyCodeObject* userCode = nullptr;  // owned
+  const CodeInfo* userInfo = nullptr;
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     const CodeInfo& info = codeInfo(code);
-    if (!info.internal) {
-#if PY_VERSION_HEX >= 0x030B0000
-      SiteKey key{code, PyFrame_GetLasti(frame)};
-#else
-      SiteKey key{code, PyFrame_GetLineNumber(frame)};
-#endif
-      auto it = g_sites->find(key);
-      if (it != g_sites->end()) {
-        id = it->second;
-      } else {
-        Frame f{info.filename, PyFrame_GetLineNumber(frame), info.function};
-        id = CallSites::instance().intern({f});
-        Py_INCREF(code);
-        g_sites->emplace(key, id);
-      }
-      Py_DECREF(code);
+    if (info.kind == FrameKind::User) {
+      user = frame;
+      userCode = code;
+      userInfo = &info;
+      frame = nullptr;
       break;
+    }
+    if (info.kind == FrameKind::Framework && via == nullptr) {
+      via = frame;
+      viaCode = code;
+      viaInfo = &info;
+      frame = PyFrame_GetBack(via);
+      continue;
     }
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(code);
     Py_DECREF(frame);
     frame = back;
   }
-  Py_XDECREF(frame);
+  if (user == nullptr && via != nullptr) {
+    // No user frame: the framework frame stands alone.
+    user = via;
+    userCode = viaCode;
+    userInfo = viaInfo;
+    via = nullptr;
+    viaCode = nullptr;
+    viaInfo = nullptr;
+  }
+  if (user != nullptr) {
+    SiteKey key{userCode, frameLasti(user), viaCode, via ? frameLasti(via) : -1};
+    auto it = g_sites->find(key);
+    if (it != g_sites->end()) {
+      id = it->second;
+    } else {
+      std::vector<Frame> frames{frameOf(user, *userInfo)};
+      if (via != nullptr) frames.push_back(frameOf(via, *viaInfo));
+      id = CallSites::instance().intern(frames);
+      // The cache keeps its code objects alive (see above).
+      Py_INCREF(userCode);
+      Py_XINCREF(viaCode);
+      g_sites->emplace(key, id);
+    }
+  }
+  Py_XDECREF(userCode);
+  Py_XDECREF(user);
+  Py_XDECREF(viaCode);
+  Py_XDECREF(via);
   PyGILState_Release(gil);
   return id;
 }
@@ -229,17 +329,32 @@ Helper& helper() {
 
 // --- main-thread stacks ------------------------------------------------------
 
+// Keeps the innermost frame, every user frame up to kMaxUserStackFrames and the
+// library frames between them (folded when the report is written), within
+// kMaxStackFrames: the user's frames are what a report is for, so library
+// frames are dropped first.
 std::vector<Frame> filterFrames(std::vector<Frame> raw) {
-  std::vector<Frame> user;
-  for (const auto& f : raw) {
-    if (!isInternalFile(f.filename)) user.push_back(f);
-    if (user.size() >= kMaxStackFrames) break;
+  size_t users = 0;
+  size_t keep = 0;
+  while (keep < raw.size() && users < kMaxUserStackFrames) {
+    users += raw[keep].isUser() ? 1 : 0;
+    ++keep;
   }
-  if (user.empty()) {
-    raw.resize(std::min(raw.size(), kMaxStackFrames));
-    return raw;
+  // Up to the next user frame beyond the limit: the outer library frames (a
+  // launcher, the interpreter's entry) are kept only while there is room.
+  raw.resize(keep);
+  if (raw.size() <= kMaxStackFrames) return raw;
+  std::vector<Frame> out;
+  size_t budget = kMaxStackFrames - std::min(users, kMaxStackFrames);
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (i == 0 || raw[i].isUser()) {
+      out.push_back(raw[i]);
+    } else if (budget > 0) {
+      out.push_back(raw[i]);
+      --budget;
+    }
   }
-  return user;
+  return out;
 }
 
 // GIL held.
@@ -250,7 +365,7 @@ std::vector<Frame> readMainFrames() {
   while (frame != nullptr && out.size() < 128) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     const CodeInfo& info = codeInfo(code);
-    out.push_back(Frame{info.filename, PyFrame_GetLineNumber(frame), info.function});
+    out.push_back(frameOf(frame, info));
     PyFrameObject* back = PyFrame_GetBack(frame);
     Py_DECREF(code);
     Py_DECREF(frame);
@@ -300,6 +415,7 @@ std::vector<Frame> readMainFramesWithoutGil(std::string* why) {
         f.function = text.substr(in + 4, (eol == std::string::npos ? text.size() : eol) - in - 4);
       }
     }
+    f.library = classifyFile(f.filename).library;
     out.push_back(std::move(f));
     pos = q;
   }
@@ -380,7 +496,13 @@ PyThreadState* findThreadState(unsigned long threadId) {
 
 void installRuntime(const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
                     const std::vector<std::string>& sitePackages, unsigned long mainThreadId) {
-  g_internal = internal;
+  g_internal.clear();
+  for (const auto& p : internal) {
+    // ".../torch/" -> "torch", ".../torch_ext/" -> "torch_ext"
+    std::string trimmed = p.substr(0, p.find_last_not_of('/') + 1);
+    auto slash = trimmed.find_last_of('/');
+    g_internal.push_back({p, slash == std::string::npos ? trimmed : trimmed.substr(slash + 1)});
+  }
   g_stdlib = stdlib;
   g_site = sitePackages;
   if (g_codes == nullptr) g_codes = new std::unordered_map<PyCodeObject*, CodeInfo>();
@@ -401,6 +523,28 @@ void uninstallRuntime() {
 
 void setCallSitesEnabled(bool enabled) {
   g_callSites = enabled;
+}
+
+void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& roots) {
+  std::vector<LibraryRoot> listed;
+  for (const auto& r : roots) listed.push_back({r.first, r.second});
+  // Longest prefix first: a listed subpackage wins over its parent.
+  std::sort(listed.begin(), listed.end(),
+            [](const LibraryRoot& a, const LibraryRoot& b) { return a.prefix.size() > b.prefix.size(); });
+  g_listed = std::move(listed);
+  // Decisions cached under the old list are stale. The caches own references to
+  // their code objects; drop them (the GIL is held).
+  if (g_sites != nullptr) {
+    for (auto& kv : *g_sites) {
+      Py_XDECREF(kv.first.code);
+      Py_XDECREF(kv.first.viaCode);
+    }
+    g_sites->clear();
+  }
+  if (g_codes != nullptr) {
+    for (auto& kv : *g_codes) Py_DECREF(kv.first);
+    g_codes->clear();
+  }
 }
 
 } // namespace torch_ext::py

@@ -4,9 +4,12 @@
 // bindings.cpp are the only C++ files that touch the interpreter.
 //
 //  - Call sites: with the GIL re-taken briefly, walk the issuing thread's frames
-//    to the first frame outside torch, torch_ext and the standard library; the
-//    (code object, instruction) pair is cached, so the strings are built once
-//    per call site.
+//    to the first frame of the user's code (not torch, torch_ext, the standard
+//    library, an installed package or a package listed in
+//    TORCH_EXT_LIBRARY_PACKAGES), remembering the innermost framework frame on
+//    the way ("via"). Each code object's kind is decided once and cached; the
+//    (code object, instruction) pairs of the two frames are cached, so the
+//    strings are built once per call site.
 //  - Main-thread stacks for hang reports: a helper thread takes the GIL and
 //    reads the main thread's frames. If the GIL cannot be had within the budget,
 //    the main thread is holding it in native code, so its frames are not moving
@@ -21,9 +24,10 @@
 namespace torch_ext::py {
 
 // Call with the GIL held, at import. Frames under `internal` (torch, torch_ext)
-// are never user frames; frames under `stdlib` are not either, unless they are
-// under `sitePackages` (which sits inside the stdlib folder). `mainThreadId` is
-// threading.main_thread().ident.
+// are never user frames; frames under `stdlib` are not either; frames under
+// `sitePackages` (which may sit inside the stdlib folder) or any
+// site-packages/dist-packages folder are framework frames, named by their
+// top-level package. `mainThreadId` is threading.main_thread().ident.
 void installRuntime(const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
                     const std::vector<std::string>& sitePackages, unsigned long mainThreadId);
 // Call with the GIL held at interpreter exit: stops the helper thread and
@@ -31,5 +35,8 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
 void uninstallRuntime();
 // Turns call-site capture on or off process-wide.
 void setCallSitesEnabled(bool enabled);
+// With the GIL held: (folder prefix, package name) of each package the user
+// listed as library code. Forgets the decisions cached so far.
+void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& roots);
 
 } // namespace torch_ext::py

@@ -54,6 +54,7 @@ py::dict configDict(const torch_ext::Config& c) {
   d["interval"] = c.intervalS;
   d["call_sites"] = c.callSites;
   d["store_timeout"] = c.storeTimeoutS;
+  d["library_packages"] = c.libraryPackages;
   d["source"] = c.source;
   d["raw"] = c.raw;
   return d;
@@ -336,4 +337,6 @@ PYBIND11_MODULE(_C, m) {
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");
   m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
+  m.def("_set_listed_libraries", &torch_ext::py::setListedLibraries,
+        "Folders of the packages named in TORCH_EXT_LIBRARY_PACKAGES, as (folder prefix, package name) pairs.");
 }

@@ -95,6 +95,49 @@ TEST(CallSites, InterningTextsAndProvider) {
     EXPECT_EQ(describeFrames({}), "(unknown call site)");
   }
   {
+    SCOPED_TRACE("UserFrameThenTheFrameworkFrameItWentThrough");
+    const Frame user{"/home/u/proj/train.py", 15, "Model.validation_step"};
+    const Frame via{"/venv/lib/python3.11/site-packages/lightning/pytorch/utilities/distributed.py", 213, "_sync_ddp",
+                    "lightning"};
+    EXPECT_EQ(via.describe(), "lightning .../distributed.py:213 in _sync_ddp");
+    EXPECT_EQ(describeCallSite({user, via}),
+              "train.py:15 in Model.validation_step (via lightning .../distributed.py:213 in _sync_ddp)");
+    EXPECT_EQ(describeCallSite({user}), "train.py:15 in Model.validation_step");
+    // No user frame: the framework frame stands alone, named as such.
+    EXPECT_EQ(describeCallSite({via}), "lightning .../distributed.py:213 in _sync_ddp");
+    EXPECT_EQ(describeCallSite({}), "(unknown call site)");
+    // The library is part of what makes a call site distinct.
+    auto& sites = CallSites::instance();
+    const uint32_t a = sites.intern({user, via});
+    EXPECT_NE(a, sites.intern({user}));
+    EXPECT_EQ(sites.describe(a), describeCallSite({user, via}));
+    EXPECT_EQ(sites.frames(a)[1].library, "lightning");
+  }
+  {
+    SCOPED_TRACE("StacksShowUserFramesAndFoldFrameworkFrames");
+    auto lib = [](const char* name, int line) {
+      return Frame{std::string("/site-packages/lightning/x/") + name + ".py", line, name, "lightning"};
+    };
+    auto torchFrame = Frame{"/site-packages/torch/distributed/distributed_c10d.py", 9, "barrier", "torch"};
+    std::vector<Frame> st = {torchFrame, lib("a", 1), lib("b", 2), Frame{"/p/train.py", 15, "validation_step"}};
+    for (int i = 0; i < 6; ++i) st.push_back(lib("loop", 100 + i));
+    st.push_back(Frame{"/p/train.py", 40, "main"});
+    st.push_back(Frame{"/p/train.py", 44, "<module>"});
+    EXPECT_EQ(describeStack(st),
+              "torch .../distributed_c10d.py:9 in barrier <- ... 2 lightning frames ... <- train.py:15 in validation_step"
+              " <- ... 6 lightning frames ... <- train.py:40 in main <- train.py:44 in <module>");
+    // A single library frame between user frames is shown, not folded.
+    EXPECT_EQ(describeStack({Frame{"/p/a.py", 1, "f"}, lib("one", 2), Frame{"/p/b.py", 3, "g"}}),
+              "a.py:1 in f <- lightning .../one.py:2 in one <- b.py:3 in g");
+    // Mixed libraries in one run are named in order of appearance.
+    EXPECT_EQ(describeStack({Frame{"/p/a.py", 1, "f"}, torchFrame, lib("c", 3), torchFrame}),
+              "a.py:1 in f <- ... 3 torch, lightning frames ...");
+    // At most maxUser user frames; the rest are counted.
+    EXPECT_EQ(describeStack({Frame{"/p/a.py", 1, "f"}, Frame{"/p/a.py", 2, "g"}, Frame{"/p/a.py", 3, "h"}}, 2),
+              "a.py:1 in f <- a.py:2 in g <- ... 1 outer frame");
+    EXPECT_EQ(describeStack({}), "(no Python frames)");
+  }
+  {
     SCOPED_TRACE("CaptureUsesTheInstalledProvider");
     auto& cs = CallSites::instance();
     EXPECT_EQ(cs.capture(), 0u);  // no provider in C++ tests

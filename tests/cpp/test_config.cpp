@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include <cstdlib>
 
 using torch_ext::CheckMode;
@@ -83,6 +85,18 @@ TEST(Config, ErrorsNameVariableValueAndAcceptedValues) {
   EXPECT_NE(errorOf({{"ledger_size", "3"}}).find("between 16"), std::string::npos);
   EXPECT_NE(errorOf({{"call_sites", "maybe"}}).find("GuardOptions(call_sites)"), std::string::npos);
   EXPECT_NE(errorOf({{"chek", "off"}}).find("no option 'chek'"), std::string::npos);
+}
+
+TEST(Config, LibraryPackages) {
+  EXPECT_TRUE(torch_ext::Config::resolve({}).libraryPackages.empty());
+  auto c = torch_ext::Config::resolve({{"library_packages", " mylab , mylab_utils.trainer,mylab "}});
+  EXPECT_EQ(c.libraryPackages, (std::vector<std::string>{"mylab", "mylab_utils.trainer"}));
+  EXPECT_NE(c.describe().find("library_packages=mylab,mylab_utils.trainer"), std::string::npos);
+  for (const char* bad : {"my-lab", "1lab", "lab..x", "lab.", "a/b"}) {
+    const std::string e = errorOf({{"library_packages", bad}});
+    EXPECT_NE(e.find("GuardOptions(library_packages)"), std::string::npos) << bad << ": " << e;
+    EXPECT_NE(e.find("importable package names"), std::string::npos) << bad << ": " << e;
+  }
 }
 
 TEST(Config, EveryDocumentedOptionParses) {

@@ -408,10 +408,13 @@ TEST(Report, HangReportSaysWhoWaitsWhoIsMissingAndWhoIsGone) {
             "data.py:70 in fetch; main thread now at\n"
             "    data.py:33 in next_batch <- train.py:44 in main [main thread holds the GIL]\n"
             "  rank 4: no heartbeat for 30.0 s (process gone or frozen)\n"
-            "  rank 5: left the group (destroy_process_group) 5.0 s ago after issuing #6: it finished early (ran out "
-            "of data?)\n"
+            "  rank 5: left the group (destroy_process_group) 5.0 s ago after issuing #6\n"
             "  rank 6: exited 2.0 s ago after issuing #5: its process ended without destroy_process_group (an "
-            "uncaught exception, sys.exit or the end of its script)");
+            "uncaught exception, sys.exit or the end of its script)\n"
+            "  ranks 0-3 issued collectives that ranks 5,6 never issued before ending:\n"
+            "    #6 all_reduce(float32[10], SUM) at train.py:40 in loop\n"
+            "    #7 all_reduce(float32[10], SUM) at train.py:50 in step (ranks 0,1)\n"
+            "    #7 all_reduce(float32[10], SUM) at train.py:60 in other (rank 2)");
   EXPECT_EQ(v.waiting, (std::vector<int64_t>{0, 1, 2}));
   EXPECT_EQ(v.notArrived, (std::vector<int64_t>{3}));
   EXPECT_EQ(v.gone, (std::vector<int64_t>{4, 5, 6}));
@@ -424,6 +427,59 @@ TEST(Report, HangReportSaysWhoWaitsWhoIsMissingAndWhoIsGone) {
   EXPECT_EQ(back.waiting, v.waiting);
   EXPECT_EQ(back.notArrived, v.notArrived);
   EXPECT_EQ(back.op, v.op);
+}
+
+TEST(Report, RanksThatEndedAreToldApartFromRanksThatRanOutOfData) {
+  // Ranks 1 and 2 finish (destroy_process_group after #5); rank 0 goes on to a
+  // collective only it issues, from a line nobody ran before: rank-0-only
+  // logging. No guess about data.
+  const uint32_t loop = site("train.py", 40, "training_step");
+  const uint32_t rank0Only = CallSites::instance().intern(
+      {Frame{"/work/proj/train.py", 15, "Model.validation_step"},
+       Frame{"/venv/site-packages/lightning/pytorch/utilities/distributed.py", 213, "_sync_ddp", "lightning"}});
+  auto ended = [](int rank, uint64_t lastSeq) {
+    RankInput r = silent(rank, rank, "0", kNow - kSec);
+    r.statusKnown = true;
+    r.phase = RankPhase::Left;
+    r.lastSeq = lastSeq;
+    return r;
+  };
+  {
+    std::deque<Sim> sims(1);
+    for (int i = 0; i < 5; ++i) sims[0].op(allReduce(1), loop);
+    sims[0].op(allReduce(1), rank0Only, true);
+    auto in = inputs(sims, {0});
+    setStart(in[0], 6, kNow - kSec);
+    in.push_back(ended(1, 5));
+    in.push_back(ended(2, 5));
+    Verdict v = analyze("default_pg", in, incident("failure", "6"), kNow);
+    EXPECT_NE(v.text.find("\n  rank 1: left the group (destroy_process_group) 1.0 s ago after issuing #5\n"),
+              std::string::npos)
+        << v.text;
+    EXPECT_NE(v.text.find("\n  rank 0 issued collectives that ranks 1,2 never issued before ending:\n"
+                          "    #6 all_reduce(float32[1], SUM) at train.py:15 in Model.validation_step (via lightning "
+                          ".../distributed.py:213 in _sync_ddp)"),
+              std::string::npos)
+        << v.text;
+    EXPECT_EQ(v.text.find("ran out of data"), std::string::npos) << v.text;
+  }
+  {
+    // Rank 1 left while rank 0 was still in the loop: the extra collectives
+    // come from lines every rank ran before. That is "ran out of data?".
+    std::deque<Sim> sims(1);
+    for (int i = 0; i < 7; ++i) sims[0].op(allReduce(1), loop, i == 6);
+    auto in = inputs(sims, {0});
+    setStart(in[0], 7, kNow - kSec);
+    in.push_back(ended(1, 5));
+    Verdict v = analyze("default_pg", in, incident("hang", "7"), kNow);
+    EXPECT_NE(v.text.find("rank 0 issued collectives that rank 1 never issued before ending:\n"
+                          "    #6 all_reduce(float32[1], SUM) at train.py:40 in training_step\n"
+                          "    #7 all_reduce(float32[1], SUM) at train.py:40 in training_step\n"
+                          "  every rank had issued these from the same lines before: rank 1 stopped while the others "
+                          "were still in the loop (ran out of data?)"),
+              std::string::npos)
+        << v.text;
+  }
 }
 
 TEST(Report, HangInASubgroupUsesGlobalRanks) {

@@ -249,6 +249,10 @@ def test_rank_that_ran_out_of_data_and_left_is_named():
     text = values[1]
     assert text.startswith("CollectiveFailureError"), text
     assert "rank 0: left the group (destroy_process_group)" in text and "after issuing #2" in text, text
+    # Rank 1 went on with the loop's own line: the one case where data is the likely story.
+    assert "rank 1 issued collectives that rank 0 never issued before ending:\n    #3 all_reduce(float32[4], SUM) at " \
+        "test_hang_diagnostics.py:" in text, text
+    assert "rank 0 stopped while the others were still in the loop (ran out of data?)" in text, text
 
 
 # --- an async-mode mismatch that would hang -----------------------------------------
