@@ -647,7 +647,7 @@ void GuardBackend::shutdown() {
   helper_.reset();
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
-  WorkRetirement::instance().sweep();
+  WorkRetirement::instance().sweepAll();
 }
 
 } // namespace torch_ext

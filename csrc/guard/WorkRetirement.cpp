@@ -22,6 +22,7 @@ void WorkRetirement::sweepSlow() {
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> last;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    scans_.fetch_add(1, std::memory_order_relaxed);
     auto keep = refs_.begin();
     for (auto it = refs_.begin(); it != refs_.end(); ++it) {
       if (it->use_count() == 1) {
@@ -33,6 +34,7 @@ void WorkRetirement::sweepSlow() {
     }
     refs_.erase(keep, refs_.end());
     kept_.store(refs_.size(), std::memory_order_relaxed);
+    sweepAbove_.store(2 * refs_.size(), std::memory_order_relaxed);
   }
   // `last` is freed here, outside the lock, on the issuing thread.
 }

@@ -16,7 +16,11 @@
 // released (the container is leaked on purpose), so no free runs after it.
 //
 // Cost: nothing is kept when the worker has let go already (the common case);
-// otherwise a Work stays until the next collective is issued.
+// otherwise a Work stays until a later collective is issued. A sweep scans
+// everything kept, so it runs only once the count has doubled since the last
+// one: works that stay held elsewhere for a while (NCCL and send/recv works
+// wait in the ledger for the watchdog's next poll, thousands per tick at
+// NCCL's rate) cost amortised O(1) per collective, not a scan each.
 
 #include <c10/util/intrusive_ptr.h>
 
@@ -37,11 +41,19 @@ class WorkRetirement {
 
   // Frees what only this holds any more; cheap when nothing is kept.
   void sweep() {
-    if (kept_.load(std::memory_order_relaxed) != 0) sweepSlow();
+    if (kept_.load(std::memory_order_relaxed) > sweepAbove_.load(std::memory_order_relaxed)) sweepSlow();
+  }
+  // Frees what only this holds any more, whatever the count (shutdown).
+  void sweepAll() {
+    sweepSlow();
   }
 
   size_t kept() const {
     return kept_.load(std::memory_order_relaxed);
+  }
+  // Scans so far (tests: sweep() must stay amortised O(1)).
+  size_t scans() const {
+    return scans_.load(std::memory_order_relaxed);
   }
 
  private:
@@ -50,6 +62,9 @@ class WorkRetirement {
   std::mutex mu_;
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> refs_;
   std::atomic<size_t> kept_{0};
+  // sweep() scans when more than this is kept: twice what the last scan left.
+  std::atomic<size_t> sweepAbove_{0};
+  std::atomic<size_t> scans_{0};
 };
 
 } // namespace torch_ext

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <thread>
+#include <vector>
 
 using namespace torch_ext;
 
@@ -41,7 +42,7 @@ TEST(WorkRetirement, WhatAWorkerStillHoldsIsFreedByTheNextSweepNotByTheWorker) {
   const auto workerId = worker.get_id();
   worker.join();
   EXPECT_EQ(where.load(), std::thread::id{}) << "the worker's release must not free it";
-  r.sweep();
+  r.sweepAll();
   EXPECT_EQ(where.load(), std::this_thread::get_id());
   EXPECT_NE(where.load(), workerId);
 }
@@ -56,11 +57,38 @@ TEST(WorkRetirement, ASweepKeepsWhatIsStillHeld) {
   r.retire(std::move(held));
   r.retire(std::move(released));
   releasedElsewhere.reset();
-  r.sweep();
+  r.sweepAll();
   EXPECT_EQ(b.load(), std::this_thread::get_id());
   EXPECT_EQ(a.load(), std::thread::id{});
   EXPECT_GE(r.kept(), 1u);
   heldElsewhere.reset();
-  r.sweep();
+  r.sweepAll();
   EXPECT_EQ(a.load(), std::this_thread::get_id());
+}
+
+TEST(WorkRetirement, WorksHeldElsewhereForLongAreNotScannedAtEveryCollective) {
+  // NCCL and send/recv works stay held by the ledger until the watchdog's next
+  // poll: thousands of them at NCCL's rate. sweep() runs once per collective, so
+  // it must not scan them all each time.
+  auto& r = WorkRetirement::instance();
+  r.sweepAll();
+  const size_t before = r.scans();
+  constexpr int kWorks = 4096;
+  std::vector<std::atomic<std::thread::id>> where(kWorks);
+  std::vector<c10::intrusive_ptr<Tracked>> heldElsewhere;
+  for (int i = 0; i < kWorks; ++i) {
+    auto w = c10::make_intrusive<Tracked>(&where[i]);
+    heldElsewhere.push_back(w);
+    r.retire(std::move(w));
+    r.sweep();  // what the next collective does
+  }
+  const size_t scans = r.scans() - before;
+  EXPECT_LE(scans, 2u * 13u) << "a scan per doubling (log2 4096 = 12), not one per collective";
+  EXPECT_GE(r.kept(), static_cast<size_t>(kWorks));
+  // Once the ledger lets go, they are still freed by this thread, never by the other.
+  std::thread ledger([held = std::move(heldElsewhere)]() mutable { held.clear(); });
+  ledger.join();
+  r.sweepAll();
+  EXPECT_EQ(r.kept(), 0u);
+  for (auto& w : where) EXPECT_EQ(w.load(), std::this_thread::get_id());
 }
