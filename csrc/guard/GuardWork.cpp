@@ -27,28 +27,33 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
     state->ledger().pollLater(id, inner);
     return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
   }
-  auto ours = c10::make_intrusive<c10::ivalue::Future>(innerFuture->elementType(), innerFuture->devices());
-  state->ledger().track(id, ours);
-  auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, ours);
-  // The callback holds the group state and the record id, not the work: a work
-  // the user dropped still completes its record.
-  innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
-    const bool ok = !f.hasError();
-    auto fut = state->ledger().complete(id, ok, ok ? std::string() : f.tryRetrieveErrorMessage());
-    if (fut) {
-      if (ok) {
-        fut->markCompleted(f.value());
-      } else {
-        fut->setError(f.exception_ptr());
-      }
-    }
-    state->notify();
-  });
-  return work;
+  if (innerFuture->completed()) {
+    // Done already (a synchronous inner backend): no callback to run later.
+    const bool ok = !innerFuture->hasError();
+    state->ledger().complete(id, ok, ok ? std::string() : innerFuture->tryRetrieveErrorMessage());
+  } else {
+    // The callback holds the group state and the record id, not the work: a
+    // work the user dropped still completes its record.
+    innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
+      const bool ok = !f.hasError();
+      auto ours = state->ledger().complete(id, ok, ok ? std::string() : f.tryRetrieveErrorMessage());
+      if (ours) completeFrom(*ours, f);
+      state->notify();
+    });
+  }
+  return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+}
+
+void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner) {
+  if (inner.hasError()) {
+    ours.setError(inner.exception_ptr());
+  } else {
+    ours.markCompleted(inner.value());
+  }
 }
 
 GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id,
-                     uint64_t seq, Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> future)
+                     uint64_t seq, Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
     : c10d::Work(state->id().rank, toOpType(op)),
       state_(std::move(state)),
       inner_(std::move(inner)),
@@ -56,12 +61,22 @@ GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d:
       seq_(seq),
       op_(op),
       mode_(mode),
-      future_(std::move(future)) {}
+      innerFuture_(std::move(innerFuture)) {}
 
 GuardWork::~GuardWork() {
   auto& retirement = WorkRetirement::instance();
   retirement.retire(std::move(inner_));
+  retirement.retire(std::move(innerFuture_));
   retirement.retire(std::move(future_));
+}
+
+std::exception_ptr GuardWork::groupFailure() const {
+  try {
+    state_->throwFailure("");
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
 }
 
 std::string GuardWork::describe() const {
@@ -73,17 +88,20 @@ std::string GuardWork::describe() const {
 }
 
 bool GuardWork::isCompleted() {
-  if (mode_ == Mode::Future) return future_->completed();
+  if (mode_ == Mode::Future) return innerFuture_->completed() || state_->failed();
   return state_->failed() || inner_->isCompleted();
 }
 
 bool GuardWork::isSuccess() const {
-  if (mode_ == Mode::Future) return future_->completed() && !future_->hasError();
+  if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError();
   return !state_->failed() && inner_->isSuccess();
 }
 
 std::exception_ptr GuardWork::exception() const {
-  if (mode_ == Mode::Future) return future_->completed() ? future_->exception_ptr() : nullptr;
+  if (mode_ == Mode::Future) {
+    if (innerFuture_->completed()) return innerFuture_->exception_ptr();
+    return state_->failed() ? groupFailure() : nullptr;
+  }
   return inner_->exception();
 }
 
@@ -116,8 +134,30 @@ uint64_t GuardWork::getSequencenumber() const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
-  if (mode_ == Mode::Future) return future_;
-  return inner_->getFuture();
+  if (mode_ != Mode::Future) return inner_->getFuture();
+  std::call_once(futureOnce_, [this] {
+    // Made on first request (DDP's comm hooks ask; a plain wait() does not):
+    // ours, not the inner one, so that a group failure can error it while the
+    // inner backend's stays pending (a frozen peer).
+    auto ours = c10::make_intrusive<c10::ivalue::Future>(innerFuture_->elementType(), innerFuture_->devices());
+    if (state_->ledger().track(id_, ours)) {
+      // Completed by the inner future's callback or errored by a group failure,
+      // whichever takes it from the ledger first. The callback may have run
+      // before it was tracked: then take it back here.
+      if (innerFuture_->completed()) {
+        const bool ok = !innerFuture_->hasError();
+        if (auto back = state_->ledger().complete(id_, ok, ok ? std::string() : innerFuture_->tryRetrieveErrorMessage())) {
+          completeFrom(*back, *innerFuture_);
+        }
+      }
+    } else if (innerFuture_->completed()) {
+      completeFrom(*ours, *innerFuture_);
+    } else {
+      ours->setError(groupFailure());  // failed while pending: the group failed
+    }
+    future_ = std::move(ours);
+  });
+  return future_;
 }
 
 void GuardWork::failFromInner(const std::string& err) {
@@ -132,8 +172,8 @@ void GuardWork::failFromInner(const std::string& err) {
 
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
   if (mode_ == Mode::Future) {
-    const bool done = state_->waitUntil([this] { return future_->completed(); }, timeout);
-    if (!future_->completed()) {
+    const bool done = state_->waitUntil([this] { return innerFuture_->completed(); }, timeout);
+    if (!innerFuture_->completed()) {
       if (state_->failed()) state_->throwFailure("");
       if (!done) {
         std::ostringstream os;
@@ -141,9 +181,9 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
         throw c10::DistBackendError(os.str());
       }
     }
-    if (future_->hasError()) {
+    if (innerFuture_->hasError()) {
       if (state_->failed()) state_->throwFailure("");
-      failFromInner(future_->tryRetrieveErrorMessage());
+      failFromInner(innerFuture_->tryRetrieveErrorMessage());
     }
     // Completed: the inner wait() returns at once and finishes its bookkeeping
     // (e.g. stream sync for CUDA tensors on gloo).

@@ -6,9 +6,11 @@
 // blocked wait() with a typed error instead of letting it hang.
 //
 // How completion is observed depends on what the inner Work offers:
-//  - Future: CPU works with a future (gloo collectives). A callback completes the
-//    ledger record and our own future; wait() blocks on the group's condition
-//    variable, so a group failure can interrupt it.
+//  - Future: CPU works with a future (gloo collectives). A callback on the inner
+//    future completes the ledger record; wait() blocks on the group's condition
+//    variable, so a group failure can interrupt it. Our own future, which a
+//    group failure errors, is made only when asked for (getFuture): a plain
+//    wait() costs no future of ours (issue 11).
 //  - Blocking: CPU works without a future (gloo send/recv). wait() calls the inner
 //    wait(); a group failure aborts the inner work, which makes that wait return.
 //  - Device: accelerator works (NCCL). wait() keeps the inner semantics (stream
@@ -22,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace torch_ext {
@@ -36,7 +39,7 @@ class GuardWork : public c10d::Work {
                                             Op op, c10::DeviceType device);
 
   GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-            Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> future);
+            Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
   // Hands the inner work and our future to WorkRetirement: the inner backend's
   // worker may still hold them, and must not be the one to free them.
   ~GuardWork() override;
@@ -64,6 +67,9 @@ class GuardWork : public c10d::Work {
   // The inner work failed with `err`: fail the group with a cross-rank report
   // (unless it failed already) and throw the group's error.
   [[noreturn]] void failFromInner(const std::string& err);
+  // The group's failure as an exception (the group has failed).
+  std::exception_ptr groupFailure() const;
+  static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
 
   std::shared_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Work> inner_;
@@ -71,7 +77,9 @@ class GuardWork : public c10d::Work {
   uint64_t seq_;
   Op op_;
   Mode mode_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;  // Mode::Future only
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // Mode::Future only
+  std::once_flag futureOnce_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // ours: made by getFuture()
 };
 
 // The work of an emulated coalescing block (inner backends without native

@@ -95,9 +95,14 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
   return fut;
 }
 
-void Ledger::track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future) {
+bool Ledger::track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future) {
   std::lock_guard<std::mutex> lock(mu_);
+  // A record no longer in the ring is taken as pending: complete() and
+  // failPending() find tracked futures whatever the ring holds.
+  const Entry* e = slot(id);
+  if (e != nullptr && e->state != EntryState::Scheduled) return false;
   futures_.emplace(id, std::move(future));
+  return true;
 }
 
 void Ledger::failPending(const std::string& error, std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* futures,

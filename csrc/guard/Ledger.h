@@ -78,8 +78,10 @@ class Ledger {
   // back the future registered with track(), which the caller must complete.
   // Only the first completion of a record gets the future.
   c10::intrusive_ptr<c10::ivalue::Future> complete(uint64_t id, bool ok, const std::string& error = std::string());
-  // The future a GuardWork hands out for record `id` (completed by complete()).
-  void track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future);
+  // The future a GuardWork hands out for record `id`, handed back by complete()
+  // or failPending(). Returns false, keeping nothing, when the record has
+  // finished already (the caller completes the future itself).
+  bool track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future);
   // Keeps `work` to be polled with isCompleted() by the watchdog (for works that
   // offer no completion callback, e.g. CUDA work or gloo's send/recv).
   void pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work);

@@ -6,6 +6,13 @@
 
 #include <Python.h>
 #include <frameobject.h>
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+// 3.11's interpreter frame records, read by the call-site capture (see
+// siteOfThisThread). Their layout is fixed within a minor version.
+#define Py_BUILD_CORE
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -169,77 +176,109 @@ Frame frameOf(PyFrameObject* frame, const CodeInfo& info) {
   return Frame{info.filename, PyFrame_GetLineNumber(frame), info.function, info.library};
 }
 
-// Walks from the innermost frame to the first user frame, remembering the
-// innermost framework frame on the way. Per frame this costs one lookup of the
-// code object's cached decision; the strings are built once per distinct
-// (user frame, framework frame) pair. With no user frame on the stack (a
-// collective issued entirely by library code) the innermost framework frame is
-// the call site.
+// One frame of a call-site walk. The code object is borrowed: every frame on
+// the walking thread's own stack is executing, so its code object lives at
+// least as long as the walk. `lasti` is the instruction offset in bytes (the
+// line number before Python 3.11).
+struct WalkedFrame {
+  PyCodeObject* code = nullptr;
+  int lasti = -1;
+  const CodeInfo* info = nullptr;
+};
+
+int lineAt(PyCodeObject* code, int lasti) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return PyCode_Addr2Line(code, lasti);
+#else
+  (void)code;
+  return lasti;
+#endif
+}
+
+// Walks from the innermost frame (`next` yields them, innermost first) to the
+// first user frame, remembering the innermost framework frame on the way. Per
+// frame this costs one lookup of the code object's cached decision; the strings
+// are built once per distinct (user frame, framework frame) pair. With no user
+// frame on the stack (a collective issued entirely by library code) the
+// innermost framework frame is the call site.
+template <typename Next>
+uint32_t siteOfStack(Next&& next) {
+  WalkedFrame f, user, via;
+  while (next(&f)) {
+    f.info = &codeInfo(f.code);
+    if (f.info->kind == FrameKind::User) {
+      user = f;
+      break;
+    }
+    if (f.info->kind == FrameKind::Framework && via.code == nullptr) via = f;
+  }
+  if (user.code == nullptr) {
+    if (via.code == nullptr) return 0;
+    user = via;  // no user frame: the framework frame stands alone
+    via = WalkedFrame{};
+  }
+  SiteKey key{user.code, user.lasti, via.code, via.code != nullptr ? via.lasti : -1};
+  auto it = g_sites->find(key);
+  if (it != g_sites->end()) return it->second;
+  std::vector<Frame> frames{
+      Frame{user.info->filename, lineAt(user.code, user.lasti), user.info->function, user.info->library}};
+  if (via.code != nullptr) {
+    frames.push_back(Frame{via.info->filename, lineAt(via.code, via.lasti), via.info->function, via.info->library});
+  }
+  const uint32_t id = CallSites::instance().intern(frames);
+  // The cache keeps its code objects alive (see above).
+  Py_INCREF(user.code);
+  Py_XINCREF(via.code);
+  g_sites->emplace(key, id);
+  return id;
+}
+
+// The current thread's call site; GIL held.
+uint32_t siteOfThisThread() {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+  // CPython 3.11: read the interpreter's own frame records. The public route
+  // (PyEval_GetFrame, PyFrame_GetBack) turns every frame it passes into a
+  // frame object, which the interpreter must then keep and tear down with the
+  // frame: most of the cost of a capture (issue 11). This skips incomplete
+  // frames exactly as PyFrame_GetBack does, and yields the same instruction
+  // offsets as PyFrame_GetLasti.
+  _PyInterpreterFrame* cur = PyThreadState_Get()->cframe->current_frame;
+  return siteOfStack([&cur](WalkedFrame* f) {
+    while (cur != nullptr && _PyFrame_IsIncomplete(cur)) cur = cur->previous;
+    if (cur == nullptr) return false;
+    const int lasti = _PyInterpreterFrame_LASTI(cur);
+    f->code = cur->f_code;
+    f->lasti = lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT));
+    cur = cur->previous;
+    return true;
+  });
+#else
+  // Other versions: the public API. Frame objects of executing frames are kept
+  // by the interpreter, so the references taken here are dropped at once.
+  PyFrameObject* cur = PyEval_GetFrame();  // borrowed
+  return siteOfStack([&cur](WalkedFrame* f) {
+    if (cur == nullptr) return false;
+    PyCodeObject* code = PyFrame_GetCode(cur);
+    Py_DECREF(code);
+    f->code = code;
+    f->lasti = frameLasti(cur);
+    PyFrameObject* back = PyFrame_GetBack(cur);
+    Py_XDECREF(back);
+    cur = back;
+    return true;
+  });
+#endif
+}
+
 uint32_t captureCallSite() {
   if (!g_installed.load(std::memory_order_acquire) || !g_callSites.load(std::memory_order_relaxed)) return 0;
   // A thread without a Python thread state has no Python frames (e.g. autograd
   // device threads): do not create one.
-  if (PyGILState_GetThisThreadState() == nullptr || !Py_IsInitialized()) return 0;
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
+  // A collective issued from Python holds the GIL: nothing to take.
+  if (PyGILState_Check()) return siteOfThisThread();
   PyGILState_STATE gil = PyGILState_Ensure();
-  uint32_t id = 0;
-  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
-  Py_XINCREF(frame);
-  PyFrameObject* via = nullptr;  // owned
-  PyCodeObject* viaCode = nullptr;  // owned
-  const CodeInfo* viaInfo = nullptr;
-  PyFrameObject* user = nullptr;  // owned
-  PyCodeObject* userCode = nullptr;  // owned
-  const CodeInfo* userInfo = nullptr;
-  while (frame != nullptr) {
-    PyCodeObject* code = PyFrame_GetCode(frame);
-    const CodeInfo& info = codeInfo(code);
-    if (info.kind == FrameKind::User) {
-      user = frame;
-      userCode = code;
-      userInfo = &info;
-      frame = nullptr;
-      break;
-    }
-    if (info.kind == FrameKind::Framework && via == nullptr) {
-      via = frame;
-      viaCode = code;
-      viaInfo = &info;
-      frame = PyFrame_GetBack(via);
-      continue;
-    }
-    PyFrameObject* back = PyFrame_GetBack(frame);
-    Py_DECREF(code);
-    Py_DECREF(frame);
-    frame = back;
-  }
-  if (user == nullptr && via != nullptr) {
-    // No user frame: the framework frame stands alone.
-    user = via;
-    userCode = viaCode;
-    userInfo = viaInfo;
-    via = nullptr;
-    viaCode = nullptr;
-    viaInfo = nullptr;
-  }
-  if (user != nullptr) {
-    SiteKey key{userCode, frameLasti(user), viaCode, via ? frameLasti(via) : -1};
-    auto it = g_sites->find(key);
-    if (it != g_sites->end()) {
-      id = it->second;
-    } else {
-      std::vector<Frame> frames{frameOf(user, *userInfo)};
-      if (via != nullptr) frames.push_back(frameOf(via, *viaInfo));
-      id = CallSites::instance().intern(frames);
-      // The cache keeps its code objects alive (see above).
-      Py_INCREF(userCode);
-      Py_XINCREF(viaCode);
-      g_sites->emplace(key, id);
-    }
-  }
-  Py_XDECREF(userCode);
-  Py_XDECREF(user);
-  Py_XDECREF(viaCode);
-  Py_XDECREF(via);
+  const uint32_t id = siteOfThisThread();
   PyGILState_Release(gil);
   return id;
 }

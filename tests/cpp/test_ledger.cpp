@@ -212,6 +212,26 @@ TEST(Ledger, CompleteIsFirstWinsAndHandsBackTheTrackedFutureOnce) {
   }
 }
 
+TEST(Ledger, TrackKeepsNothingForARecordThatHasFinished) {
+  // GuardWork makes its future on request, possibly after the op completed or
+  // the group failed: then the caller completes it, nobody else would.
+  Ledger l(8);
+  auto done = rec(l, coll(1));
+  auto failed = rec(l, coll(2));
+  auto pending = rec(l, coll(3));
+  l.complete(done.id, true);
+  l.complete(failed.id, false, "peer gone");
+  EXPECT_FALSE(l.track(done.id, newFuture()));
+  EXPECT_FALSE(l.track(failed.id, newFuture()));
+  auto fut = newFuture();
+  EXPECT_TRUE(l.track(pending.id, fut));
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  l.failPending("group failed", &futures, &works);
+  ASSERT_EQ(futures.size(), 1u);
+  EXPECT_EQ(futures[0].get(), fut.get());
+}
+
 TEST(Ledger, ProgressReportsTheOldestPendingEntry) {
   Ledger l(8);
   auto p0 = l.progress();

@@ -72,6 +72,7 @@ TEST(WorkRetirement, WorksHeldElsewhereForLongAreNotScannedAtEveryCollective) {
   // it must not scan them all each time.
   auto& r = WorkRetirement::instance();
   r.sweepAll();
+  const size_t keptBefore = r.kept();  // other tests' works, still held by their backends
   const size_t before = r.scans();
   constexpr int kWorks = 4096;
   std::vector<std::atomic<std::thread::id>> where(kWorks);
@@ -89,6 +90,6 @@ TEST(WorkRetirement, WorksHeldElsewhereForLongAreNotScannedAtEveryCollective) {
   std::thread ledger([held = std::move(heldElsewhere)]() mutable { held.clear(); });
   ledger.join();
   r.sweepAll();
-  EXPECT_EQ(r.kept(), 0u);
+  EXPECT_LE(r.kept(), keptBefore);
   for (auto& w : where) EXPECT_EQ(w.load(), std::this_thread::get_id());
 }
