@@ -29,19 +29,22 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   if (innerFuture->completed()) {
     // Done already (a synchronous inner backend): no callback to run later.
-    const bool ok = !innerFuture->hasError();
-    state->ledger().complete(id, ok, ok ? std::string() : innerFuture->tryRetrieveErrorMessage());
+    settle(*state, id, *innerFuture);
   } else {
     // The callback holds the group state and the record id, not the work: a
     // work the user dropped still completes its record.
     innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
-      const bool ok = !f.hasError();
-      auto ours = state->ledger().complete(id, ok, ok ? std::string() : f.tryRetrieveErrorMessage());
-      if (ours) completeFrom(*ours, f);
+      settle(*state, id, f);
       state->notify();
     });
   }
   return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+}
+
+void GuardWork::settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner) {
+  const bool ok = !inner.hasError();
+  auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner.tryRetrieveErrorMessage());
+  if (ours) completeFrom(*ours, inner);
 }
 
 void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner) {
@@ -144,12 +147,7 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
       // Completed by the inner future's callback or errored by a group failure,
       // whichever takes it from the ledger first. The callback may have run
       // before it was tracked: then take it back here.
-      if (innerFuture_->completed()) {
-        const bool ok = !innerFuture_->hasError();
-        if (auto back = state_->ledger().complete(id_, ok, ok ? std::string() : innerFuture_->tryRetrieveErrorMessage())) {
-          completeFrom(*back, *innerFuture_);
-        }
-      }
+      if (innerFuture_->completed()) settle(*state_, id_, *innerFuture_);
     } else if (innerFuture_->completed()) {
       completeFrom(*ours, *innerFuture_);
     } else {

@@ -69,6 +69,9 @@ class GuardWork : public c10d::Work {
   [[noreturn]] void failFromInner(const std::string& err);
   // The group's failure as an exception (the group has failed).
   std::exception_ptr groupFailure() const;
+  // Completes record `id` from the finished `inner` future and, if one is
+  // tracked for it and not yet taken, our future too.
+  static void settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner);
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
 
   std::shared_ptr<GroupState> state_;
