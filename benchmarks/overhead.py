@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -69,7 +71,13 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
     return q[0], statistics.median(xs), q[2]
 
 
-def _added_cost(rounds: int, iters: int) -> dict[str, list[float]]:
+class Added(NamedTuple):
+    cpu: dict[str, list[float]]       # CPU time of all threads per call, per round
+    main: dict[str, list[float]]      # CPU time of the calling thread per call, per round
+    switches: dict[str, list[float]]  # voluntary context switches (all threads) per call, per round
+
+
+def _added_cost(rounds: int, iters: int) -> Added:
     """The guard's own cost per collective, in one process (world 1).
 
     Against torch's no-op ``fake`` backend the guard's work is the whole
@@ -96,6 +104,8 @@ def _added_cost(rounds: int, iters: int) -> dict[str, list[float]]:
     }
     t = torch.ones(1)
     cpu: dict[str, list[float]] = {k: [] for k in groups}
+    main: dict[str, list[float]] = {k: [] for k in groups}
+    switches: dict[str, list[float]] = {k: [] for k in groups}
     for g in groups.values():
         for _ in range(500):
             dist.all_reduce(t, group=g)
@@ -104,15 +114,20 @@ def _added_cost(rounds: int, iters: int) -> dict[str, list[float]]:
         order = list(groups.items())
         rng.shuffle(order)
         for name, g in order:
-            c0 = time.process_time()
+            s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+            c0, m0 = time.process_time(), time.thread_time()
             for _ in range(iters):
                 dist.all_reduce(t, group=g)
-            cpu[name].append((time.process_time() - c0) / iters)
+            c1, m1 = time.process_time(), time.thread_time()
+            cpu[name].append((c1 - c0) / iters)
+            main[name].append((m1 - m0) / iters)
+            switches[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - s0) / iters)
     dist.destroy_process_group()
-    return cpu
+    return Added(cpu, main, switches)
 
 
-def _print_added(cpu: dict[str, list[float]], rounds: int, iters: int) -> None:
+def _print_added(added: Added, rounds: int, iters: int) -> None:
+    cpu = added.cpu
     print(f"world 1, all_reduce of 1 float, CPU time of all threads per call: {rounds} shuffled rounds x {iters} calls;")
     print("median [quartiles] over rounds; 'added' is per round, against the baseline timed in the same round")
     for name, xs in cpu.items():
@@ -126,6 +141,14 @@ def _print_added(cpu: dict[str, list[float]], rounds: int, iters: int) -> None:
     q1, m, q3 = _quartiles([g / b for g, b in zip(cpu["guard(gloo)"], cpu["gloo"])])
     verdict = "met" if q3 <= 1.03 else ("not met" if q1 > 1.03 else "not resolved by this run's noise")
     print(f"  guard(gloo) / gloo = {m:.3f}x [{q1:.3f}, {q3:.3f}]   goal <= 1.03x: {verdict}")
+    # Where the gloo difference is spent: on the calling thread or on gloo's worker
+    # (the completion callback), and whether the guard adds a thread hand-off.
+    for label, series in (("calling thread", added.main),
+                          ("other threads", {k: [c - m for c, m in zip(cpu[k], added.main[k])] for k in cpu})):
+        q1, m, q3 = _quartiles([(g - b) * 1e6 for g, b in zip(series["guard(gloo)"], series["gloo"])])
+        print(f"    of which on the {label}: {m:+.2f} us [{q1:+.2f}, {q3:+.2f}]")
+    sw = {k: statistics.median(added.switches[k]) for k in ("gloo", "guard(gloo)")}
+    print(f"    voluntary context switches per call: gloo {sw['gloo']:.2f}, guard(gloo) {sw['guard(gloo)']:.2f}")
 
 
 def _free_port() -> int:
@@ -143,13 +166,14 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.25, help="seconds per timing round")
     ap.add_argument("--added", action="store_true",
                     help="measure only the guard's own added cost per collective at world 1 (no network)")
+    ap.add_argument("--iters", type=int, default=4000, help="--added: calls per group per round")
     args = ap.parse_args()
 
     names = ["gloo", "guard"]
     print(f"torch {torch.__version__}, guard check={args.check}, {os.cpu_count()} CPUs, gloo over loopback")
     if args.added:
         os.environ["TORCH_EXT_CHECK"] = args.check
-        iters = 4000
+        iters = args.iters
         _print_added(_added_cost(args.rounds, iters), args.rounds, iters)
         return
     print("median latency per backend; ratio = median of the per-round guard/gloo ratios (rounds interleave")
