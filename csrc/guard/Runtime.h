@@ -4,7 +4,7 @@
 // hooks so the core stays Python-free. The bindings install Python
 // implementations (python/PyRuntime.cpp); C++ tests run with the defaults.
 
-#include "guard/CallSite.h"
+#include "guard/report/Frame.h"
 
 #include <chrono>
 #include <functional>
@@ -15,12 +15,6 @@
 namespace torch_ext {
 
 enum class LogLevel : int { Debug = 10, Info = 20, Warning = 30, Error = 40 };
-
-struct MainThreadStack {
-  std::vector<Frame> frames;  // innermost first, user frames only where possible
-  std::string note;           // e.g. "main thread holds the GIL (blocked in native code?)"
-  bool available = false;
-};
 
 class Runtime {
  public:

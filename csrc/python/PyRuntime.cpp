@@ -1,8 +1,8 @@
 #include "python/PyRuntime.h"
 
-#include "guard/CallSite.h"
+#include "guard/collective/CallSite.h"
 #include "guard/Runtime.h"
-#include "guard/Watchdog.h"
+#include "guard/watchdog/Watchdog.h"
 
 #include <Python.h>
 #include <frameobject.h>

@@ -8,10 +8,12 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
-#include "guard/GuardBackend.h"
-#include "guard/Report.h"
-#include "guard/Snapshot.h"
-#include "guard/Watchdog.h"
+#include "guard/collective/GuardBackend.h"
+#include "guard/report/DumpAnalysis.h"
+#include "guard/report/Report.h"
+#include "guard/report/Snapshot.h"
+#include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/Watchdog.h"
 #include "python/PyRuntime.h"
 
 #include <pybind11/chrono.h>
@@ -186,7 +188,7 @@ PYBIND11_MODULE(_C, m) {
       "_group_json",
       [](const c10::intrusive_ptr<c10d::Backend>& b, size_t maxEntries) {
         auto& st = *asGuard(b).state();
-        return torch_ext::toJson(torch_ext::GroupView::from(st, maxEntries ? maxEntries : st.ledger().capacity())).dump();
+        return torch_ext::toJson(torch_ext::groupView(st, maxEntries ? maxEntries : st.ledger().capacity())).dump();
       },
       py::arg("backend"), py::arg("max_entries") = 0, py::call_guard<py::gil_scoped_release>());
   m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
@@ -214,104 +216,33 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "_check_snapshot",
-      [](const std::string& text) {
+      [](const std::string& text, const std::string& name) {
         try {
-          auto snap = torch_ext::snapshotFromJson(torch_ext::Json::parse(text));
+          auto snap = torch_ext::readDump({name, text});
           std::vector<std::string> groups;
           for (const auto& g : snap.groups) groups.push_back(g.name);
           return py::make_tuple(snap.rank, groups);
-        } catch (const torch_ext::JsonError& e) {
-          throw py::value_error(e.what());
+        } catch (const torch_ext::DumpError& e) {
+          throw py::value_error(e.reason());
         }
       },
+      py::arg("text"), py::arg("name") = "dump",
       "Validates one dump; returns (rank, group names) or raises ValueError saying what is wrong.");
+  m.attr("MAX_DUMP_BYTES") = torch_ext::kMaxDumpBytes;
 
   m.def(
       "_analyze_dumps",
       [](const std::vector<std::string>& texts) {
-        // Post-mortem: one verdict per group found in the dumps.
         std::vector<torch_ext::RankSnapshot> snaps;
-        for (const auto& t : texts) snaps.push_back(torch_ext::snapshotFromJson(torch_ext::Json::parse(t)));
-        std::map<std::string, std::pair<int, std::string>> groups;  // name -> (size, label)
-        for (const auto& s : snaps) {
-          for (const auto& g : s.groups) groups[g.name] = {g.size, g.label()};
+        for (size_t i = 0; i < texts.size(); ++i) {
+          snaps.push_back(torch_ext::readDump({"dump " + std::to_string(i), texts[i]}));
         }
-        int64_t now = 0;
-        for (const auto& s : snaps) now = std::max(now, s.timeNs);
         std::vector<std::string> out;
-        for (const auto& [name, info] : groups) {
-          std::vector<torch_ext::RankInput> inputs(info.first);
-          for (int r = 0; r < info.first; ++r) {
-            inputs[r].groupRank = r;
-            inputs[r].globalRank = r;
-            inputs[r].groupName = name;
-          }
-          std::string incident;
-          for (const auto& s : snaps) {
-            const auto* g = s.group(name);
-            if (!g || g->rank >= info.first) continue;
-            auto& in = inputs[g->rank];
-            in.responded = true;
-            in.snapshot = s;
-            in.globalRank = g->globalRank(g->rank);
-            in.heartbeatNs = s.timeNs;
-            if (incident.empty()) incident = s.incident;
-          }
-          for (auto& in : inputs) {
-            if (in.responded) continue;
-            for (const auto& s : snaps) {
-              if (const auto* g = s.group(name)) in.globalRank = g->globalRank(in.groupRank);
-            }
-          }
-          // Pick the oldest pending collective as the subject of the analysis.
-          torch_ext::Incident inc{torch_ext::IncidentKind::Hang, "0", -1, ""};
-          int64_t oldest = 0;
-          for (const auto& in : inputs) {
-            const auto* g = in.group();
-            if (!g) continue;
-            for (const auto& e : g->entries) {
-              if (e.state != "scheduled") continue;
-              if (oldest == 0 || e.startNs < oldest) {
-                oldest = e.startNs;
-                inc.subject = e.isP2P ? "p2p-" + std::to_string(g->rank) + "-" + std::to_string(e.id) : std::to_string(e.seq);
-                inc.poster = g->rank;
-              }
-              break;
-            }
-          }
-          if (oldest == 0) {
-            // Nothing pending: the dumps may have been written for a collective that has
-            // failed since (incident "failure:2" after a peer died). Make it the subject,
-            // so the verdict names that collective as the live report did.
-            const auto parsed = torch_ext::Incident::fromId(incident);
-            const bool seqSubject = parsed && !parsed->subject.empty() &&
-                parsed->subject.find_first_not_of("0123456789") == std::string::npos;
-            if (seqSubject && (parsed->kind == torch_ext::IncidentKind::Failure ||
-                               parsed->kind == torch_ext::IncidentKind::Abort ||
-                               parsed->kind == torch_ext::IncidentKind::Hang)) {
-              const uint64_t seq = std::strtoull(parsed->subject.c_str(), nullptr, 10);
-              for (const auto& in : inputs) {
-                const auto* g = in.group();
-                const auto* e = g ? g->bySeq(seq) : nullptr;
-                if (e == nullptr || e->state != "failed") continue;
-                inc.kind = parsed->kind == torch_ext::IncidentKind::Failure ? torch_ext::IncidentKind::Failure
-                                                                            : torch_ext::IncidentKind::Hang;
-                inc.subject = parsed->subject;
-                inc.poster = g->rank;
-                inc.error = e->error;
-                oldest = e->startNs;
-                break;
-              }
-            }
-          }
-          // Still nothing: look for mismatches only (a verdict of "none" if there is none),
-          // rather than report a hang of a collective nobody waits in.
-          if (oldest == 0) inc.kind = torch_ext::IncidentKind::Mismatch;
-          auto v = torch_ext::analyze(info.second, inputs, inc, now);
-          auto j = v.toJson();
-          j.set("group_name", name);
-          j.set("pending", oldest != 0);
-          j.set("dump_incident", incident);
+        for (const auto& f : torch_ext::analyzeDumps(snaps)) {
+          auto j = f.verdict.toJson();
+          j.set("group_name", f.groupName);
+          j.set("pending", f.pending);
+          j.set("dump_incident", f.dumpIncident);
           out.push_back(j.dump());
         }
         return out;

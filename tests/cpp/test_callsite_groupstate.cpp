@@ -1,8 +1,8 @@
 // CallSites: interned call sites and their text. GroupState: first-wins group
 // failure with the abort hook, typed errors, and waitUntil.
-#include "guard/CallSite.h"
+#include "guard/collective/CallSite.h"
 #include "guard/Errors.h"
-#include "guard/GroupState.h"
+#include "guard/collective/GroupState.h"
 #include "guard/Runtime.h"
 
 #include "store_testing.h"

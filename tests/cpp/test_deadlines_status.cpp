@@ -1,9 +1,9 @@
 // The watchdog's local parts, which do no store I/O: the status record and its
 // encoding, the deadlines of the oldest pending op (driven by a fake clock),
 // and the report a rank makes alone when the store is gone.
-#include "guard/Deadlines.h"
-#include "guard/LocalReport.h"
-#include "guard/StatusRecord.h"
+#include "guard/watchdog/Deadlines.h"
+#include "guard/report/LocalReport.h"
+#include "guard/report/StatusRecord.h"
 
 #include <gtest/gtest.h>
 
@@ -84,7 +84,7 @@ TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
   Progress p = pendingAt(1, 1, t0);
   ASSERT_TRUE(d.check(p, 0, t0 + kSec + 1).raise);  // hang incident
   // The cross-rank report came: no local warning.
-  d.reported("1");
+  d.reported(IncidentSubject::collective(1));
   auto a = d.check(p, 0, t0 + 3 * kSec);
   EXPECT_FALSE(a.localWarn);
   ASSERT_TRUE(d.check(p, 0, t0 + 4 * kSec + 1).raise);  // abort incident

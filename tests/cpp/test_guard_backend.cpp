@@ -2,10 +2,10 @@
 // over a hand-driven inner backend (its works complete when the test says so)
 // and a fault-injecting store. World size 1, so the watchdog's whole path runs
 // (status, deadlines, incidents, store health) without other processes.
-#include "guard/GuardBackend.h"
+#include "guard/collective/GuardBackend.h"
 
 #include "guard/Errors.h"
-#include "guard/Watchdog.h"
+#include "guard/watchdog/Watchdog.h"
 #include "store_testing.h"
 
 #include <ATen/ATen.h>

@@ -1,10 +1,10 @@
 // IncidentProtocol: ranks answering an incident together through an in-memory
 // store, each rank through its own fault-injecting view of it. Most cases step
 // the ranks in turn on a fake clock (deterministic); one runs them as threads.
-#include "guard/IncidentProtocol.h"
+#include "guard/watchdog/IncidentProtocol.h"
 
-#include "guard/Dumps.h"
-#include "guard/StatusRecord.h"
+#include "guard/watchdog/Dumps.h"
+#include "guard/report/StatusRecord.h"
 #include "store_testing.h"
 
 #include <gtest/gtest.h>
@@ -102,8 +102,8 @@ struct World {
 
 TEST(IncidentProtocol, AHangIsAnsweredByEveryRankWithOneVerdict) {
   World w(3, 2, 1000 * kSec);
-  EXPECT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, "2", 0, ""}));
-  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Hang, "2", 1, ""}));  // raised already
+  EXPECT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
+  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 1, ""}));  // raised already
   const int ticks = w.run(50);
   EXPECT_LT(ticks, 10);  // all snapshots in: no deadline was needed
   for (auto& r : w.ranks) {
@@ -120,7 +120,7 @@ TEST(IncidentProtocol, AHangIsAnsweredByEveryRankWithOneVerdict) {
 
 TEST(IncidentProtocol, WhenTheAnalystDiesTheOthersAnalyseForThemselves) {
   World w(3, 2, 1000 * kSec);
-  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, "2", 0, ""}));
+  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
   w.ranks[0].alive = false;  // dies right after raising: no snapshot, no verdict
   const int ticks = w.run(100);
   const int64_t waited = ticks * kTick;
@@ -137,7 +137,7 @@ TEST(IncidentProtocol, WhenTheAnalystDiesTheOthersAnalyseForThemselves) {
 TEST(IncidentProtocol, ARankThatNeverAnswersIsCalledGoneAfterTheSnapshotWait) {
   World w(3, 1, 1000 * kSec);
   w.ranks[1].alive = false;  // frozen: never takes part
-  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Abort, "2", 0, ""}));
+  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Abort, IncidentSubject::collective(2), 0, ""}));
   const int ticks = w.run(100);
   EXPECT_GE(ticks * kTick, IncidentProtocol::snapWaitNs(0.2));
   EXPECT_LT(ticks * kTick, IncidentProtocol::reportWaitNs(0.2));  // the analyst itself decided
@@ -149,7 +149,7 @@ TEST(IncidentProtocol, ARankThatNeverAnswersIsCalledGoneAfterTheSnapshotWait) {
 
 TEST(IncidentProtocol, StoreLostMidIncidentStopsProgressWithoutBlocking) {
   World w(3, 2, 1000 * kSec);
-  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, "2", 0, ""}));
+  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
   w.step();  // every rank saw the alert and answered
   w.ranks[1].faulty->setMode(testkit::FaultyStore::Mode::Fail);
   const auto t0 = std::chrono::steady_clock::now();
@@ -163,13 +163,13 @@ TEST(IncidentProtocol, StoreLostMidIncidentStopsProgressWithoutBlocking) {
   EXPECT_EQ(w.ranks[2].acted(), 1u);
   // A post through a lost store says so.
   bool failed = false;
-  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Abort, "2", 1, ""}, &failed));
+  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Abort, IncidentSubject::collective(2), 1, ""}, &failed));
   EXPECT_TRUE(failed);
 }
 
 TEST(IncidentProtocol, AFrozenStoreMidIncidentCostsEachRankOneBoundedCall) {
   World w(2, 1, 1000 * kSec);
-  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, "2", 0, ""}));
+  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
   w.ranks[0].faulty->setMode(testkit::FaultyStore::Mode::Block);
   const auto t0 = std::chrono::steady_clock::now();
   w.ranks[0].protocol->progress(w.now);
@@ -182,7 +182,7 @@ TEST(IncidentProtocol, AFrozenStoreMidIncidentCostsEachRankOneBoundedCall) {
 
 TEST(IncidentProtocol, AVerdictPublishedBeforeTheStoreIsLostReachesOnlyThoseWhoReadIt) {
   World w(3, 2, 1000 * kSec);
-  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, "2", 0, ""}));
+  ASSERT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
   // Ranks 0 and 1 take part until the verdict is out; rank 2's store dies first.
   w.ranks[2].protocol->progress(w.now);  // rank 2 answers its snapshot
   w.ranks[2].faulty->setMode(testkit::FaultyStore::Mode::Fail);
@@ -203,8 +203,8 @@ TEST(IncidentProtocol, APublishedVerdictIsActedOnEvenIfItsPublisherIsGone) {
   v.kind = Verdict::Kind::Mismatch;
   v.text = "send/recv on group \"default_pg\" do not pair";
   v.reporter = 1;
-  ASSERT_TRUE(w.ranks[1].protocol->publishVerdict(Incident{IncidentKind::Mismatch, "any", 1, ""}, v));
-  EXPECT_FALSE(w.ranks[0].protocol->publishVerdict(Incident{IncidentKind::Mismatch, "any", 0, ""}, v));
+  ASSERT_TRUE(w.ranks[1].protocol->publishVerdict(Incident{IncidentKind::Mismatch, IncidentSubject::any(), 1, ""}, v));
+  EXPECT_FALSE(w.ranks[0].protocol->publishVerdict(Incident{IncidentKind::Mismatch, IncidentSubject::any(), 0, ""}, v));
   w.ranks[1].alive = false;  // raised and exited at once
   w.run(20);
   for (int r : {0, 2}) {
@@ -221,7 +221,7 @@ TEST(IncidentProtocol, RanksAsThreadsAgreeOnTheLateRank) {
   for (int r = 0; r < 4; ++r) {
     threads.emplace_back([&, r] {
       // Ranks 1 and 2 raise it at about the same time: one wins, both take part.
-      if (r == 1 || r == 2) w.ranks[r].protocol->post(Incident{IncidentKind::Hang, "2", r, ""});
+      if (r == 1 || r == 2) w.ranks[r].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), r, ""});
       while (!stop && w.ranks[r].acted() == 0) {
         w.ranks[r].protocol->progress(wallNs());
         std::this_thread::sleep_for(milliseconds(20));

@@ -2,7 +2,7 @@
 // input. Round trips, escapes, int64 vs double, copy-on-write copies, parse
 // errors with byte offsets ("truncated" for cut-off input), typed accessors
 // whose errors name the field.
-#include "guard/Json.h"
+#include "guard/report/Json.h"
 
 #include <gtest/gtest.h>
 

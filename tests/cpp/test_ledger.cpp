@@ -2,7 +2,7 @@
 // over them, per-(peer, tag, direction) p2p ordinals, the bounded ring, first-wins
 // completion with the tracked future, the pending watermark, group failure and
 // polled works.
-#include "guard/Ledger.h"
+#include "guard/collective/Ledger.h"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>

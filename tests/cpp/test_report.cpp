@@ -1,7 +1,9 @@
 // Report: from the snapshots of all ranks of a group to "who is where". Inputs
 // are built the way the watchdog builds them: one ledger per rank, entries
 // turned into views, views put into responded snapshots.
-#include "guard/Report.h"
+#include "guard/report/Report.h"
+#include "guard/collective/CallSite.h"
+#include "guard/watchdog/Dumps.h"
 
 #include <gtest/gtest.h>
 
@@ -67,7 +69,7 @@ GroupView viewOf(Sim& sim, const std::string& name, int rank, const std::vector<
   g.lastCompletedSeq = p.lastCompletedSeq;
   g.lastCompletedNs = p.lastCompletedNs;
   g.rolling = p.rolling;
-  for (const auto& e : sim.ledger.entries(window)) g.entries.push_back(EntryView::from(e));
+  for (const auto& e : sim.ledger.entries(window)) g.entries.push_back(entryView(e));
   return g;
 }
 
@@ -112,7 +114,7 @@ void setStart(RankInput& r, uint64_t seq, int64_t startNs, bool byId = false) {
 Incident incident(const std::string& kind, const std::string& subject, int64_t poster = 0) {
   Incident i;
   i.kind = parseIncidentKind(kind).value();
-  i.subject = subject;
+  i.subject = IncidentSubject::parse(subject).value();
   i.poster = poster;
   return i;
 }

@@ -1,7 +1,9 @@
 // Snapshot: one rank's portable view of its groups, in the JSON format shared by
 // live incidents, dump files and `diagnose`. Views built from a real GroupState,
 // the JSON round trip, and validation errors that name the problem.
-#include "guard/Snapshot.h"
+#include "guard/report/Snapshot.h"
+#include "guard/collective/CallSite.h"
+#include "guard/watchdog/Dumps.h"
 
 #include "store_testing.h"
 
@@ -37,9 +39,9 @@ EntryView entry(uint64_t id, uint64_t seq, const std::string& op, const std::str
   EntryView e;
   e.id = id;
   e.seq = seq;
-  e.op = op;
+  e.op = *opFromName(op);
   e.text = op + "(...)";
-  e.state = state;
+  e.state = *enumFromName<EntryState>(state);
   return e;
 }
 
@@ -72,7 +74,7 @@ RankSnapshot sampleSnapshot() {
   EntryView c;
   c.id = 90;
   c.seq = 57;
-  c.op = "all_reduce";
+  c.op = Op::AllReduce;
   c.device = "cuda";
   c.text = "all_reduce(float32[10, 2], SUM)";
   c.reduceOp = "SUM";
@@ -82,7 +84,7 @@ RankSnapshot sampleSnapshot() {
   c.rolling = 0xfedcba9876543210ULL;
   c.splitSend = 1;
   c.splitRecv = 2;
-  c.state = "scheduled";
+  c.state = EntryState::Scheduled;
   c.startNs = 1700000000100000000;
   c.frames = {Frame{"/home/u/train.py", 77, "training_step"}};
   g.entries.push_back(c);
@@ -91,7 +93,7 @@ RankSnapshot sampleSnapshot() {
   p.id = 91;
   p.seq = 0;
   p.p2pOrdinal = 3;
-  p.op = "send";
+  p.op = Op::Send;
   p.text = "send(int64[4], dst=0, tag=7)";
   p.isP2P = true;
   p.peer = 0;
@@ -101,7 +103,7 @@ RankSnapshot sampleSnapshot() {
   p.hash = 12;
   p.rolling = 0xfedcba9876543210ULL;
   p.pairHash = 0xffffffffffffffffULL;
-  p.state = "failed";
+  p.state = EntryState::Failed;
   p.startNs = 1700000000200000000;
   p.endNs = 1700000000300000000;
   p.error = "peer \"0\" closed\nthe connection";
@@ -263,7 +265,7 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   st->ledger().complete(c1, true);
   st->ledger().complete(s1, false, "boom");
 
-  GroupView g = GroupView::from(*st, 10);
+  GroupView g = groupView(*st, 10);
   EXPECT_EQ(g.name, "7");
   EXPECT_EQ(g.desc, "pipeline");
   EXPECT_EQ(g.label(), "pipeline");
@@ -282,7 +284,7 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   const EntryView& e1 = g.entries[0];
   EXPECT_EQ(e1.id, c1);
   EXPECT_EQ(e1.seq, 1u);
-  EXPECT_EQ(e1.op, "all_reduce");
+  EXPECT_EQ(e1.op, Op::AllReduce);
   EXPECT_EQ(e1.device, "cpu");
   EXPECT_EQ(e1.text, "all_reduce(float32[10], SUM)");
   EXPECT_FALSE(e1.isP2P);
@@ -291,7 +293,7 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   EXPECT_EQ(e1.sizes, (std::vector<std::vector<int64_t>>{{10}}));
   EXPECT_EQ(e1.hash, allReduce(10).hash);
   EXPECT_EQ(e1.pairHash, 0u);
-  EXPECT_EQ(e1.state, "completed");
+  EXPECT_EQ(e1.state, EntryState::Completed);
   EXPECT_EQ(e1.where(), "train.py:120 in training_step");
 
   const EntryView& e2 = g.entries[1];
@@ -301,18 +303,18 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   EXPECT_EQ(e2.tag, 3);
   EXPECT_EQ(e2.reduceOp, "");
   EXPECT_EQ(e2.pairHash, FingerprintBuilder(Op::Recv).meta(at::kFloat, {2, 2}, CPU).peer(1, 3).finish().p2pPairHash());
-  EXPECT_EQ(e2.state, "failed");
+  EXPECT_EQ(e2.state, EntryState::Failed);
   EXPECT_EQ(e2.error, "boom");
   EXPECT_EQ(e2.where(), "(unknown call site)");
   EXPECT_EQ(g.entries[2].id, c2);
-  EXPECT_EQ(g.entries[2].state, "scheduled");
+  EXPECT_EQ(g.entries[2].state, EntryState::Scheduled);
 
   EXPECT_EQ(g.bySeq(2), &g.entries[2]);
   EXPECT_EQ(g.bySeq(0), nullptr);  // p2p entries have no seq
   EXPECT_EQ(g.bySeq(3), nullptr);
   EXPECT_EQ(g.oldestPending(), &g.entries[2]);
   // The window is the newest entries.
-  GroupView w = GroupView::from(*st, 2);
+  GroupView w = groupView(*st, 2);
   ASSERT_EQ(w.entries.size(), 2u);
   EXPECT_EQ(w.entries[0].id, s1);
   // And the view survives the JSON trip.
@@ -320,8 +322,8 @@ TEST(Snapshot, ViewsOfARealGroupState) {
 
   // Identity ranks when torch gave no list.
   auto plain = makeGroup(GroupIdentity{"0", 0, 2, {}});
-  EXPECT_EQ(GroupView::from(*plain, 4).globalRanks, (std::vector<int64_t>{0, 1}));
-  EXPECT_EQ(GroupView::from(*plain, 4).label(), "0");
+  EXPECT_EQ(groupView(*plain, 4).globalRanks, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(groupView(*plain, 4).label(), "0");
   {
     SCOPED_TRACE("GroupLookupAndLabels");
     RankSnapshot s = sampleSnapshot();
@@ -332,7 +334,7 @@ TEST(Snapshot, ViewsOfARealGroupState) {
     GroupView g;
     g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"), entry(3, 3, "barrier", "scheduled")};
     EXPECT_EQ(g.oldestPending()->id, 3u);  // failed is not pending
-    g.entries[2].state = "completed";
+    g.entries[2].state = EntryState::Completed;
     EXPECT_EQ(g.oldestPending(), nullptr);
   }
 }

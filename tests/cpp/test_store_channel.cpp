@@ -1,9 +1,9 @@
 // StoreChannel / GroupStore: bounded store calls and health tracking, against a
 // fault-injecting store (fail, block, slow). Timing bounds are generous (this
 // machine is shared and slow); what matters is that nothing waits for long.
-#include "guard/StoreChannel.h"
+#include "guard/watchdog/StoreChannel.h"
 
-#include "guard/Ledger.h"
+#include "guard/collective/Ledger.h"
 #include "store_testing.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>

@@ -1,7 +1,7 @@
 // WorkRetirement: a work (or future) the user's thread drops while the inner
 // backend's worker still holds it is freed on the next issuing thread, never on
 // the worker; one nobody else holds is freed at once.
-#include "guard/WorkRetirement.h"
+#include "guard/collective/WorkRetirement.h"
 
 #include <gtest/gtest.h>
 

@@ -1,0 +1,46 @@
+#include "guard/collective/CallSite.h"
+
+
+namespace torch_ext {
+
+CallSites& CallSites::instance() {
+  // Leaked on purpose: threads of the inner backends may still record call
+  // sites while static destructors run at exit.
+  static auto* sites = new CallSites();
+  return *sites;
+}
+
+uint32_t CallSites::intern(const std::vector<Frame>& frames) {
+  if (frames.empty()) return 0;
+  std::string key;
+  for (const auto& f : frames) {
+    key += f.filename;
+    key += '\x1f';
+    key += std::to_string(f.line);
+    key += '\x1f';
+    key += f.function;
+    key += '\x1f';
+    key += f.library;
+    key += '\x1e';
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = byKey_.find(key);
+  if (it != byKey_.end()) return it->second;
+  if (sites_.size() >= kMaxSites) return 0;
+  auto id = static_cast<uint32_t>(sites_.size());
+  sites_.push_back(frames);
+  byKey_.emplace(std::move(key), id);
+  return id;
+}
+
+std::vector<Frame> CallSites::frames(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (id >= sites_.size()) return {};
+  return sites_[id];
+}
+
+std::string CallSites::describe(uint32_t id) const {
+  return describeCallSite(frames(id));
+}
+
+} // namespace torch_ext

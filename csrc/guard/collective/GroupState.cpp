@@ -1,0 +1,91 @@
+#include "guard/collective/GroupState.h"
+
+#include "guard/Runtime.h"
+
+namespace torch_ext {
+
+GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore> store,
+                       std::chrono::milliseconds timeout)
+    : id_(std::move(id)),
+      cfg_(std::move(cfg)),
+      store_(std::move(store)),
+      timeout_(timeout),
+      ledger_(static_cast<size_t>(cfg_.ledgerSize)) {}
+
+std::chrono::milliseconds GroupState::warnAfter() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(cfg_.warnAfterS * 1000.0));
+}
+
+std::chrono::milliseconds GroupState::abortAfter() const {
+  return cfg_.abortAfter(timeout_);
+}
+
+std::string GroupState::label() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!desc_.empty() && desc_ != "undefined") return desc_;
+  return id_.name;
+}
+
+void GroupState::setDesc(const std::string& desc) {
+  std::lock_guard<std::mutex> lock(mu_);
+  desc_ = desc;
+}
+
+bool GroupState::fail(GuardErrorKind kind, const std::string& report) {
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failure_) return false;
+    failure_ = Failure{kind, report};
+    failed_.store(true, std::memory_order_release);
+    hook = abortHook_;
+  }
+  cv_.notify_all();
+  if (hook) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      logMessage(LogLevel::Warning, std::string("aborting the inner backend failed: ") + e.what());
+    }
+  }
+  return true;
+}
+
+std::optional<Failure> GroupState::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void GroupState::throwFailure(const std::string& op) const {
+  auto f = failure();
+  if (!f) throw std::logic_error("throwFailure() on a group that has not failed");
+  std::string msg = f->report;
+  if (!op.empty()) {
+    msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) +
+           ": group \"" + label() + "\" failed earlier and stays failed; destroy and re-create it to go on)";
+  }
+  throwGuardError(f->kind, msg);
+}
+
+void GroupState::setAbortHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  abortHook_ = std::move(hook);
+}
+
+void GroupState::notify() {
+  // Taking the lock orders this notify after a waiter's predicate check.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  cv_.notify_all();
+}
+
+bool GroupState::waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto done = [&] { return failed() || pred(); };
+  if (timeout.count() <= 0) {
+    cv_.wait(lock, done);
+    return true;
+  }
+  return cv_.wait_for(lock, timeout, done);
+}
+
+} // namespace torch_ext

@@ -1,0 +1,110 @@
+#pragma once
+
+// GroupState: everything the guard knows about one process group, shared by the
+// backend (issuing side), its works (completion side) and the watchdog (checking
+// side). Held by shared_ptr so the watchdog can keep working on a group while
+// the backend is being destroyed.
+
+#include "guard/Config.h"
+#include "guard/Errors.h"
+#include "guard/collective/Ledger.h"
+#include "guard/watchdog/StoreChannel.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+struct GroupIdentity {
+  std::string name;  // torch's group name ("0" for the default group)
+  int rank = 0;      // this process's rank in the group
+  int size = 1;
+  std::vector<int64_t> globalRanks;  // group rank -> global rank; empty means identity
+  int64_t globalRank(int groupRank) const {
+    if (groupRank < 0 || static_cast<size_t>(groupRank) >= globalRanks.size()) return groupRank;
+    return globalRanks[groupRank];
+  }
+};
+
+struct Failure {
+  GuardErrorKind kind;
+  std::string report;
+};
+
+class GroupState {
+ public:
+  GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore> store, std::chrono::milliseconds timeout);
+
+  const GroupIdentity& id() const {
+    return id_;
+  }
+  const Config& config() const {
+    return cfg_;
+  }
+  // Seconds between two store exchanges of this rank (the interval, stretched
+  // for large groups by the store budget); the waits of the cross-rank protocol
+  // are counted in these. Local deadlines are checked every interval regardless.
+  double exchangeIntervalS() const {
+    return torch_ext::exchangeIntervalS(cfg_.intervalS, cfg_.storeBudget, id_.size);
+  }
+  Ledger& ledger() {
+    return ledger_;
+  }
+  const Ledger& ledger() const {
+    return ledger_;
+  }
+  // The guard's bounded view of the group's store (see StoreChannel.h).
+  GroupStore& store() const {
+    return *store_;
+  }
+  std::chrono::milliseconds timeout() const {
+    return timeout_;
+  }
+  std::chrono::milliseconds warnAfter() const;
+  std::chrono::milliseconds abortAfter() const;
+
+  // "default_pg" (the description torch gives) or the group name.
+  std::string label() const;
+  void setDesc(const std::string& desc);
+
+  // Failure: the first call wins; every pending and later operation of the group
+  // fails with it. Runs the abort hook (inner backends) outside the lock.
+  bool failed() const {
+    return failed_.load(std::memory_order_acquire);
+  }
+  // Returns true if this call set the failure.
+  bool fail(GuardErrorKind kind, const std::string& report);
+  std::optional<Failure> failure() const;
+  // Throws the group's failure. `op` names a later operation that ran into an
+  // earlier failure ("" for the operation that caused it).
+  [[noreturn]] void throwFailure(const std::string& op) const;
+  void setAbortHook(std::function<void()> hook);
+
+  // Wakes threads blocked in waitUntil() (a work completed or the group failed).
+  void notify();
+  // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
+  // pred() runs with this object's lock held: it must not call back into it.
+  bool waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
+
+ private:
+  GroupIdentity id_;
+  Config cfg_;
+  std::shared_ptr<GroupStore> store_;
+  std::chrono::milliseconds timeout_;
+  Ledger ledger_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::string desc_;
+  std::atomic<bool> failed_{false};
+  std::optional<Failure> failure_;
+  std::function<void()> abortHook_;
+};
+
+} // namespace torch_ext

@@ -1,0 +1,255 @@
+#include "guard/collective/GuardWork.h"
+
+#include "guard/watchdog/Watchdog.h"
+#include "guard/collective/WorkRetirement.h"
+
+#include <c10/util/Exception.h>
+
+#include <sstream>
+
+namespace torch_ext {
+
+c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
+                                              c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
+                                              Op op, c10::DeviceType device) {
+  WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
+  if (device != c10::DeviceType::CPU) {
+    state->ledger().pollLater(id, inner);
+    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Device, nullptr);
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
+  try {
+    innerFuture = inner->getFuture();
+  } catch (const std::exception&) {
+    // gloo's send/recv works have no future: observe completion in wait().
+  }
+  if (!innerFuture) {
+    state->ledger().pollLater(id, inner);
+    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
+  }
+  if (innerFuture->completed()) {
+    // Done already (a synchronous inner backend): no callback to run later.
+    settle(*state, id, *innerFuture);
+  } else {
+    // The callback holds the group state and the record id, not the work: a
+    // work the user dropped still completes its record.
+    innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
+      settle(*state, id, f);
+      state->notify();
+    });
+  }
+  return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+}
+
+void GuardWork::settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner) {
+  const bool ok = !inner.hasError();
+  auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner.tryRetrieveErrorMessage());
+  if (ours) completeFrom(*ours, inner);
+}
+
+void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner) {
+  if (inner.hasError()) {
+    ours.setError(inner.exception_ptr());
+  } else {
+    ours.markCompleted(inner.value());
+  }
+}
+
+GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id,
+                     uint64_t seq, Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
+    : c10d::Work(state->id().rank, toOpType(op)),
+      state_(std::move(state)),
+      inner_(std::move(inner)),
+      id_(id),
+      seq_(seq),
+      op_(op),
+      mode_(mode),
+      innerFuture_(std::move(innerFuture)) {}
+
+GuardWork::~GuardWork() {
+  auto& retirement = WorkRetirement::instance();
+  retirement.retire(std::move(inner_));
+  retirement.retire(std::move(innerFuture_));
+  retirement.retire(std::move(future_));
+}
+
+std::exception_ptr GuardWork::groupFailure() const {
+  try {
+    state_->throwFailure("");
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+std::string GuardWork::describe() const {
+  std::ostringstream os;
+  os << opName(op_);
+  if (seq_ > 0) os << " #" << seq_;
+  os << " on group \"" << state_->label() << "\"";
+  return os.str();
+}
+
+bool GuardWork::isCompleted() {
+  if (mode_ == Mode::Future) return innerFuture_->completed() || state_->failed();
+  return state_->failed() || inner_->isCompleted();
+}
+
+bool GuardWork::isSuccess() const {
+  if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError();
+  return !state_->failed() && inner_->isSuccess();
+}
+
+std::exception_ptr GuardWork::exception() const {
+  if (mode_ == Mode::Future) {
+    if (innerFuture_->completed()) return innerFuture_->exception_ptr();
+    return state_->failed() ? groupFailure() : nullptr;
+  }
+  return inner_->exception();
+}
+
+int GuardWork::sourceRank() const {
+  return inner_->sourceRank();
+}
+
+std::vector<at::Tensor> GuardWork::result() {
+  return inner_->result();
+}
+
+void GuardWork::synchronize() {
+  inner_->synchronize();
+}
+
+void GuardWork::blockCurrentStream() {
+  inner_->blockCurrentStream();
+}
+
+void GuardWork::abort() {
+  inner_->abort();
+}
+
+float GuardWork::getDuration() const {
+  return inner_->getDuration();
+}
+
+uint64_t GuardWork::getSequencenumber() const {
+  return inner_->getSequencenumber();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
+  if (mode_ != Mode::Future) return inner_->getFuture();
+  std::call_once(futureOnce_, [this] {
+    // Made on first request (DDP's comm hooks ask; a plain wait() does not):
+    // ours, not the inner one, so that a group failure can error it while the
+    // inner backend's stays pending (a frozen peer).
+    auto ours = c10::make_intrusive<c10::ivalue::Future>(innerFuture_->elementType(), innerFuture_->devices());
+    if (state_->ledger().track(id_, ours)) {
+      // Completed by the inner future's callback or errored by a group failure,
+      // whichever takes it from the ledger first. The callback may have run
+      // before it was tracked: then take it back here.
+      if (innerFuture_->completed()) settle(*state_, id_, *innerFuture_);
+    } else if (innerFuture_->completed()) {
+      completeFrom(*ours, *innerFuture_);
+    } else {
+      ours->setError(groupFailure());  // failed while pending: the group failed
+    }
+    future_ = std::move(ours);
+  });
+  return future_;
+}
+
+void GuardWork::failFromInner(const std::string& err) {
+  // A work is pending when its group fails, so the report speaks for it as is.
+  if (state_->failed()) state_->throwFailure("");
+  std::string report = Watchdog::instance().failureReport(state_, id_, err);
+  // The verdict fails the whole group only when a rank is gone; an op the inner
+  // backend rejected (e.g. an unsupported reduce op) fails just this op.
+  if (state_->failed()) state_->throwFailure("");
+  throw CollectiveFailureError(report);
+}
+
+bool GuardWork::wait(std::chrono::milliseconds timeout) {
+  if (mode_ == Mode::Future) {
+    const bool done = state_->waitUntil([this] { return innerFuture_->completed(); }, timeout);
+    if (!innerFuture_->completed()) {
+      if (state_->failed()) state_->throwFailure("");
+      if (!done) {
+        std::ostringstream os;
+        os << describe() << ": wait(timeout=" << timeout.count() << " ms) expired before the collective completed";
+        throw c10::DistBackendError(os.str());
+      }
+    }
+    if (innerFuture_->hasError()) {
+      if (state_->failed()) state_->throwFailure("");
+      failFromInner(innerFuture_->tryRetrieveErrorMessage());
+    }
+    // Completed: the inner wait() returns at once and finishes its bookkeeping
+    // (e.g. stream sync for CUDA tensors on gloo).
+    inner_->wait(timeout);
+    return true;
+  }
+  if (state_->failed()) state_->throwFailure("");
+  bool result = false;
+  try {
+    result = inner_->wait(timeout);
+  } catch (const std::exception& e) {
+    state_->ledger().complete(id_, false, e.what());
+    if (state_->failed()) state_->throwFailure("");
+    failFromInner(e.what());
+  }
+  // An inner wait that returns false was cut short: the group failed meanwhile (the
+  // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
+  // rather than return as if the data had arrived.
+  if (!result && state_->failed()) state_->throwFailure("");
+  if (mode_ == Mode::Blocking) state_->ledger().complete(id_, true);
+  return result;
+}
+
+CoalescedWork::CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+
+bool CoalescedWork::isCompleted() {
+  for (auto& w : works_) {
+    if (!w->isCompleted()) return false;
+  }
+  return true;
+}
+
+bool CoalescedWork::isSuccess() const {
+  for (auto& w : works_) {
+    if (!w->isSuccess()) return false;
+  }
+  return true;
+}
+
+std::exception_ptr CoalescedWork::exception() const {
+  for (auto& w : works_) {
+    if (auto e = w->exception()) return e;
+  }
+  return nullptr;
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  bool ok = true;
+  for (auto& w : works_) ok = w->wait(timeout) && ok;
+  return ok;
+}
+
+void CoalescedWork::synchronize() {
+  for (auto& w : works_) w->synchronize();
+}
+
+void CoalescedWork::abort() {
+  for (auto& w : works_) w->abort();
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  futures.reserve(works_.size());
+  for (auto& w : works_) futures.push_back(w->getFuture());
+  c10::List<c10::intrusive_ptr<c10::ivalue::Future>> list(c10::FutureType::create(c10::AnyType::get()));
+  for (auto& f : futures) list.push_back(f);
+  return c10::collectAll(list);
+}
+
+} // namespace torch_ext

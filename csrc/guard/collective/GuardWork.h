@@ -1,0 +1,105 @@
+#pragma once
+
+// GuardWork: the Work handed to torch for a guarded operation. It wraps the
+// inner backend's Work and adds two things: completion updates the ledger, and a
+// failure of the group (mismatch found by the watchdog, timeout, abort) wakes a
+// blocked wait() with a typed error instead of letting it hang.
+//
+// How completion is observed depends on what the inner Work offers:
+//  - Future: CPU works with a future (gloo collectives). A callback on the inner
+//    future completes the ledger record; wait() blocks on the group's condition
+//    variable, so a group failure can interrupt it. Our own future, which a
+//    group failure errors, is made only when asked for (getFuture): a plain
+//    wait() costs no future of ours (issue 11).
+//  - Blocking: CPU works without a future (gloo send/recv). wait() calls the inner
+//    wait(); a group failure aborts the inner work, which makes that wait return.
+//  - Device: accelerator works (NCCL). wait() keeps the inner semantics (stream
+//    ordering, no host block); the watchdog polls isCompleted() and aborts the
+//    inner backend on failure.
+
+#include "guard/collective/Fingerprint.h"
+#include "guard/collective/GroupState.h"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace torch_ext {
+
+class GuardWork : public c10d::Work {
+ public:
+  enum class Mode : uint8_t { Future, Blocking, Device };
+
+  // Wraps `inner` (recorded as ledger record `id`) and starts tracking completion.
+  static c10::intrusive_ptr<GuardWork> wrap(const std::shared_ptr<GroupState>& state,
+                                            c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
+                                            Op op, c10::DeviceType device);
+
+  GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
+            Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
+  // Hands the inner work and our future to WorkRetirement: the inner backend's
+  // worker may still hold them, and must not be the one to free them.
+  ~GuardWork() override;
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void blockCurrentStream() override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  float getDuration() const override;
+  uint64_t getSequencenumber() const override;
+
+  const c10::intrusive_ptr<c10d::Work>& inner() const {
+    return inner_;
+  }
+  // "all_reduce #12 on group \"default_pg\"", for errors.
+  std::string describe() const;
+
+ private:
+  // The inner work failed with `err`: fail the group with a cross-rank report
+  // (unless it failed already) and throw the group's error.
+  [[noreturn]] void failFromInner(const std::string& err);
+  // The group's failure as an exception (the group has failed).
+  std::exception_ptr groupFailure() const;
+  // Completes record `id` from the finished `inner` future and, if one is
+  // tracked for it and not yet taken, our future too.
+  static void settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner);
+  static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
+
+  std::shared_ptr<GroupState> state_;
+  c10::intrusive_ptr<c10d::Work> inner_;
+  uint64_t id_;
+  uint64_t seq_;
+  Op op_;
+  Mode mode_;
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // Mode::Future only
+  std::once_flag futureOnce_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // ours: made by getFuture()
+};
+
+// The work of an emulated coalescing block (inner backends without native
+// coalescing, e.g. gloo): the block's ops ran one by one; this waits for all.
+class CoalescedWork : public c10d::Work {
+ public:
+  explicit CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+} // namespace torch_ext

@@ -1,0 +1,119 @@
+#pragma once
+
+// Ledger: a fixed-size ring of the most recent operations of one process group
+// (a flight recorder), plus the counters the cross-rank checks need.
+//
+// Collectives get a group-wide sequence number (1, 2, ...) and advance a rolling
+// hash over their fingerprints: two ranks that issued the same collectives up to
+// seq s have equal rolling hashes at s, so comparing one 64-bit number compares
+// their whole history. Point-to-point ops do not take part in the rolling hash
+// (a send and its receive look different by nature); they get a per-(peer, tag)
+// ordinal instead, so the k-th send from A to B can be paired with the k-th
+// receive on B from A.
+//
+// Writers are the threads issuing collectives and the inner backend's completion
+// callbacks; readers are the watchdog and Python (torch_ext.ledger()). One mutex
+// guards the ring: every critical section is a few stores, and the watchdog takes
+// it a few times per tick.
+
+#include "guard/collective/Fingerprint.h"
+#include "guard/report/StatusRecord.h"  // SeqProgress
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <cstdint>
+#include <ATen/core/ivalue.h>
+
+#include <map>
+#include <unordered_map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch_ext {
+
+struct Entry {
+  uint64_t id = 0;          // record id in this ledger (1, 2, ...), collectives and p2p alike
+  uint64_t seq = 0;         // collective sequence number (0 for p2p)
+  uint64_t p2pOrdinal = 0;  // k for the k-th p2p op with this (peer, tag, direction); 0 for collectives
+  Fingerprint fp;
+  uint64_t rolling = 0;     // rolling hash after this collective
+  uint32_t callSite = 0;
+  int64_t startNs = 0;      // wall clock (for dumps)
+  int64_t endNs = 0;
+  int64_t startSteadyNs = 0;  // monotonic (for deadlines)
+  EntryState state = EntryState::Scheduled;
+  std::string error;
+};
+
+// What the watchdog needs each tick, copied under one lock.
+struct Progress : SeqProgress {
+  int64_t lastCompletedNs = 0;   // wall clock of the last completion of any op
+  uint64_t lastId = 0;
+  // Oldest pending operation (collective or p2p), if any.
+  bool hasPending = false;
+  Entry oldestPending;
+};
+
+class Ledger {
+ public:
+  explicit Ledger(size_t capacity);
+
+  size_t capacity() const {
+    return ring_.size();
+  }
+
+  // Appends an operation in state Scheduled and returns its record id. Fills
+  // `*seq` with the collective seq (0 for p2p) and `*ordinal` with the p2p
+  // ordinal (0 for collectives).
+  uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal = nullptr);
+  // Marks a record finished (the ring entry too, unless overwritten) and hands
+  // back the future registered with track(), which the caller must complete.
+  // Only the first completion of a record gets the future.
+  c10::intrusive_ptr<c10::ivalue::Future> complete(uint64_t id, bool ok, const std::string& error = std::string());
+  // The future a GuardWork hands out for record `id`, handed back by complete()
+  // or failPending(). Returns false, keeping nothing, when the record has
+  // finished already (the caller completes the future itself).
+  bool track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future);
+  // Keeps `work` to be polled with isCompleted() by the watchdog (for works that
+  // offer no completion callback, e.g. CUDA work or gloo's send/recv).
+  void pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work);
+  // Polls the works registered with pollLater(); completes the finished ones.
+  void pollCompletions();
+  // On group failure: every pending record fails; returns their futures (to be
+  // errored) and polled works (to be aborted).
+  void failPending(const std::string& error, std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* futures,
+                   std::vector<c10::intrusive_ptr<c10d::Work>>* works);
+
+  Progress progress();
+  // Rolling hash after collective `seq`, if the ring still holds it.
+  std::optional<uint64_t> rollingAt(uint64_t seq) const;
+  // The most recent `maxEntries` records, oldest first.
+  std::vector<Entry> entries(size_t maxEntries) const;
+  // Records with id > afterId (at most maxEntries, newest kept), oldest first.
+  std::vector<Entry> entriesAfter(uint64_t afterId, size_t maxEntries) const;
+
+ private:
+  Entry* slot(uint64_t id);  // nullptr if overwritten; mu_ held
+
+  mutable std::mutex mu_;
+  std::vector<Entry> ring_;
+  std::vector<std::pair<uint64_t, uint64_t>> rollingRing_;  // (seq, rolling)
+  uint64_t nextId_ = 1;
+  uint64_t seq_ = 0;
+  uint64_t rolling_ = 0;
+  uint64_t lastCompletedSeq_ = 0;
+  int64_t lastCompletedNs_ = 0;
+  uint64_t minPendingId_ = 1;  // no record below this id is pending
+  // (peer, tag, direction) -> ops issued so far; direction 0 send, 1 recv.
+  std::map<std::tuple<int32_t, int32_t, int>, uint64_t> p2pCounts_;
+  std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> polled_;
+  std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_;
+};
+
+int64_t wallNs();
+int64_t steadyNs();
+
+} // namespace torch_ext

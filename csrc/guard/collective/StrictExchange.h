@@ -1,0 +1,42 @@
+#pragma once
+
+// StrictExchange: strict mode's exchanges through the store.
+//
+//  - After the check collective saw different hashes, every rank publishes its
+//    full fingerprint and reads all others', so every rank raises the same
+//    report.
+//  - Point-to-point: the sender publishes its fingerprint, the receiver reads
+//    it before posting the receive (gloo aborts a receiving process on an
+//    oversized message, so nothing after the receive could report it).
+//
+// Waits run in short bounded slices through the group's GroupStore, so a group
+// failure (a deadline, a lost store) ends them with the group's error instead
+// of a hang.
+
+#include "guard/collective/GroupState.h"
+#include "guard/report/Report.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+// Every rank's fingerprint at `seq`; throws the group's error if it fails
+// meanwhile (e.g. the store is lost).
+std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
+                                               const std::string& where);
+
+struct P2PPrint {
+  std::string text;   // fingerprint text
+  std::string where;  // call site
+  uint64_t pair = 0;  // p2pPairHash
+};
+
+// Sender side; false when the store did not take it.
+bool publishP2PPrint(GroupState& st, const std::string& key, const P2PPrint& print);
+// Receiver side: waits for the sender's print and removes it; throws the
+// group's error if the group fails meanwhile.
+P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string& op);
+
+} // namespace torch_ext

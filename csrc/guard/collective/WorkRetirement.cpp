@@ -1,0 +1,42 @@
+#include "guard/collective/WorkRetirement.h"
+
+#include <utility>
+
+namespace torch_ext {
+
+WorkRetirement& WorkRetirement::instance() {
+  // Leaked: what is kept at exit must never be released by static destruction,
+  // which runs after the interpreter is gone.
+  static auto* r = new WorkRetirement();
+  return *r;
+}
+
+void WorkRetirement::retire(c10::intrusive_ptr<c10::intrusive_ptr_target> ref) {
+  if (!ref || ref.use_count() == 1) return;  // ours was the last: freed here, on this thread
+  std::lock_guard<std::mutex> lock(mu_);
+  refs_.push_back(std::move(ref));
+  kept_.store(refs_.size(), std::memory_order_relaxed);
+}
+
+void WorkRetirement::sweepSlow() {
+  std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    scans_.fetch_add(1, std::memory_order_relaxed);
+    auto keep = refs_.begin();
+    for (auto it = refs_.begin(); it != refs_.end(); ++it) {
+      if (it->use_count() == 1) {
+        last.push_back(std::move(*it));
+      } else {
+        if (keep != it) *keep = std::move(*it);
+        ++keep;
+      }
+    }
+    refs_.erase(keep, refs_.end());
+    kept_.store(refs_.size(), std::memory_order_relaxed);
+    sweepAbove_.store(2 * refs_.size(), std::memory_order_relaxed);
+  }
+  // `last` is freed here, outside the lock, on the issuing thread.
+}
+
+} // namespace torch_ext

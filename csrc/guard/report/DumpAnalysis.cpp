@@ -1,0 +1,134 @@
+#include "guard/report/DumpAnalysis.h"
+
+#include <algorithm>
+#include <map>
+#include <utility>
+
+namespace torch_ext {
+
+RankSnapshot readDump(const DumpInput& dump) {
+  if (dump.text.size() > kMaxDumpBytes) {
+    throw DumpError(dump.name, "is " + std::to_string(dump.text.size() >> 20) + " MiB, over the " +
+                                   std::to_string(kMaxDumpBytes >> 20) + " MiB a dump may hold (not a torch_ext dump?)");
+  }
+  RankSnapshot snap;
+  try {
+    snap = snapshotFromJson(Json::parse(dump.text));
+  } catch (const JsonError& e) {
+    throw DumpError(dump.name, e.what());
+  }
+  for (const auto& g : snap.groups) {
+    // The analysis holds one input per rank of a group: the group's size is
+    // bounded, and must agree with the ranks the file lists.
+    if (g.size > kMaxDumpGroupSize) {
+      throw DumpError(dump.name, "group '" + g.name + "' has " + std::to_string(g.size) + " ranks, over the " +
+                                     std::to_string(kMaxDumpGroupSize) + " a dump may describe");
+    }
+    if (g.globalRanks.size() != static_cast<size_t>(g.size)) {
+      throw DumpError(dump.name, "group '" + g.name + "' has size " + std::to_string(g.size) + " but lists " +
+                                     std::to_string(g.globalRanks.size()) + " ranks");
+    }
+  }
+  return snap;
+}
+
+namespace {
+
+struct GroupInfo {
+  int size = 0;
+  std::string label;
+};
+
+// One input per group rank: the ranks whose dumps hold the group answered.
+std::vector<RankInput> inputsFor(const std::string& name, int size, const std::vector<RankSnapshot>& snaps,
+                                 std::string* incident) {
+  std::vector<RankInput> inputs(size);
+  for (int r = 0; r < size; ++r) {
+    inputs[r].groupRank = r;
+    inputs[r].globalRank = r;
+    inputs[r].groupName = name;
+  }
+  for (const auto& s : snaps) {
+    const auto* g = s.group(name);
+    if (!g || g->rank >= size) continue;
+    auto& in = inputs[g->rank];
+    in.responded = true;
+    in.snapshot = s;
+    in.globalRank = g->globalRank(g->rank);
+    in.heartbeatNs = s.timeNs;
+    if (incident->empty()) *incident = s.incident;
+  }
+  for (auto& in : inputs) {
+    if (in.responded) continue;
+    for (const auto& s : snaps) {
+      if (const auto* g = s.group(name)) in.globalRank = g->globalRank(in.groupRank);
+    }
+  }
+  return inputs;
+}
+
+// The oldest operation any rank still waited in: the subject of a hang verdict.
+std::optional<Incident> oldestPending(const std::vector<RankInput>& inputs, int64_t* startNs) {
+  std::optional<Incident> inc;
+  for (const auto& in : inputs) {
+    const auto* g = in.group();
+    if (!g) continue;
+    const EntryView* e = g->oldestPending();
+    if (e == nullptr || (inc && e->startNs >= *startNs)) continue;
+    *startNs = e->startNs;
+    inc = Incident{IncidentKind::Hang,
+                   e->isP2P ? IncidentSubject::p2p(g->rank, e->id) : IncidentSubject::collective(e->seq), g->rank, ""};
+  }
+  return inc;
+}
+
+// Nothing pending: the dumps may have been written for a collective that has
+// failed since (incident "failure:2" after a peer died). It becomes the
+// subject, so the verdict names that collective as the live report did.
+std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, const std::string& dumpIncident,
+                                      int64_t* startNs) {
+  const auto parsed = Incident::fromId(dumpIncident);
+  if (!parsed || parsed->subject.kind != IncidentSubject::Kind::Collective) return std::nullopt;
+  if (parsed->kind != IncidentKind::Failure && parsed->kind != IncidentKind::Abort &&
+      parsed->kind != IncidentKind::Hang) {
+    return std::nullopt;
+  }
+  for (const auto& in : inputs) {
+    const auto* g = in.group();
+    const auto* e = g ? g->bySeq(parsed->subject.seq) : nullptr;
+    if (e == nullptr || e->state != EntryState::Failed) continue;
+    *startNs = e->startNs;
+    return Incident{parsed->kind == IncidentKind::Failure ? IncidentKind::Failure : IncidentKind::Hang,
+                    parsed->subject, g->rank, e->error};
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
+  std::map<std::string, GroupInfo> groups;
+  int64_t now = 0;
+  for (const auto& s : snaps) {
+    for (const auto& g : s.groups) groups[g.name] = {g.size, g.label()};
+    now = std::max(now, s.timeNs);
+  }
+  std::vector<GroupFinding> out;
+  for (const auto& [name, info] : groups) {
+    GroupFinding f;
+    f.groupName = name;
+    const auto inputs = inputsFor(name, info.size, snaps, &f.dumpIncident);
+    int64_t startNs = 0;
+    auto inc = oldestPending(inputs, &startNs);
+    if (!inc) inc = failedSubject(inputs, f.dumpIncident, &startNs);
+    f.pending = inc.has_value();
+    // Still nothing: look for mismatches only (a verdict of "none" if there is
+    // none), rather than report a hang of a collective nobody waits in.
+    if (!inc) inc = Incident{IncidentKind::Mismatch, IncidentSubject::collective(0), -1, ""};
+    f.verdict = analyze(info.label, inputs, *inc, now);
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+} // namespace torch_ext

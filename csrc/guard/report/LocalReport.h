@@ -1,0 +1,53 @@
+#pragma once
+
+// LocalReport: what a rank can say about a group alone, when the cross-rank
+// report cannot be made (the store is gone or does not answer, or the verdict
+// did not come in time): its own pending operation and call site, what it
+// last read of each peer's status, and the state of the store. Said plainly:
+// a report made without the store is still a report.
+
+#include "guard/report/Snapshot.h"
+#include "guard/report/StatusRecord.h"
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+struct LocalFacts {
+  std::string groupLabel;
+  int groupSize = 1;
+  int groupRank = 0;
+  std::vector<int64_t> globalRanks;  // group rank -> global rank; empty: identity
+  SeqProgress progress;              // this rank's
+  std::optional<EntryView> pending;  // its oldest pending op (with call site)
+  int64_t pendingForNs = 0;
+  std::optional<EntryView> lastFailed;  // its last op, when the inner backend failed it
+  std::map<int, PeerState> peers;    // group rank -> last status read
+  int64_t storeHostRank = -1;        // global rank whose process serves the store (-1: none / unknown)
+  int64_t nowWallNs = 0;
+  int64_t nowSteadyNs = 0;
+
+  int64_t globalRank(int groupRank) const {
+    if (groupRank < 0 || static_cast<size_t>(groupRank) >= globalRanks.size()) return groupRank;
+    return globalRanks[groupRank];
+  }
+  // True when every peer's last status says it left or exited.
+  bool allPeersDone() const;
+};
+
+// First line: "<store> is gone: <why>; group "g" (N ranks) fails on rank R: ...",
+// then this rank's pending op and one line per peer.
+std::string formatStoreLost(const LocalFacts& f, const std::string& storeLoss);
+
+// The abort deadline passed and the cross-rank verdict did not come: a
+// CollectiveTimeoutError report from this rank's view; `why` says why there is
+// no cross-rank report.
+std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const std::string& why);
+
+// The hang report did not come: a warning from this rank's view.
+std::string formatLocalHang(const LocalFacts& f, const std::string& why);
+
+} // namespace torch_ext

@@ -1,0 +1,28 @@
+#include "guard/report/Messages.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace torch_ext::messages {
+
+std::string seconds(int64_t ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f s", static_cast<double>(std::max<int64_t>(ns, 0)) / 1e9);
+  return buf;
+}
+
+const char* const kSplitsDoNotPair =
+    "all-to-all splits do not pair: what ranks send differs from what their peers expect to receive";
+
+std::string p2pDoNotPair(const std::string& groupLabel) {
+  return "send/recv on group \"" + groupLabel + "\" do not pair (dtype, element count or tag differ):";
+}
+
+std::string abortReason(double abortAfterS, AbortScope scope) {
+  char limit[64];
+  std::snprintf(limit, sizeof(limit), "%g", abortAfterS);
+  return std::string("timeout after abort_after=") + limit + " s (TORCH_EXT_ABORT_AFTER), the collective fails on " +
+         (scope == AbortScope::EveryLiveRank ? "every live rank" : "this rank");
+}
+
+} // namespace torch_ext::messages

@@ -1,0 +1,599 @@
+#include "guard/report/Report.h"
+
+#include "guard/report/Messages.h"
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace torch_ext {
+
+namespace {
+
+using messages::seconds;
+
+std::string padRight(const std::string& s, size_t width) {
+  return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
+}
+
+std::string stackText(const MainThreadStack& st) {
+  std::string text = describeStack(st.frames);
+  if (!st.note.empty()) text += " [" + st.note + "]";
+  return text;
+}
+
+struct Found {
+  uint64_t seq = 0;
+  std::vector<RankOp> ops;
+  std::string note;
+};
+
+// First collective seq at which responding ranks disagree, within the windows
+// they sent. Ranks that have not reached it are listed as such.
+std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (!g) continue;
+    for (const auto& e : g->entries) {
+      if (e.isP2P) continue;
+      lo = std::min(lo, e.seq);
+      hi = std::max(hi, e.seq);
+    }
+  }
+  if (lo > hi) return std::nullopt;
+  int groupSize = static_cast<int>(ranks.size());
+  for (uint64_t s = lo; s <= hi; ++s) {
+    std::vector<std::pair<const RankInput*, const EntryView*>> seen;
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (!g) continue;
+      if (const EntryView* e = g->bySeq(s)) seen.emplace_back(&r, e);
+    }
+    if (seen.empty() || (seen.size() < 2 && groupSize > 1)) continue;
+    std::set<uint64_t> hashes, rollings;
+    for (auto& p : seen) {
+      hashes.insert(p.second->hash);
+      rollings.insert(p.second->rolling);
+    }
+    std::string note;
+    bool bad = hashes.size() > 1;
+    const Op op = seen.front().second->op;
+    if (!bad && rollings.size() > 1) {
+      // Same op at s, different histories: the first difference is older than
+      // the windows the ranks sent (only possible at the start of the windows).
+      bad = true;
+      note = "the ranks' histories already differ before #" + std::to_string(s) +
+             ": the first differing collective is no longer in the ledger (raise TORCH_EXT_LEDGER_SIZE)";
+    }
+    if (!bad && isAllToAll(op) && static_cast<int>(seen.size()) == groupSize) {
+      uint64_t send = 0, recv = 0;
+      for (auto& p : seen) {
+        send += p.second->splitSend;
+        recv += p.second->splitRecv;
+      }
+      if (send != recv) {
+        bad = true;
+        note = messages::kSplitsDoNotPair;
+      }
+    }
+    if (!bad) continue;
+    Found f;
+    f.seq = s;
+    f.note = note;
+    for (const auto& r : ranks) {
+      RankOp op;
+      op.globalRank = r.globalRank;
+      const GroupView* g = r.group();
+      const EntryView* e = g ? g->bySeq(s) : nullptr;
+      if (e) {
+        op.text = e->text;
+        op.where = e->where();
+        op.hash = e->hash;
+      } else {
+        op.issued = false;
+        if (!r.responded) {
+          op.text = "did not answer (process gone or frozen)";
+        } else if (g && g->lastSeq < s) {
+          op.text = "has not issued #" + std::to_string(s) + " yet (last #" + std::to_string(g->lastSeq) + ")";
+        } else {
+          op.text = "#" + std::to_string(s) + " is no longer in its ledger (raise TORCH_EXT_LEDGER_SIZE)";
+        }
+      }
+      f.ops.push_back(std::move(op));
+    }
+    return f;
+  }
+  return std::nullopt;
+}
+
+enum class Pair : uint8_t { Found, NotPosted, Unknown };
+
+// The peer's op that pairs with `e` (same tag and ordinal, opposite direction,
+// pointing back at us). NotPosted only when the peer's window proves it has
+// not issued it: ordinals only grow and the window holds the newest records.
+Pair findCounterpart(const GroupView& peerView, const EntryView& e, int myGroupRank, const EntryView** out) {
+  const Op want = p2pCounterpart(e.op);
+  uint64_t maxOrdinal = 0;
+  for (const auto& f : peerView.entries) {
+    if (!f.isP2P || f.tag != e.tag || f.op != want || f.peer != myGroupRank) continue;
+    if (f.p2pOrdinal == e.p2pOrdinal) {
+      *out = &f;
+      return Pair::Found;
+    }
+    maxOrdinal = std::max(maxOrdinal, f.p2pOrdinal);
+  }
+  *out = nullptr;
+  if (maxOrdinal > 0) return maxOrdinal < e.p2pOrdinal ? Pair::NotPosted : Pair::Unknown;
+  const bool wholeHistory = peerView.entries.empty() || peerView.entries.front().id == 1;
+  return wholeHistory ? Pair::NotPosted : Pair::Unknown;
+}
+
+std::string p2pLine(const RankInput& r, const EntryView& e) {
+  std::ostringstream os;
+  os << "rank " << r.globalRank << ": " << e.text << " (#" << e.p2pOrdinal << ") at " << e.where();
+  return os.str();
+}
+
+// Send/receive pairs that cannot complete: a counterpart with another dtype or
+// size, or every rank blocked in a p2p op whose counterpart nobody posted.
+std::optional<std::string> findP2PMismatch(const std::string& label, const std::vector<RankInput>& ranks) {
+  std::vector<std::string> wrong;
+  std::vector<std::string> unmatched;
+  bool allBlockedUnmatched = true;
+  bool anyP2P = false;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (!g) {
+      allBlockedUnmatched = false;
+      continue;
+    }
+    bool blockedUnmatched = false;
+    bool blockedOther = false;
+    for (const auto& e : g->entries) {
+      // Pending ops, and failed ones (the inner backend or a strict check
+      // refused them): both still await a counterpart that may not pair.
+      if (e.state == EntryState::Completed) continue;
+      if (!e.isP2P) {
+        if (e.state == EntryState::Scheduled) blockedOther = true;
+        continue;
+      }
+      anyP2P = true;
+      if (e.op == Op::RecvAnySource || e.peer < 0 || e.peer >= static_cast<int>(ranks.size())) {
+        blockedOther = true;
+        continue;
+      }
+      const RankInput& peer = ranks[e.peer];
+      const GroupView* pg = peer.group();
+      if (!pg) {
+        blockedOther = true;
+        continue;
+      }
+      const EntryView* f = nullptr;
+      const Pair pair = findCounterpart(*pg, e, r.groupRank, &f);
+      if (pair == Pair::Unknown) {
+        blockedOther = true;  // the peer's window cannot tell: no verdict
+        continue;
+      }
+      if (pair == Pair::NotPosted) {
+        blockedUnmatched = true;
+        unmatched.push_back(p2pLine(r, e) + "; rank " + std::to_string(peer.globalRank) +
+                            " has posted no matching " + opName(p2pCounterpart(e.op)));
+      } else if (f->pairHash != e.pairHash) {
+        wrong.push_back(p2pLine(r, e) + "\n    but rank " + std::to_string(peer.globalRank) + " has " + f->text +
+                        " (#" + std::to_string(f->p2pOrdinal) + ") at " + f->where());
+      } else {
+        blockedOther = true;  // matched: waiting on the transport, not a mismatch
+      }
+    }
+    if (!blockedUnmatched || blockedOther) allBlockedUnmatched = false;
+  }
+  std::ostringstream os;
+  if (!wrong.empty()) {
+    os << messages::p2pDoNotPair(label);
+    for (const auto& w : wrong) os << "\n  " << w;
+    return os.str();
+  }
+  if (anyP2P && allBlockedUnmatched && !unmatched.empty()) {
+    os << "send/recv on group \"" << label << "\" do not pair: every rank waits in a point-to-point op "
+       << "whose counterpart no peer has posted:";
+    for (const auto& u : unmatched) os << "\n  " << u;
+    return os.str();
+  }
+  return std::nullopt;
+}
+
+void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, const std::string& what) {
+  const GroupView* g = r.group();
+  os << "\n  rank " << r.globalRank << " has not arrived";
+  if (!what.empty()) os << " " << what;
+  os << ": ";
+  if (g && g->lastCompletedSeq > 0) {
+    os << "last completed #" << g->lastCompletedSeq;
+    if (g->lastCompletedNs > 0) os << " " << seconds(nowNs - g->lastCompletedNs) << " ago";
+  } else {
+    os << "no collective completed on this group yet";
+  }
+  if (g) {
+    if (const EntryView* p = g->oldestPending()) {
+      os << "; waiting in " << p->text;
+      if (p->seq) os << " #" << p->seq;
+      os << " at " << p->where();
+    }
+  }
+  os << "; main thread now at\n    " << stackText(r.snapshot.main);
+}
+
+// Ranks that ended (destroy_process_group, or their process ended) while others
+// went on: names the collectives the others issued after the ended ranks' last
+// one, with their call sites. When every one of those call sites had already run
+// on all ranks before (the same loop), the ended ranks stopped while the others
+// were still in it: if they also left on purpose (destroy_process_group), that
+// is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging or
+// validation, a collective after an early `break`) is not.
+void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks,
+                     const std::vector<const RankInput*>& gone) {
+  std::vector<int64_t> ended;
+  uint64_t lastOfEnded = UINT64_MAX;
+  // "Ran out of data" is a rank that finished its loop and left the group on
+  // purpose; a process that just ended (an exception, the end of a script
+  // that never destroys the group) is not told that story.
+  bool allLeft = true;
+  for (const RankInput* r : gone) {
+    if (r->statusKnown && (r->phase == RankPhase::Left || r->phase == RankPhase::Exited)) {
+      ended.push_back(r->globalRank);
+      lastOfEnded = std::min(lastOfEnded, r->lastSeq);
+      allLeft &= r->phase == RankPhase::Left;
+    }
+  }
+  if (ended.empty()) return;
+  // (seq, what, where) -> the ranks that issued it, in rank order.
+  std::map<std::tuple<uint64_t, std::string, std::string>, std::vector<int64_t>> extras;
+  std::set<int64_t> issuers;
+  bool allRanBefore = true;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.responded ? r.group() : nullptr;
+    if (g == nullptr) continue;
+    for (const auto& e : g->entries) {
+      if (e.isP2P || e.seq <= lastOfEnded) continue;
+      extras[{e.seq, e.text, e.where()}].push_back(r.globalRank);
+      issuers.insert(r.globalRank);
+      bool ranBefore = false;
+      for (const auto& f : g->entries) {
+        if (!f.isP2P && f.seq <= lastOfEnded && f.text == e.text && !f.frames.empty() && f.where() == e.where()) {
+          ranBefore = true;
+          break;
+        }
+      }
+      allRanBefore &= ranBefore;
+    }
+  }
+  if (extras.empty()) return;
+  std::sort(ended.begin(), ended.end());
+  const std::vector<int64_t> by(issuers.begin(), issuers.end());
+  os << "\n  " << formatRanks(by) << " issued collectives that " << formatRanks(ended)
+     << " never issued before ending:";
+  constexpr size_t kShown = 4;
+  size_t shown = 0;
+  for (const auto& kv : extras) {
+    if (shown == kShown) {
+      os << "\n    ... and " << (extras.size() - kShown) << " more (up to #" << std::get<0>(extras.rbegin()->first)
+         << ")";
+      break;
+    }
+    os << "\n    #" << std::get<0>(kv.first) << " " << std::get<1>(kv.first) << " at " << std::get<2>(kv.first);
+    if (kv.second.size() != by.size()) os << " (" << formatRanks(kv.second) << ")";
+    ++shown;
+  }
+  if (allRanBefore && allLeft) {
+    os << "\n  every rank had issued these from the same lines before: " << formatRanks(ended)
+       << " stopped while the others were still in the loop (ran out of data?)";
+  }
+}
+
+} // namespace
+
+std::string describeAbsent(const RankInput& r, int64_t nowNs) {
+  std::ostringstream os;
+  const std::string ago = r.heartbeatNs > 0 ? " " + seconds(nowNs - r.heartbeatNs) + " ago" : "";
+  if (r.statusKnown && r.phase == RankPhase::Left) {
+    os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq;
+  } else if (r.statusKnown && r.phase == RankPhase::Exited) {
+    os << "exited" << ago << " after issuing #" << r.lastSeq
+       << ": its process ended without destroy_process_group (an uncaught exception, sys.exit or the end of its "
+          "script)";
+  } else if (r.heartbeatNs > 0) {
+    os << "no heartbeat for " << seconds(nowNs - r.heartbeatNs) << " (process gone or frozen)";
+  } else {
+    os << "no heartbeat (process gone or frozen)";
+  }
+  return os.str();
+}
+
+std::string formatRanks(const std::vector<int64_t>& ranks) {
+  // "ranks 0,1,3", with runs of three or more folded: "ranks 0-30".
+  std::ostringstream os;
+  os << (ranks.size() == 1 ? "rank " : "ranks ");
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    os << (i ? "," : "");
+    if (j - i >= 2) {
+      os << ranks[i] << "-" << ranks[j];
+    } else {
+      for (size_t k = i; k <= j; ++k) os << (k > i ? "," : "") << ranks[k];
+    }
+    i = j + 1;
+  }
+  return os.str();
+}
+
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
+                           const std::vector<RankOp>& ops, const std::string& note) {
+  // Group ranks by what they issued (fingerprint hash, not just its text: the
+  // text shows only the first few tensors of a coalesced op) and where, in order
+  // of first appearance.
+  struct Line {
+    uint64_t hash;
+    bool issued;
+    std::string text, where;
+    std::vector<int64_t> ranks;
+  };
+  std::vector<Line> lines;
+  for (const auto& op : ops) {
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const Line& l) {
+      return l.issued == op.issued && l.hash == op.hash && l.text == op.text && l.where == op.where;
+    });
+    if (it == lines.end()) {
+      lines.push_back(Line{op.hash, op.issued, op.text, op.issued ? op.where : "", {op.globalRank}});
+    } else {
+      it->ranks.push_back(op.globalRank);
+    }
+  }
+  // Identical texts with different fingerprints: show the hash to tell them apart.
+  for (auto& l : lines) {
+    for (const auto& m : lines) {
+      if (&l != &m && l.issued && m.issued && l.text == m.text && l.hash != m.hash) {
+        l.text += " [fingerprint " + hex64(l.hash).substr(0, 8) + "]";
+        break;
+      }
+    }
+  }
+  size_t rankWidth = 0, textWidth = 0;
+  for (const auto& l : lines) {
+    rankWidth = std::max(rankWidth, formatRanks(l.ranks).size() + 1);
+    textWidth = std::max(textWidth, l.text.size());
+  }
+  std::ostringstream os;
+  os << "collective #" << seq << " on group \"" << groupLabel << "\" (" << groupSize << " ranks) differs across ranks:";
+  for (const auto& l : lines) {
+    os << "\n  " << padRight(formatRanks(l.ranks) + ":", rankWidth + 1);
+    if (l.where.empty()) {
+      os << l.text;
+    } else {
+      os << padRight(l.text, textWidth) << "  at " << l.where;
+    }
+  }
+  if (!note.empty()) os << "\n  " << note;
+  return os.str();
+}
+
+const GroupView* RankInput::group() const {
+  return responded ? snapshot.group(groupName) : nullptr;
+}
+
+namespace {
+
+Json ranksJson(const std::vector<int64_t>& ranks) {
+  Json a = Json::array();
+  for (auto r : ranks) a.push(r);
+  return a;
+}
+
+std::vector<int64_t> ranksFrom(const Json& j, const char* key) {
+  std::vector<int64_t> out;
+  if (const Json* a = j.get(key); a != nullptr && a->isArray()) {
+    for (const auto& r : a->asArray()) out.push_back(r.asInt(key));
+  }
+  return out;
+}
+
+const std::string& stringOr(const Json& j, const char* key, const std::string& fallback) {
+  const Json* v = j.get(key);
+  return v != nullptr && v->isString() ? v->asString(key) : fallback;
+}
+
+} // namespace
+
+Json Verdict::toJson() const {
+  Json j = Json::object();
+  j.set("kind", kindName(kind));
+  j.set("text", text);
+  j.set("reporter", reporter);
+  j.set("seq", seq);
+  j.set("group", group);
+  j.set("incident", incident);
+  if (kind == Kind::Mismatch) {
+    Json lines = Json::array();
+    for (const auto& op : ops) {
+      Json l = Json::object();
+      l.set("rank", op.globalRank);
+      l.set("issued", op.issued);
+      l.set("op", op.text);
+      l.set("where", op.where);
+      l.set("hash", hex64(op.hash));
+      lines.push(l);
+    }
+    j.set("ranks", lines);
+  }
+  if (kind == Kind::Hang || kind == Kind::Failure) {
+    j.set("op", op);
+    j.set("waiting", ranksJson(waiting));
+    j.set("not_arrived", ranksJson(notArrived));
+    j.set("gone", ranksJson(gone));
+    j.set("completed", ranksJson(completed));
+  }
+  return j;
+}
+
+Verdict Verdict::fromJson(const Json& j) {
+  static const std::string empty;
+  Verdict v;
+  v.kind = enumFromName<Kind>(j.at("kind").asString("verdict kind")).value_or(Kind::None);
+  v.text = j.at("text").asString("verdict text");
+  v.reporter = j.at("reporter").asInt("verdict reporter");
+  v.seq = static_cast<uint64_t>(j.at("seq").asInt("verdict seq"));
+  v.group = stringOr(j, "group", empty);
+  v.incident = stringOr(j, "incident", empty);
+  v.op = stringOr(j, "op", empty);
+  v.waiting = ranksFrom(j, "waiting");
+  v.notArrived = ranksFrom(j, "not_arrived");
+  v.gone = ranksFrom(j, "gone");
+  v.completed = ranksFrom(j, "completed");
+  if (const Json* lines = j.get("ranks"); lines != nullptr && lines->isArray()) {
+    for (const auto& l : lines->asArray()) {
+      RankOp op;
+      op.globalRank = l.at("rank").asInt("rank");
+      op.issued = l.at("issued").asBool("issued");
+      op.text = l.at("op").asString("op");
+      op.where = l.at("where").asString("where");
+      if (const Json* h = l.get("hash"); h != nullptr && h->isString()) op.hash = parseHex64(h->asString(), "hash");
+      v.ops.push_back(std::move(op));
+    }
+  }
+  return v;
+}
+
+Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
+                int64_t nowNs) {
+  Verdict v;
+  v.group = label;
+  v.incident = incident.id();
+  const int size = static_cast<int>(ranks.size());
+
+  if (auto m = findCollectiveMismatch(ranks)) {
+    v.kind = Verdict::Kind::Mismatch;
+    v.seq = m->seq;
+    v.text = formatMismatch(label, size, m->seq, m->ops, m->note);
+    int64_t lowest = -1;
+    for (const auto& r : ranks) {
+      if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
+    }
+    v.reporter = lowest;
+    v.ops = m->ops;
+    return v;
+  }
+  if (auto p = findP2PMismatch(label, ranks)) {
+    v.kind = Verdict::Kind::Mismatch;
+    v.text = *p;
+    for (const auto& r : ranks) {
+      if (r.responded) {
+        v.reporter = r.globalRank;
+        break;
+      }
+    }
+    return v;
+  }
+  if (incident.kind == IncidentKind::Mismatch || incident.kind == IncidentKind::P2P) {
+    // Nothing definite in the windows: no verdict (the hang path still watches).
+    v.kind = Verdict::Kind::None;
+    v.text = "no mismatch found in the ledger windows of group \"" + label + "\" for incident " + incident.id();
+    return v;
+  }
+
+  const IncidentSubject& subj = incident.subject;
+  const int posterGroupRank = subj.kind == IncidentSubject::Kind::P2P ? subj.groupRank : static_cast<int>(incident.poster);
+  std::ostringstream os;
+  std::vector<int64_t> waiting, completed;
+  std::map<std::string, std::vector<int64_t>> waitingWhere;
+  std::vector<const RankInput*> notArrived, gone;
+  int64_t earliestStart = 0;
+  std::string opText;
+  const RankInput* poster = (posterGroupRank >= 0 && posterGroupRank < size) ? &ranks[posterGroupRank] : nullptr;
+
+  if (subj.kind != IncidentSubject::Kind::P2P) {
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (!r.responded) {
+        gone.push_back(&r);
+        continue;
+      }
+      const EntryView* e = g ? g->bySeq(subj.seq) : nullptr;
+      if (e == nullptr) {
+        notArrived.push_back(&r);
+        continue;
+      }
+      if (opText.empty()) opText = e->text;
+      if (e->state == EntryState::Scheduled || e->state == EntryState::Failed) {
+        waiting.push_back(r.globalRank);
+        waitingWhere[e->where()].push_back(r.globalRank);
+        if (earliestStart == 0 || e->startNs < earliestStart) earliestStart = e->startNs;
+      } else {
+        completed.push_back(r.globalRank);
+      }
+    }
+    os << "collective #" << subj.seq << " " << (opText.empty() ? "(unknown op)" : opText) << " on group \"" << label
+       << "\" ";
+  } else {
+    const GroupView* pg = poster ? poster->group() : nullptr;
+    const EntryView* e = nullptr;
+    if (pg) {
+      for (const auto& x : pg->entries) {
+        if (x.id == subj.recordId) e = &x;
+      }
+    }
+    opText = e ? e->text : "(point-to-point op)";
+    earliestStart = e ? e->startNs : 0;
+    if (poster) {
+      waiting.push_back(poster->globalRank);
+      waitingWhere[e ? e->where() : "(unknown call site)"].push_back(poster->globalRank);
+    }
+    os << opText << " on group \"" << label << "\" ";
+    if (e && e->peer >= 0 && e->peer < size) {
+      const RankInput& peer = ranks[e->peer];
+      if (!peer.responded) {
+        gone.push_back(&peer);
+      } else {
+        const GroupView* peerView = peer.group();
+        const EntryView* f = nullptr;
+        if (peerView) findCounterpart(*peerView, *e, posterGroupRank, &f);
+        if (f && f->state == EntryState::Scheduled) {
+          waiting.push_back(peer.globalRank);
+          waitingWhere[f->where()].push_back(peer.globalRank);
+        } else if (!f) {
+          notArrived.push_back(&peer);
+        }
+      }
+    }
+  }
+
+  if (incident.kind == IncidentKind::Failure) {
+    v.kind = Verdict::Kind::Failure;
+    os << "failed in the inner backend (rank " << (poster ? poster->globalRank : incident.poster)
+       << " saw: " << incident.error << ")";
+  } else {
+    v.kind = Verdict::Kind::Hang;
+    os << "has waited " << seconds(earliestStart ? nowNs - earliestStart : 0);
+  }
+  v.seq = subj.seq;
+  for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
+  if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
+  for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
+  for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
+  endedEarlyLines(os, ranks, gone);
+  v.text = os.str();
+  std::vector<int64_t> sortedWaiting = waiting;
+  std::sort(sortedWaiting.begin(), sortedWaiting.end());
+  v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
+
+  v.waiting = sortedWaiting;
+  for (const RankInput* r : notArrived) v.notArrived.push_back(r->globalRank);
+  for (const RankInput* r : gone) v.gone.push_back(r->globalRank);
+  v.completed = completed;
+  v.op = opText;
+  return v;
+}
+
+} // namespace torch_ext

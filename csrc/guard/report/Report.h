@@ -1,0 +1,93 @@
+#pragma once
+
+// Report: turns the snapshots of all ranks of a group into "who is where" text
+// and JSON. The same analysis serves live incidents (snapshots exchanged through
+// the store) and post-mortem `diagnose` (snapshots read from dump files), so a
+// report never depends on where its inputs came from.
+
+#include "guard/report/Incident.h"
+#include "guard/report/Json.h"
+#include "guard/report/Snapshot.h"
+#include "guard/report/StatusRecord.h"
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+// One rank's view of one collective, for mismatch reports.
+struct RankOp {
+  int64_t globalRank = 0;
+  bool issued = true;  // false: the rank has not reached this seq
+  std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
+  std::string where;   // call site
+  uint64_t hash = 0;
+};
+
+// "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one
+// line per distinct (fingerprint, call site), ranks grouped.
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
+                           const std::vector<RankOp>& ops, const std::string& note = std::string());
+
+// "ranks 0,1,3" / "rank 2".
+std::string formatRanks(const std::vector<int64_t>& ranks);
+
+struct RankInput {
+  int groupRank = 0;
+  int64_t globalRank = 0;
+  bool responded = false;
+  RankSnapshot snapshot;  // valid if responded
+  // From its last status in the store, for ranks that did not respond.
+  bool statusKnown = false;
+  RankPhase phase = RankPhase::Running;  // Left: destroy_process_group; Exited: its process ended
+  int64_t heartbeatNs = 0;               // when it last published (0: unknown)
+  uint64_t lastSeq = 0;                  // the last collective it issued
+  const GroupView* group() const;        // this group's view inside snapshot, or null
+  std::string groupName;
+};
+
+struct Verdict {
+  enum class Kind : uint8_t { None, Mismatch, Hang, Failure };
+  Kind kind = Kind::None;
+  std::string text;
+  int64_t reporter = -1;  // global rank that logs the report
+  uint64_t seq = 0;
+  std::string group;     // group label
+  std::string incident;  // incident id
+  std::string op;        // hang/failure: the stuck op's text
+  // Hang/failure: global ranks by where they are.
+  std::vector<int64_t> waiting, notArrived, gone, completed;
+  // Mismatch: what each rank issued at `seq`.
+  std::vector<RankOp> ops;
+
+  static const char* kindName(Kind k);
+  Json toJson() const;
+  static Verdict fromJson(const Json& j);
+};
+
+template <>
+struct EnumTable<Verdict::Kind> {
+  static constexpr NamedValue<Verdict::Kind> kEntries[] = {
+      {Verdict::Kind::None, "none"},
+      {Verdict::Kind::Mismatch, "mismatch"},
+      {Verdict::Kind::Hang, "hang"},
+      {Verdict::Kind::Failure, "failure"},
+  };
+};
+
+inline const char* Verdict::kindName(Kind k) {
+  return enumName(k);
+}
+
+// "left the group (destroy_process_group) 1.0 s ago after issuing #25: ...",
+// "exited 0.3 s ago after issuing #2: ...", "no heartbeat for 4.0 s (process
+// gone or frozen)": what a report says of a rank that did not answer.
+std::string describeAbsent(const RankInput& r, int64_t nowNs);
+
+// Analyses one group. `ranks` has one input per group rank, in order.
+Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,
+                int64_t nowNs);
+
+} // namespace torch_ext

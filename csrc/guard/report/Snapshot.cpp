@@ -1,0 +1,270 @@
+#include "guard/report/Snapshot.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace torch_ext {
+
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t parseHex64(const std::string& s, const char* what) {
+  if (s.empty() || s.size() > 16 || s.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    throw JsonError(std::string(what) + " must be a hex string of up to 16 digits, got '" + s + "'");
+  }
+  char* end = nullptr;
+  unsigned long long v = std::strtoull(s.c_str(), &end, 16);
+  if (end != s.c_str() + s.size()) throw JsonError(std::string(what) + " must be a hex string, got '" + s + "'");
+  return static_cast<uint64_t>(v);
+}
+
+std::string EntryView::where() const {
+  return describeCallSite(frames);
+}
+
+const EntryView* GroupView::bySeq(uint64_t seq) const {
+  for (const auto& e : entries) {
+    if (!e.isP2P && e.seq == seq) return &e;
+  }
+  return nullptr;
+}
+
+const EntryView* GroupView::oldestPending() const {
+  for (const auto& e : entries) {
+    if (e.state == EntryState::Scheduled) return &e;
+  }
+  return nullptr;
+}
+
+const GroupView* RankSnapshot::group(const std::string& name) const {
+  for (const auto& g : groups) {
+    if (g.name == name) return &g;
+  }
+  return nullptr;
+}
+
+Json toJson(const Frame& f) {
+  Json j = Json::object();
+  j.set("name", f.function);
+  j.set("filename", f.filename);
+  j.set("line", static_cast<int64_t>(f.line));
+  if (!f.library.empty()) j.set("library", f.library);
+  return j;
+}
+
+namespace {
+
+Json framesJson(const std::vector<Frame>& frames) {
+  Json a = Json::array();
+  for (const auto& f : frames) a.push(toJson(f));
+  return a;
+}
+
+std::vector<Frame> framesFrom(const Json& j, const char* what) {
+  std::vector<Frame> out;
+  for (const auto& f : j.asArray(what)) {
+    Frame fr;
+    fr.function = f.at("name").asString("frame name");
+    fr.filename = f.at("filename").asString("frame filename");
+    fr.line = static_cast<int>(f.at("line").asInt("frame line"));
+    if (const Json* lib = f.get("library")) fr.library = lib->asString("frame library");
+    out.push_back(std::move(fr));
+  }
+  return out;
+}
+
+std::string optString(const Json& j, const char* key) {
+  const Json* v = j.get(key);
+  return (v && v->isString()) ? v->asString() : std::string();
+}
+
+int64_t optInt(const Json& j, const char* key, int64_t dflt = 0) {
+  const Json* v = j.get(key);
+  return (v && v->isNumber()) ? v->asInt(key) : dflt;
+}
+
+} // namespace
+
+Json toJson(const EntryView& e, const GroupView& g) {
+  Json j = Json::object();
+  // Flight Recorder fields.
+  j.set("record_id", e.id);
+  j.set("pg_id", g.name);
+  j.set("process_group", Json(Json::Array{Json(g.name), Json(g.label())}));
+  j.set("collective_seq_id", e.seq);
+  j.set("p2p_seq_id", e.p2pOrdinal);
+  j.set("op_id", e.id);
+  j.set("profiling_name", std::string("guard:") + opName(e.op));
+  j.set("time_created_ns", e.startNs);
+  Json sizes = Json::array();
+  for (const auto& s : e.sizes) {
+    Json dims = Json::array();
+    for (auto d : s) dims.push(d);
+    sizes.push(dims);
+  }
+  j.set("input_sizes", sizes);
+  Json dtypes = Json::array();
+  for (const auto& d : e.dtypes) dtypes.push(d);
+  j.set("input_dtypes", dtypes);
+  j.set("output_sizes", Json::array());
+  j.set("output_dtypes", Json::array());
+  j.set("state", entryStateName(e.state));
+  j.set("time_discovered_started_ns", Json());
+  j.set("time_discovered_completed_ns", e.endNs ? Json(e.endNs) : Json());
+  j.set("duration_ms", e.endNs ? Json(static_cast<double>(e.endNs - e.startNs) / 1e6) : Json());
+  j.set("timeout_ms", g.timeoutMs);
+  j.set("is_p2p", e.isP2P);
+  j.set("retired", e.state != EntryState::Scheduled);
+  j.set("frames", framesJson(e.frames));
+  // torch_ext fields.
+  j.set("op", opName(e.op));
+  j.set("device", e.device);
+  j.set("fingerprint", e.text);
+  j.set("hash", hex64(e.hash));
+  j.set("rolling_hash", hex64(e.rolling));
+  j.set("pair_hash", hex64(e.pairHash));
+  j.set("split_send", hex64(e.splitSend));
+  j.set("split_recv", hex64(e.splitRecv));
+  j.set("peer", static_cast<int64_t>(e.peer));
+  j.set("tag", static_cast<int64_t>(e.tag));
+  j.set("reduce_op", e.reduceOp);
+  if (!e.error.empty()) j.set("error", e.error);
+  return j;
+}
+
+Json toJson(const GroupView& g) {
+  Json j = Json::object();
+  j.set("name", g.name);
+  j.set("desc", g.desc);
+  j.set("rank", static_cast<int64_t>(g.rank));
+  j.set("size", static_cast<int64_t>(g.size));
+  Json ranks = Json::array();
+  for (auto r : g.globalRanks) ranks.push(r);
+  j.set("ranks", ranks);
+  j.set("last_seq", g.lastSeq);
+  j.set("last_completed_seq", g.lastCompletedSeq);
+  j.set("last_completed_ns", g.lastCompletedNs);
+  j.set("rolling_hash", hex64(g.rolling));
+  j.set("timeout_ms", g.timeoutMs);
+  Json entries = Json::array();
+  for (const auto& e : g.entries) entries.push(toJson(e, g));
+  j.set("entries", entries);
+  return j;
+}
+
+Json toJson(const RankSnapshot& s) {
+  Json j = Json::object();
+  j.set("version", s.version);
+  j.set("rank", s.rank);
+  j.set("pid", s.pid);
+  j.set("hostname", s.hostname);
+  j.set("time_ns", s.timeNs);
+  j.set("incident", s.incident);
+  j.set("config", s.config);
+  Json main = Json::object();
+  main.set("available", s.main.available);
+  main.set("note", s.main.note);
+  main.set("frames", framesJson(s.main.frames));
+  j.set("main_thread", main);
+  Json pgConfig = Json::object();
+  Json groups = Json::array();
+  for (const auto& g : s.groups) {
+    Json c = Json::object();
+    c.set("name", g.name);
+    c.set("desc", g.desc);
+    Json ranks = Json::array();
+    for (auto r : g.globalRanks) ranks.push(r);
+    c.set("ranks", ranks);
+    pgConfig.set(g.name, c);
+    groups.push(toJson(g));
+  }
+  j.set("pg_config", pgConfig);
+  j.set("groups", groups);
+  return j;
+}
+
+GroupView groupFromJson(const Json& j) {
+  GroupView g;
+  g.name = j.at("name").asString("group name");
+  g.desc = optString(j, "desc");
+  g.rank = static_cast<int>(j.at("rank").asInt("group rank"));
+  g.size = static_cast<int>(j.at("size").asInt("group size"));
+  if (g.size <= 0 || g.rank < 0 || g.rank >= g.size) {
+    throw JsonError("group '" + g.name + "' has rank " + std::to_string(g.rank) + " outside size " +
+                    std::to_string(g.size));
+  }
+  for (const auto& r : j.at("ranks").asArray("group ranks")) g.globalRanks.push_back(r.asInt("group rank list"));
+  g.lastSeq = static_cast<uint64_t>(j.at("last_seq").asInt("last_seq"));
+  g.lastCompletedSeq = static_cast<uint64_t>(j.at("last_completed_seq").asInt("last_completed_seq"));
+  g.lastCompletedNs = optInt(j, "last_completed_ns");
+  g.rolling = parseHex64(j.at("rolling_hash").asString("rolling_hash"), "rolling_hash");
+  g.timeoutMs = optInt(j, "timeout_ms");
+  for (const auto& ej : j.at("entries").asArray("entries")) {
+    EntryView e;
+    e.id = static_cast<uint64_t>(ej.at("record_id").asInt("record_id"));
+    e.seq = static_cast<uint64_t>(ej.at("collective_seq_id").asInt("collective_seq_id"));
+    e.p2pOrdinal = static_cast<uint64_t>(ej.at("p2p_seq_id").asInt("p2p_seq_id"));
+    const std::string op = ej.at("op").asString("op");
+    const auto parsedOp = opFromName(op);
+    if (!parsedOp) throw JsonError("unknown op '" + op + "'");
+    e.op = *parsedOp;
+    e.device = optString(ej, "device");
+    e.text = ej.at("fingerprint").asString("fingerprint");
+    e.isP2P = ej.at("is_p2p").asBool("is_p2p");
+    e.peer = static_cast<int32_t>(optInt(ej, "peer", -1));
+    e.tag = static_cast<int32_t>(optInt(ej, "tag", 0));
+    e.reduceOp = optString(ej, "reduce_op");
+    for (const auto& d : ej.at("input_dtypes").asArray("input_dtypes")) e.dtypes.push_back(d.asString("dtype"));
+    for (const auto& s : ej.at("input_sizes").asArray("input_sizes")) {
+      std::vector<int64_t> dims;
+      for (const auto& d : s.asArray("input_sizes entry")) dims.push_back(d.asInt("size"));
+      e.sizes.push_back(std::move(dims));
+    }
+    e.hash = parseHex64(ej.at("hash").asString("hash"), "hash");
+    e.rolling = parseHex64(ej.at("rolling_hash").asString("rolling_hash"), "rolling_hash");
+    e.pairHash = parseHex64(ej.at("pair_hash").asString("pair_hash"), "pair_hash");
+    e.splitSend = parseHex64(ej.at("split_send").asString("split_send"), "split_send");
+    e.splitRecv = parseHex64(ej.at("split_recv").asString("split_recv"), "split_recv");
+    const std::string state = ej.at("state").asString("state");
+    const auto parsedState = enumFromName<EntryState>(state);
+    if (!parsedState) throw JsonError("entry state must be scheduled, completed or failed, got '" + state + "'");
+    e.state = *parsedState;
+    e.startNs = ej.at("time_created_ns").asInt("time_created_ns");
+    const Json* done = ej.get("time_discovered_completed_ns");
+    e.endNs = (done && done->isNumber()) ? done->asInt("time_discovered_completed_ns") : 0;
+    e.frames = framesFrom(ej.at("frames"), "frames");
+    e.error = optString(ej, "error");
+    g.entries.push_back(std::move(e));
+  }
+  return g;
+}
+
+RankSnapshot snapshotFromJson(const Json& j) {
+  if (!j.isObject()) throw JsonError("top level must be an object");
+  RankSnapshot s;
+  const Json* version = j.get("version");
+  if (version == nullptr || !version->isString()) {
+    throw JsonError("no 'version' field: not a torch_ext dump");
+  }
+  s.version = version->asString();
+  if (s.version != kSnapshotVersion) {
+    throw JsonError("version '" + s.version + "' is not " + kSnapshotVersion + " (written by another torch_ext?)");
+  }
+  s.rank = j.at("rank").asInt("rank");
+  s.pid = optInt(j, "pid");
+  s.hostname = optString(j, "hostname");
+  s.timeNs = j.at("time_ns").asInt("time_ns");
+  s.incident = optString(j, "incident");
+  s.config = optString(j, "config");
+  const Json& main = j.at("main_thread");
+  s.main.available = main.at("available").asBool("main_thread.available");
+  s.main.note = optString(main, "note");
+  s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
+  for (const auto& g : j.at("groups").asArray("groups")) s.groups.push_back(groupFromJson(g));
+  return s;
+}
+
+} // namespace torch_ext

@@ -1,0 +1,103 @@
+#pragma once
+
+// Snapshot: one rank's portable view of its groups (ledger windows, progress)
+// and of its main thread, in the one JSON format used for
+//  - the snapshots ranks exchange through the store during an incident,
+//  - the per-rank dump files in TORCH_EXT_DUMP_DIR,
+//  - the input of `python -m torch_ext.diagnose` (post-mortem).
+// Entry fields follow PyTorch's Flight Recorder entries where they overlap
+// (record_id, process_group, collective_seq_id, p2p_seq_id, profiling_name,
+// time_created_ns, input_sizes, input_dtypes, state, frames, ...), so tools
+// that read those can read these.
+
+#include "guard/report/Frame.h"
+#include "guard/report/Json.h"
+#include "guard/report/Op.h"
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+constexpr const char* kSnapshotVersion = "torch_ext-1";
+
+struct EntryView {
+  uint64_t id = 0;
+  uint64_t seq = 0;
+  uint64_t p2pOrdinal = 0;
+  Op op = Op::Barrier;
+  std::string device;  // "cpu", "cuda": which inner backend ran it ("" in older dumps)
+  std::string text;  // "all_reduce(float32[10], SUM)"
+  bool isP2P = false;
+  int32_t peer = -1;  // group rank of root/src/dst or p2p peer; -1 none/any
+  int32_t tag = 0;
+  std::string reduceOp;
+  std::vector<std::string> dtypes;
+  std::vector<std::vector<int64_t>> sizes;
+  uint64_t hash = 0;
+  uint64_t rolling = 0;
+  uint64_t pairHash = 0;
+  uint64_t splitSend = 0;
+  uint64_t splitRecv = 0;
+  EntryState state = EntryState::Scheduled;
+  int64_t startNs = 0;
+  int64_t endNs = 0;
+  std::vector<Frame> frames;
+  std::string error;
+
+  std::string where() const;  // "train.py:120 in training_step"
+};
+
+struct GroupView {
+  std::string name;
+  std::string desc;
+  int rank = 0;
+  int size = 1;
+  std::vector<int64_t> globalRanks;
+  uint64_t lastSeq = 0;
+  uint64_t lastCompletedSeq = 0;
+  int64_t lastCompletedNs = 0;
+  uint64_t rolling = 0;
+  int64_t timeoutMs = 0;
+  std::vector<EntryView> entries;  // oldest first
+
+  int64_t globalRank(int groupRank) const {
+    if (groupRank < 0 || static_cast<size_t>(groupRank) >= globalRanks.size()) return groupRank;
+    return globalRanks[groupRank];
+  }
+  const EntryView* bySeq(uint64_t seq) const;
+  const EntryView* oldestPending() const;
+  std::string label() const {
+    return (!desc.empty() && desc != "undefined") ? desc : name;
+  }
+};
+
+struct RankSnapshot {
+  std::string version = kSnapshotVersion;
+  int64_t rank = 0;  // global rank
+  int64_t pid = 0;
+  std::string hostname;
+  int64_t timeNs = 0;
+  std::string incident;  // what triggered it ("hang:57", "dump", ...)
+  std::string config;
+  MainThreadStack main;
+  std::vector<GroupView> groups;
+
+  const GroupView* group(const std::string& name) const;
+};
+
+Json toJson(const Frame& f);
+Json toJson(const EntryView& e, const GroupView& g);
+Json toJson(const GroupView& g);
+Json toJson(const RankSnapshot& s);
+
+// Parse and validate; throws JsonError naming the first problem (missing or
+// mistyped field, wrong version) so `diagnose` can say what is wrong with a file.
+RankSnapshot snapshotFromJson(const Json& j);
+GroupView groupFromJson(const Json& j);
+
+std::string hex64(uint64_t v);
+uint64_t parseHex64(const std::string& s, const char* what);
+
+} // namespace torch_ext

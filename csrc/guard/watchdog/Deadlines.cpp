@@ -1,0 +1,69 @@
+#include "guard/watchdog/Deadlines.h"
+
+#include <algorithm>
+
+namespace torch_ext {
+
+namespace {
+
+int64_t ns(std::chrono::milliseconds d) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+}
+
+} // namespace
+
+Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
+                     CheckMode check)
+    : warnNs_(ns(warnAfter)),
+      abortNs_(ns(abortAfter)),
+      // A send/recv pending this long is worth a pairing check.
+      p2pCheckNs_(std::max<int64_t>(1'000'000'000, static_cast<int64_t>(5 * intervalS * 1e9))),
+      // Above the incident protocol's own fallbacks (a silent analyst is
+      // replaced after 3 s or 12 ticks), so this fires only when the store
+      // itself is too slow for the protocol.
+      fallbackNs_(std::max<int64_t>(5'000'000'000, static_cast<int64_t>(25 * intervalS * 1e9))),
+      check_(check) {}
+
+DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) {
+  DeadlineActions out;
+  if (!p.hasPending) return out;
+  const Entry& e = p.oldestPending;
+  out.entry = e;
+  out.waitedNs = now - e.startSteadyNs;
+  const IncidentSubject subject = e.seq ? IncidentSubject::collective(e.seq) : IncidentSubject::p2p(groupRank, e.id);
+  if (out.waitedNs > abortNs_ && abortedId_ != e.id) {
+    abortedId_ = e.id;
+    abortedAtNs_ = now;
+    localAborted_ = false;
+    out.raise = Incident{IncidentKind::Abort, subject, groupRank, ""};
+    return out;
+  }
+  if (out.waitedNs > warnNs_ && warnedId_ != e.id && abortedId_ != e.id) {
+    warnedId_ = e.id;
+    warnedAtNs_ = now;
+    warnedSubject_ = subject;
+    warnReported_ = localWarned_ = false;
+    out.raise = Incident{IncidentKind::Hang, subject, groupRank, ""};
+    return out;
+  }
+  if (e.seq == 0 && check_ != CheckMode::Off && out.waitedNs > p2pCheckNs_ && p2pCheckedId_ != e.id) {
+    p2pCheckedId_ = e.id;
+    out.raise = Incident{IncidentKind::P2P, subject, groupRank, ""};
+    return out;
+  }
+  if (abortedId_ == e.id && !localAborted_ && now - abortedAtNs_ > fallbackNs_) {
+    localAborted_ = true;
+    out.localAbort = true;
+  } else if (warnedId_ == e.id && abortedId_ != e.id && !warnReported_ && !localWarned_ &&
+             now - warnedAtNs_ > fallbackNs_) {
+    localWarned_ = true;
+    out.localWarn = true;
+  }
+  return out;
+}
+
+void Deadlines::reported(const IncidentSubject& subject) {
+  if (subject == warnedSubject_) warnReported_ = true;
+}
+
+} // namespace torch_ext

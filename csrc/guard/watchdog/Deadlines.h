@@ -1,0 +1,55 @@
+#pragma once
+
+// Deadlines: what the age of a group's oldest pending operation calls for.
+//
+// Pure logic: no store, no clock of its own (the caller passes the steady
+// time), so warn_after and abort_after fire on time whatever the store does,
+// and tests drive it with a fake clock. The cross-rank incidents it asks for
+// go through the store; when their verdict does not come in time (a store
+// that answers slowly, an analyst that stalls), it asks for a local report
+// instead: abort_after still fails the group, with what this rank knows.
+
+#include "guard/Config.h"
+#include "guard/report/Incident.h"
+#include "guard/collective/Ledger.h"
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+
+namespace torch_ext {
+
+struct DeadlineActions {
+  std::optional<Incident> raise;  // hang, abort or p2p incident to raise through the store
+  bool localWarn = false;         // the hang report did not come: log one from this rank's view
+  bool localAbort = false;        // the abort verdict did not come: fail the group from this rank's view
+  Entry entry;                    // the op concerned (valid when any of the above is set)
+  int64_t waitedNs = 0;           // how long it has waited
+};
+
+class Deadlines {
+ public:
+  Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
+            CheckMode check);
+
+  // `p` is the group's progress, `groupRank` this rank's rank in it.
+  DeadlineActions check(const Progress& p, int groupRank, int64_t nowSteadyNs);
+  // The cross-rank hang report for incident subject `subject` arrived (no
+  // local one needed).
+  void reported(const IncidentSubject& subject);
+
+  // How long a verdict may take before the local fallback fires.
+  int64_t fallbackNs() const {
+    return fallbackNs_;
+  }
+
+ private:
+  int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_;
+  CheckMode check_;
+  uint64_t warnedId_ = 0, abortedId_ = 0, p2pCheckedId_ = 0;
+  int64_t warnedAtNs_ = 0, abortedAtNs_ = 0;
+  std::optional<IncidentSubject> warnedSubject_;
+  bool warnReported_ = false, localWarned_ = false, localAborted_ = false;
+};
+
+} // namespace torch_ext

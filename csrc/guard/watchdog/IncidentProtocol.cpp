@@ -1,0 +1,199 @@
+#include "guard/watchdog/IncidentProtocol.h"
+
+#include "guard/watchdog/StoreKeys.h"
+#include "guard/Runtime.h"
+
+#include <algorithm>
+
+namespace torch_ext {
+
+namespace {
+
+// How long an analyst waits for snapshots before it calls silent ranks gone,
+// and how long others wait for its verdict before analysing themselves.
+constexpr int64_t kMinSnapWaitNs = 1'000'000'000;
+constexpr int64_t kMinReportWaitNs = 3'000'000'000;
+
+int64_t ticksNs(double intervalS, int n) {
+  return static_cast<int64_t>(n * intervalS * 1e9);
+}
+
+} // namespace
+
+int64_t IncidentProtocol::snapWaitNs(double intervalS) {
+  return std::max<int64_t>(kMinSnapWaitNs, ticksNs(intervalS, 4));
+}
+
+int64_t IncidentProtocol::reportWaitNs(double intervalS) {
+  return std::max<int64_t>(kMinReportWaitNs, ticksNs(intervalS, 12));
+}
+
+IncidentProtocol::IncidentProtocol(GroupState& state, Hooks hooks) : st_(state), hooks_(std::move(hooks)) {}
+
+bool IncidentProtocol::post(const Incident& inc, bool* storeFailed) {
+  const std::string iid = inc.id();
+  if (!posted_.insert(iid).second) return false;
+  GroupStore& store = st_.store();
+  const std::string me = std::to_string(st_.id().rank);
+  auto won = store.compareSet(keys::once(iid), "", me);
+  if (!won.ok()) {
+    posted_.erase(iid);  // try again once the store answers (it may not)
+    if (storeFailed) *storeFailed = true;
+    return false;
+  }
+  if (won.value != me) return false;  // another rank raised it first; we join via the alert
+  auto k = store.add(keys::kAlerts, 1);
+  const bool ok = k.ok() && store.set(keys::alert(k.value), iid + "\n" + me + "\n" + inc.error);
+  if (!ok && storeFailed) *storeFailed = true;
+  return ok;
+}
+
+bool IncidentProtocol::publishVerdict(const Incident& inc, const Verdict& verdict) {
+  const std::string iid = inc.id();
+  GroupStore& store = st_.store();
+  const std::string me = std::to_string(st_.id().rank);
+  auto won = store.compareSet(keys::once(iid), "", me);
+  if (!won.ok() || won.value != me) return false;
+  posted_.insert(iid);
+  if (!store.set(keys::report(iid), verdict.toJson().dump())) return false;
+  auto k = store.add(keys::kAlerts, 1);
+  return k.ok() && store.set(keys::alert(k.value), iid + "\n" + me + "\n");
+}
+
+void IncidentProtocol::progress(int64_t nowNs) {
+  pollAlerts(nowNs);
+  for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+    bool done = false;
+    // A published verdict wins, also for the rank that raised the incident.
+    if (auto report = st_.store().get(keys::report(it->incident.id()))) {
+      try {
+        hooks_.act(it->incident, Verdict::fromJson(Json::parse(*report)));
+      } catch (const std::exception& e) {
+        logMessage(LogLevel::Warning, std::string("guard watchdog: unreadable report: ") + e.what());
+      }
+      done = true;
+    } else if (st_.store().health() != StoreHealth::Healthy) {
+      break;  // nothing more to learn here; the watchdog fails the group
+    } else if (it->analyst) {
+      done = tryAnalyse(*it, nowNs > it->snapDeadlineNs, nowNs);
+    } else if (nowNs > it->reportDeadlineNs) {
+      // The analyst did not publish in time (gone?): analyse ourselves.
+      it->analyst = true;
+      it->snapDeadlineNs = nowNs;
+      done = tryAnalyse(*it, true, nowNs);
+    }
+    it = done ? awaiting_.erase(it) : it + 1;
+  }
+}
+
+std::vector<Incident> IncidentProtocol::openIncidents() const {
+  std::vector<Incident> out;
+  for (const auto& a : awaiting_) out.push_back(a.incident);
+  return out;
+}
+
+void IncidentProtocol::pollAlerts(int64_t nowNs) {
+  GroupStore& store = st_.store();
+  auto n = store.add(keys::kAlerts, 0);
+  if (!n.ok()) return;
+  while (alertsSeen_ < static_cast<uint64_t>(n.value)) {
+    auto desc = store.get(keys::alert(alertsSeen_ + 1));
+    if (!desc) return;  // raised but not written yet: next tick
+    ++alertsSeen_;
+    auto nl1 = desc->find('\n');
+    auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
+    if (nl2 == std::string::npos) continue;
+    const std::string iid = desc->substr(0, nl1);
+    auto inc = Incident::fromId(iid);
+    if (!inc) continue;
+    inc->poster = std::atoll(desc->substr(nl1 + 1, nl2 - nl1 - 1).c_str());
+    inc->error = desc->substr(nl2 + 1);
+    if (!handled_.insert(iid).second) continue;
+    respond(*inc);
+    Awaiting a;
+    a.incident = *inc;
+    const double interval = st_.exchangeIntervalS();
+    a.snapDeadlineNs = nowNs + snapWaitNs(interval);
+    a.reportDeadlineNs = nowNs + reportWaitNs(interval);
+    a.analyst = inc->poster == st_.id().rank;
+    awaiting_.push_back(a);
+  }
+}
+
+void IncidentProtocol::respond(const Incident& inc) {
+  st_.store().set(keys::snapshot(inc.id(), st_.id().rank), hooks_.snapshot(inc));
+}
+
+bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) {
+  const auto& id = st_.id();
+  GroupStore& store = st_.store();
+  const std::string iid = a.incident.id();
+  std::vector<std::string> snapKeys;
+  for (int r = 0; r < id.size; ++r) snapKeys.push_back(keys::snapshot(iid, r));
+  // One check for all the snapshots while waiting (a large group would
+  // otherwise cost the store one call per rank per tick); rank by rank only
+  // once the wait is over, to tell who is missing.
+  auto every = store.check(snapKeys);
+  if (!every.ok()) return false;  // the store failed: no verdict from here
+  if (!every.value && !force) return false;
+  std::vector<bool> present(id.size, every.value);
+  for (int r = 0; !every.value && r < id.size; ++r) {
+    auto there = store.check({snapKeys[r]});
+    if (!there.ok()) return false;
+    present[r] = there.value;
+  }
+  std::vector<RankInput> inputs(id.size);
+  for (int r = 0; r < id.size; ++r) {
+    RankInput& in = inputs[r];
+    in.groupRank = r;
+    in.globalRank = id.globalRank(r);
+    in.groupName = id.name;
+    if (present[r]) {
+      if (auto text = store.get(snapKeys[r])) {
+        try {
+          in.snapshot = snapshotFromJson(Json::parse(*text));
+          in.responded = true;
+        } catch (const std::exception& e) {
+          logMessage(LogLevel::Warning, "guard watchdog: bad snapshot from rank " + std::to_string(r) + ": " + e.what());
+        }
+      }
+    }
+    if (!in.responded) {
+      if (auto s = store.get(keys::status(r))) {
+        if (auto status = StatusRecord::decode(*s)) {
+          in.statusKnown = true;
+          in.phase = status->phase;
+          in.heartbeatNs = status->heartbeatNs;
+          in.lastSeq = status->lastSeq;
+        }
+      }
+    }
+  }
+  if (store.health() != StoreHealth::Healthy) return false;
+  Verdict v = analyze(st_.label(), inputs, a.incident, nowNs);
+  store.set(keys::report(iid), v.toJson().dump());
+  hooks_.act(a.incident, v);
+  return true;
+}
+
+std::vector<std::string> IncidentProtocol::incidentKeys() {
+  GroupStore& store = st_.store();
+  const int size = st_.id().size;
+  std::vector<std::string> out;
+  auto alerts = store.add(keys::kAlerts, 0);
+  if (!alerts.ok()) return out;
+  for (int64_t k = 1; k <= alerts.value; ++k) {
+    const std::string alert = keys::alert(k);
+    auto desc = store.get(alert);
+    if (!desc) continue;
+    const std::string iid = desc->substr(0, desc->find('\n'));
+    out.push_back(alert);
+    out.push_back(keys::once(iid));
+    out.push_back(keys::report(iid));
+    for (int r = 0; r < size; ++r) out.push_back(keys::snapshot(iid, r));
+  }
+  out.push_back(keys::kAlerts);
+  return out;
+}
+
+} // namespace torch_ext

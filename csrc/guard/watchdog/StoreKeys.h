@@ -1,0 +1,80 @@
+#pragma once
+
+// StoreKeys: every key the guard uses in a group's store, in one place, with
+// who writes, reads and deletes it. All live under "guard/" in the group's
+// prefix (GroupStore adds it), so they never meet torch's own keys. Nothing
+// else in csrc spells a key.
+//
+// Lifetime rule: a key lives until the last rank leaves the group, which
+// deletes every key the group wrote (Watchdog::leaveGroup, through
+// IncidentProtocol::incidentKeys for the incident keys), or until its one
+// reader has read it (strict and p2p keys).
+
+#include <cstdint>
+#include <string>
+
+namespace torch_ext::keys {
+
+// Added by GroupStore to every key below; Watchdog::announce writes the first
+// status before any GroupStore exists, so it adds it itself.
+inline constexpr const char* kPrefix = "guard/";
+
+// st/<rank>: the rank's StatusRecord. Written by that rank (its exchange, at
+// announce, leave and exit), read by its ring neighbours each exchange and by
+// an incident's analyst; deleted by the last rank to leave.
+inline std::string status(int groupRank) {
+  return "st/" + std::to_string(groupRank);
+}
+
+// leave: how many ranks have left the group (add 1 each). The rank that
+// brings it to the group's size deletes every key, this one included.
+inline constexpr const char* kLeave = "leave";
+
+// alerts: the count of incidents raised on the group (add 1 each); read (add
+// 0) by every rank each exchange to find new incidents; deleted at leave.
+inline constexpr const char* kAlerts = "alerts";
+
+// alert/<k>: the k-th incident, "<incident id>\n<poster>\n<error>". Written
+// by its poster, read by every rank once; deleted at leave.
+inline std::string alert(int64_t k) {
+  return "alert/" + std::to_string(k);
+}
+
+// once/<incident id>: compare-set by the rank that raises an incident or
+// publishes a verdict first; the others see they lost. Deleted at leave.
+inline std::string once(const std::string& incidentId) {
+  return "once/" + incidentId;
+}
+
+// report/<incident id>: the verdict (Verdict JSON). Written by the analyst (or
+// a rank that knew it first), read by every rank; deleted at leave.
+inline std::string report(const std::string& incidentId) {
+  return "report/" + incidentId;
+}
+
+// snap/<incident id>/<rank>: a rank's snapshot for an incident (RankSnapshot
+// JSON). Written by every rank that answers, read by the analyst; deleted at
+// leave.
+inline std::string snapshot(const std::string& incidentId, int groupRank) {
+  return "snap/" + incidentId + "/" + std::to_string(groupRank);
+}
+
+// strict/<seq>/<rank>: a rank's fingerprint for strict check #seq, when the
+// check found a difference. Written by every rank, read by every rank;
+// strict/<seq>/done counts the readers, and the last one deletes them all.
+inline std::string strictPrint(uint64_t seq, int groupRank) {
+  return "strict/" + std::to_string(seq) + "/" + std::to_string(groupRank);
+}
+inline std::string strictDone(uint64_t seq) {
+  return "strict/" + std::to_string(seq) + "/done";
+}
+
+// p2p/<src>/<dst>/<tag>/<ordinal>: the sender's print of its ordinal-th send
+// to dst with this tag, in strict mode. Written by the sender, read and
+// deleted by the receiver.
+inline std::string p2pPrint(int src, int dst, int tag, uint64_t ordinal) {
+  return "p2p/" + std::to_string(src) + "/" + std::to_string(dst) + "/" + std::to_string(tag) + "/" +
+         std::to_string(ordinal);
+}
+
+} // namespace torch_ext::keys

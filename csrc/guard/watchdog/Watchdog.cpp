@@ -1,0 +1,569 @@
+#include "guard/watchdog/Watchdog.h"
+
+#include "guard/report/Messages.h"
+#include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/StoreKeys.h"
+#include "guard/Runtime.h"
+
+#include <algorithm>
+#include <pthread.h>
+#include <sstream>
+
+namespace torch_ext {
+
+namespace {
+
+constexpr size_t kHangWindow = 64;
+// A status is republished at least this often (the heartbeat).
+constexpr int64_t kHeartbeatNs = 500'000'000;
+// At exit, how long saying "exited" may take, and how long the thread gets to stop.
+constexpr std::chrono::milliseconds kExitStatusBound{300};
+constexpr std::chrono::milliseconds kExitJoinBound{2000};
+// While an incident is open, the watchdog ticks (and exchanges) this often.
+constexpr double kOpenIntervalS = 0.05;
+// An exchange comes due this much before its period ends, so that one due at
+// a tick is not put off to the next by the tick's jitter.
+constexpr int64_t kTickSlackNs = 10'000'000;
+
+std::string abortText(const GroupState& st, const std::string& body) {
+  // The first line says "timeout" in so many words: retry logic (and torch's
+  // own tests) grep for it in gloo's and NCCL's messages.
+  const std::string why =
+      messages::abortReason(std::chrono::duration<double>(st.abortAfter()).count(), messages::AbortScope::EveryLiveRank);
+  const auto nl = body.find('\n');
+  std::string first = body.substr(0, nl);
+  const std::string rest = nl == std::string::npos ? "" : body.substr(nl);
+  if (!first.empty() && first.back() == ':') {
+    first.pop_back();
+    return first + " (" + why + "):" + rest;
+  }
+  return first + ": " + why + rest;
+}
+
+} // namespace
+
+Watchdog& Watchdog::instance() {
+  // Leaked: the thread may outlive static destruction at exit.
+  static auto* dog = new Watchdog();
+  return *dog;
+}
+
+Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
+    : state(std::move(s)),
+      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->config().check),
+      protocol(*state,
+               IncidentProtocol::Hooks{
+                   [&dog, st = state.get()](const Incident& inc) {
+                     const size_t window = inc.kind == IncidentKind::Mismatch ? st->ledger().capacity() : kHangWindow;
+                     RankSnapshot snap = dog.snapshot(inc.id(), st, window);
+                     dog.writeDump(inc.id());
+                     return toJson(snap).dump();
+                   },
+                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); }}) {}
+
+void Watchdog::announce(c10d::Store& store, int rank) {
+  const std::string v = StatusRecord::of(RankPhase::Running, wallNs(), Progress{}).encode();
+  store.set(keys::kPrefix + keys::status(rank), std::vector<uint8_t>(v.begin(), v.end()));
+}
+
+void Watchdog::add(const std::shared_ptr<GroupState>& state) {
+  auto ctx = std::make_shared<GroupCtx>(*this, state);
+  std::lock_guard<std::mutex> lock(mu_);
+  groups_.push_back(ctx);
+  if (!thread_.joinable() && !exiting()) {
+    stop_ = false;
+    threadDone_ = false;
+    thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "torch_ext_watch");
+      loop();
+      std::lock_guard<std::mutex> done(mu_);
+      threadDone_ = true;
+      cv_.notify_all();
+    });
+    threadId_ = thread_.get_id();
+  }
+}
+
+std::shared_ptr<Watchdog::GroupCtx> Watchdog::find(const GroupState* state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& g : groups_) {
+    if (g->state.get() == state) return g;
+  }
+  return nullptr;
+}
+
+void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
+  std::shared_ptr<GroupCtx> ctx;
+  std::thread toJoin;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+      if ((*it)->state == state) {
+        ctx = *it;
+        groups_.erase(it);
+        break;
+      }
+    }
+    if (groups_.empty() && thread_.joinable() && std::this_thread::get_id() != threadId_) {
+      stop_ = true;
+      toJoin = std::move(thread_);
+    }
+  }
+  cv_.notify_all();
+  if (ctx) ctx->removed = true;
+  if (toJoin.joinable()) {
+    toJoin.join();  // the watchdog thread never waits on the store: this is quick
+    Runtime::instance().idle();
+  }
+  if (!ctx) return;
+  StoreChannel& channel = state->store().channel();
+  if (!exiting()) {
+    // On the I/O thread, after any exchange of this group still queued (it
+    // sees `removed` and does nothing); bounded like every store call.
+    channel.call<bool>("leave", [this, ctx] {
+      leaveGroup(*ctx);
+      return true;
+    });
+  }
+  retiredStoreOps_ += state->store().ops();
+  bool shared = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& g : groups_) shared = shared || &g->state->store().channel() == &channel;
+  }
+  if (!shared) channel.quiesce();  // the last watched group on this store: no thread stays behind
+}
+
+void Watchdog::leaveGroup(GroupCtx& ctx) {
+  // Incident keys stay until every rank has left, so a rank that leaves early
+  // (after acting on a verdict) cannot take the verdict away from the others.
+  // Their names are derived from the alert counter, so the last rank to leave
+  // can remove them all.
+  GroupState& st = *ctx.state;
+  GroupStore& store = st.store();
+  const int size = st.id().size;
+  if (!store.set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Left, wallNs(), st.ledger().progress()).encode())) {
+    return;
+  }
+  auto left = store.add(keys::kLeave, 1);
+  if (!left.ok() || left.value < size) return;
+  std::vector<std::string> written = ctx.protocol.incidentKeys();
+  for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
+  written.push_back(keys::kLeave);
+  store.deleteKeys(written);
+}
+
+void Watchdog::atExit() {
+  std::vector<std::shared_ptr<GroupCtx>> groups;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exiting()) return;
+    exiting_.store(true, std::memory_order_release);
+    groups = groups_;
+  }
+  // Say "exited" where the store answers: peers then report this rank in
+  // those words instead of "no heartbeat". Briefly: the store may be gone.
+  for (auto& g : groups) {
+    GroupState& st = *g->state;
+    if (st.store().health() != StoreHealth::Healthy) continue;
+    st.store().set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(),
+                   kExitStatusBound);
+  }
+  std::thread toStop;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    toStop = std::move(thread_);
+  }
+  // A call in progress returns at once once its channel is closed.
+  for (auto& g : groups) g->state->store().channel().close();
+  cv_.notify_all();
+  if (!toStop.joinable()) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  const bool done = cv_.wait_for(lock, kExitJoinBound, [this] { return threadDone_; });
+  lock.unlock();
+  if (done) {
+    toStop.join();
+  } else {
+    toStop.detach();  // stuck somewhere it should not be: never block the exit on it
+  }
+}
+
+Watchdog::Stats Watchdog::stats() const {
+  Stats s;
+  s.ticks = ticks_.load();
+  s.storeOps = retiredStoreOps_.load();
+  s.incidents = incidents_.load();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& g : groups_) s.storeOps += g->state->store().ops();
+  s.groups = groups_.size();
+  s.running = thread_.joinable();
+  return s;
+}
+
+void Watchdog::loop() {
+  while (true) {
+    std::vector<std::shared_ptr<GroupCtx>> groups;
+    int64_t intervalNs = 200'000'000;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (stop_) return;
+      bool busy = false;
+      for (auto& g : groups_) {
+        intervalNs = std::min<int64_t>(intervalNs, static_cast<int64_t>(g->state->config().intervalS * 1e9));
+        busy = busy || g->open.load() || !g->requests.empty();
+      }
+      // While an incident is open, tick faster so reports arrive quickly.
+      if (busy) intervalNs = std::min<int64_t>(intervalNs, static_cast<int64_t>(kOpenIntervalS * 1e9));
+      cv_.wait_for(lock, std::chrono::nanoseconds(intervalNs), [this] { return stop_ || wake_; });
+      wake_ = false;
+      if (stop_) return;
+      groups = groups_;
+    }
+    ++ticks_;
+    for (auto& g : groups) {
+      if (g->removed) continue;
+      try {
+        tick(g);
+      } catch (const std::exception& e) {
+        logMessage(LogLevel::Debug, std::string("guard watchdog: tick failed: ") + e.what());
+      }
+    }
+  }
+}
+
+int64_t Watchdog::GroupCtx::exchangePeriodNs(bool incidentOpen) const {
+  const Config& cfg = state->config();
+  // The shortest period that keeps the group within the budget (0: no budget).
+  const double budgetS = exchangeIntervalS(0.0, cfg.storeBudget, state->id().size);
+  const double wantS = incidentOpen ? std::min(cfg.intervalS, kOpenIntervalS) : cfg.intervalS;
+  if (budgetS <= wantS) return 0;  // within the budget: every tick exchanges
+  return static_cast<int64_t>(budgetS * 1e9) - kTickSlackNs;
+}
+
+void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
+  GroupState& st = *ctx->state;
+  st.ledger().pollCompletions();
+  const Progress p = st.ledger().progress();
+  if (!checkStore(*ctx, p)) {
+    ctx->open = false;
+    return;
+  }
+  checkDeadlines(*ctx, p);
+  // The exchange runs on the store's I/O thread; one at a time per group, so
+  // a store call that hangs there holds up nothing here. A large group
+  // exchanges less often than it ticks, to stay within the store budget.
+  const int64_t now = steadyNs();
+  if (now < ctx->nextExchangeNs) return;
+  if (!ctx->exchangeQueued.exchange(true)) {
+    ctx->nextExchangeNs = now + ctx->exchangePeriodNs(ctx->open.load());
+    const bool queued = st.store().channel().post([this, ctx] {
+      if (!ctx->removed) exchange(*ctx);
+      ctx->exchangeQueued = false;
+    });
+    if (!queued) ctx->exchangeQueued = false;
+  }
+}
+
+bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
+  GroupState& st = *ctx.state;
+  if (st.store().health() == StoreHealth::Healthy) return true;
+  if (ctx.storeLossHandled) return false;
+  ctx.storeLossHandled = true;
+  LocalFacts facts = localFacts(ctx, p);
+  const std::string text = formatStoreLost(facts, st.store().channel().describeLoss());
+  if (st.fail(GuardErrorKind::StoreLost, text)) {
+    // One line per group: the whole report where an op waits on it (or just
+    // failed for it); otherwise the first line (the next op raises it in full), and nothing
+    // above debug level at the end of a job whose ranks all left.
+    if (facts.pending || facts.lastFailed) {
+      logMessage(LogLevel::Error, text);
+    } else if (facts.allPeersDone()) {
+      logMessage(LogLevel::Debug, text);
+    } else {
+      logMessage(LogLevel::Warning, text.substr(0, text.find('\n')) +
+                                        " (nothing was pending here: the next operation on the group raises "
+                                        "StoreLostError)");
+    }
+  }
+  cv_.notify_all();  // failureReport() waiters
+  return false;
+}
+
+LocalFacts Watchdog::localFacts(GroupCtx& ctx, const Progress& p) {
+  GroupState& st = *ctx.state;
+  LocalFacts f;
+  f.groupLabel = st.label();
+  f.groupSize = st.id().size;
+  f.groupRank = st.id().rank;
+  f.globalRanks = st.id().globalRanks;
+  f.progress = p;
+  f.nowWallNs = wallNs();
+  f.nowSteadyNs = steadyNs();
+  if (p.hasPending) {
+    f.pending = entryView(p.oldestPending);
+    f.pendingForNs = f.nowSteadyNs - p.oldestPending.startSteadyNs;
+  } else {
+    for (const auto& e : st.ledger().entries(1)) {
+      if (e.state == EntryState::Failed) f.lastFailed = entryView(e);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(ctx.peersMu);
+    f.peers = ctx.peers;
+  }
+  f.storeHostRank = st.store().channel().address().hostRank;
+  return f;
+}
+
+void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
+  GroupState& st = *ctx.state;
+  if (st.failed()) return;
+  DeadlineActions a;
+  {
+    std::lock_guard<std::mutex> lock(ctx.localMu);
+    a = ctx.deadlines.check(p, st.id().rank, steadyNs());
+  }
+  if (a.raise) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx.requests.push_back(*a.raise);
+  }
+  if (a.localAbort || a.localWarn) {
+    const std::string why = st.store().health() == StoreHealth::Healthy
+                                ? "no verdict came through the store within " +
+                                      std::to_string(ctx.deadlines.fallbackNs() / 1'000'000'000) + " s"
+                                : st.store().channel().describeLoss();
+    LocalFacts facts = localFacts(ctx, p);
+    if (a.localAbort) {
+      const std::string text =
+          formatLocalTimeout(facts, std::chrono::duration<double>(st.abortAfter()).count(), why);
+      if (st.fail(GuardErrorKind::Timeout, text)) logMessage(LogLevel::Error, text);
+      cv_.notify_all();
+    } else {
+      logMessage(LogLevel::Warning, formatLocalHang(facts, why));
+    }
+  }
+}
+
+void Watchdog::exchange(GroupCtx& ctx) {
+  GroupState& st = *ctx.state;
+  GroupStore& store = st.store();
+  const int rank = st.id().rank;
+  const int size = st.id().size;
+  std::vector<Incident> requests;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests.swap(ctx.requests);
+  }
+  for (const auto& inc : requests) post(ctx, inc);
+  const Progress p = st.ledger().progress();
+  const int64_t now = wallNs();
+
+  // Status / heartbeat.
+  StatusRecord mine = StatusRecord::of(RankPhase::Running, now, p);
+  if (!mine.sameProgress(ctx.lastPublished) || now - ctx.lastPublishNs > kHeartbeatNs) {
+    if (store.set(keys::status(rank), mine.encode())) {
+      ctx.lastPublished = mine;
+      ctx.lastPublishNs = now;
+    }
+  }
+
+  // Ring neighbours: their last known state, and in async mode the ring check
+  // (rolling hashes compared at the lower of the two seqs).
+  if (size > 1) {
+    std::vector<int> neighbours{(rank + 1) % size};
+    if (size > 2) neighbours.push_back((rank + size - 1) % size);
+    std::vector<int> readable;
+    std::vector<std::string> statusKeys;
+    for (int n : neighbours) {
+      if (!ctx.seenNeighbours.count(n)) {
+        auto there = store.check({keys::status(n)});
+        if (!there.ok() || !there.value) continue;
+        ctx.seenNeighbours.insert(n);
+      }
+      readable.push_back(n);
+      statusKeys.push_back(keys::status(n));
+    }
+    if (!statusKeys.empty()) {
+      auto values = store.multiGet(statusKeys);
+      const int64_t readAt = steadyNs();
+      const bool ring = st.config().check == CheckMode::Async && !st.failed() && p.lastSeq > 0;
+      for (size_t i = 0; values.ok() && i < values.value.size(); ++i) {
+        auto ns = StatusRecord::decode(values.value[i]);
+        if (!ns) continue;
+        {
+          std::lock_guard<std::mutex> lock(ctx.peersMu);
+          ctx.peers[readable[i]] = PeerState{*ns, readAt};
+        }
+        if (!ring || ns->phase != RankPhase::Running || ns->lastSeq == 0 || ns->lastSeq > p.lastSeq) continue;
+        auto at = st.ledger().rollingAt(ns->lastSeq);
+        if (at && *at != ns->rolling) {
+          post(ctx, Incident{IncidentKind::Mismatch, IncidentSubject::any(), rank, ""});
+          break;
+        }
+      }
+    }
+  }
+
+  // Incidents.
+  ctx.protocol.progress(now);
+  ctx.open = ctx.protocol.open();
+}
+
+void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
+  if (ctx.protocol.post(inc)) ++incidents_;
+}
+
+void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
+  GroupState& st = *ctx.state;
+  bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
+  std::string text = v.text;
+  if (v.kind == Verdict::Kind::Mismatch && reporter) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (loggedMismatches_.size() < 1024) {
+      reporter = loggedMismatches_.insert(text).second;
+    } else {
+      reporter = !loggedMismatches_.count(text);
+    }
+  }
+  switch (v.kind) {
+    case Verdict::Kind::Mismatch:
+      if (st.config().check != CheckMode::Off) {
+        if (reporter) logMessage(LogLevel::Error, text);
+        st.fail(GuardErrorKind::Mismatch, text);
+      } else if (inc.kind == IncidentKind::Abort) {
+        // Checks are off, but the deadline is not: abort, saying what differs.
+        text = abortText(st, text);
+        if (reporter) logMessage(LogLevel::Error, text);
+        st.fail(GuardErrorKind::Timeout, text);
+      } else if (reporter) {
+        logMessage(LogLevel::Warning, text);  // checks are off: say what is wrong, fail nothing
+      }
+      break;
+    case Verdict::Kind::Hang:
+      if (inc.kind == IncidentKind::Abort) {
+        text = abortText(st, text);
+        if (reporter) logMessage(LogLevel::Error, text);
+        st.fail(GuardErrorKind::Timeout, text);
+      } else {
+        {
+          std::lock_guard<std::mutex> lock(ctx.localMu);
+          ctx.deadlines.reported(inc.subject);
+        }
+        if (reporter) logMessage(LogLevel::Warning, text);
+      }
+      break;
+    case Verdict::Kind::Failure:
+      if (reporter) logMessage(LogLevel::Error, text);
+      // With a rank gone the group cannot recover: fail it on every rank, so
+      // ranks that have not reached the collective yet fail fast too.
+      if (!v.gone.empty()) st.fail(GuardErrorKind::Failure, text);
+      break;
+    case Verdict::Kind::None:
+      logMessage(LogLevel::Debug, text);
+      break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    results_[st.id().name + "/" + inc.id()] = text;
+  }
+  cv_.notify_all();
+}
+
+bool Watchdog::publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict) {
+  auto ctx = find(state.get());
+  if (!ctx) return false;
+  // On the I/O thread, where the group's incident state lives.
+  auto r = state->store().channel().call<bool>("publish", [this, ctx, inc, verdict] {
+    if (ctx->removed) return false;
+    const bool ok = ctx->protocol.publishVerdict(inc, verdict);
+    if (ok) ++incidents_;
+    return ok;
+  });
+  return r.ok() && r.value;
+}
+
+void Watchdog::requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) {
+  auto ctx = find(state.get());
+  if (!ctx) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  ctx->requests.push_back(inc);
+  wake_ = true;
+  cv_.notify_all();
+}
+
+std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
+                                    const std::string& error) {
+  auto ctx = find(state.get());
+  std::optional<IncidentSubject> subject;
+  std::string opText = "operation";
+  for (const auto& e : state->ledger().entriesAfter(entryId ? entryId - 1 : 0, 1)) {
+    if (e.id != entryId) continue;
+    subject = e.seq ? IncidentSubject::collective(e.seq) : IncidentSubject::p2p(state->id().rank, e.id);
+    opText = e.seq ? "collective #" + std::to_string(e.seq) + " " + e.fp.describe() : e.fp.describe();
+  }
+  // Inner errors carry a C++ backtrace after this marker: keep the message only.
+  std::string shortError = error.substr(0, error.find("\nException raised from"));
+  std::string fallback = opText + " on group \"" + state->label() + "\" failed in the inner backend (rank " +
+                         std::to_string(state->id().globalRank(state->id().rank)) + " saw: " + shortError + ")";
+  if (!ctx || !subject) return fallback + "\n  (no cross-rank report: the group is not watched)";
+  Incident inc{IncidentKind::Failure, *subject, state->id().rank, shortError};
+  const std::string resultKey = state->id().name + "/" + inc.id();
+  const auto budget = std::chrono::milliseconds(
+      std::max<int64_t>(5000, static_cast<int64_t>(25 * state->exchangeIntervalS() * 1000)));
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!results_.count(resultKey)) {
+    ctx->requests.push_back(inc);
+    wake_ = true;
+    cv_.notify_all();
+    // Another incident (e.g. a mismatch verdict) or a lost store may fail the
+    // group first: its report explains this failure better than a lost
+    // connection does.
+    cv_.wait_for(lock, budget,
+                 [&] { return results_.count(resultKey) > 0 || !thread_.joinable() || state->failed(); });
+  }
+  auto it = results_.find(resultKey);
+  if (it == results_.end()) {
+    if (state->failed()) return fallback;  // the group's own failure wins; this text is unused
+    return fallback + "\n  (no cross-rank report within the time limit)";
+  }
+  // The verdict's first line speaks for the rank that raised the incident; put
+  // this rank's own op and error first, then the cross-rank lines.
+  const std::string& verdict = it->second;
+  auto nl = verdict.find('\n');
+  return nl == std::string::npos ? fallback : fallback + verdict.substr(nl);
+}
+
+RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* only, size_t maxEntries) {
+  std::vector<std::shared_ptr<GroupState>> states;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& g : groups_) {
+      if (only == nullptr || g->state.get() == only) states.push_back(g->state);
+    }
+  }
+  return takeSnapshot(reason, states, maxEntries);
+}
+
+std::string Watchdog::writeDump(const std::string& reason, const std::string& dirOverride) {
+  std::string dir = dirOverride;
+  if (dir.empty()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& g : groups_) {
+      if (!g->state->config().dumpDir.empty()) {
+        dir = g->state->config().dumpDir;
+        break;
+      }
+    }
+  }
+  if (dir.empty()) return "";
+  std::string error;
+  const std::string path = writeDumpFile(dir, snapshot(reason), &error);
+  if (path.empty() && !dumpWarned_.exchange(true)) {
+    logMessage(LogLevel::Warning, "torch_ext: cannot write dumps to TORCH_EXT_DUMP_DIR='" + dir + "' (" + error +
+                                      "); training goes on without dump files");
+  }
+  return path;
+}
+
+} // namespace torch_ext

@@ -1,0 +1,164 @@
+#pragma once
+
+// Watchdog: keeps every guarded group honest, on two kinds of thread.
+//
+// The watchdog thread (`torch_ext_watch`, one per process) does no store I/O.
+// Each tick (TORCH_EXT_INTERVAL), per group, it
+//  1. checks the store's health (StoreChannel: timestamps only). A store that
+//     is gone or does not answer fails the group at once, with a report made
+//     from what this rank knows (LocalReport);
+//  2. checks the deadlines of the oldest pending op (Deadlines): warn_after and
+//     abort_after raise incidents, and when their cross-rank verdict does not
+//     come in time, act on a local report instead. So deadlines fire on time
+//     whatever the store does;
+//  3. queues the group's exchange on its store channel's I/O thread, unless
+//     the last one is still running.
+//
+// The exchange (a job on `torch_ext_store`, every store call bounded):
+// publish this rank's status (StatusRecord), read the two ring neighbours'
+// (kept as their last known state; in async mode their rolling hashes are
+// compared at the lower of the two seqs, and a difference raises a mismatch
+// incident), post the incidents the watchdog thread asked for, and take part
+// in the group's incidents (IncidentProtocol). O(1) store operations per rank
+// and tick whatever the world size.
+//
+// Exit: no exit path joins a thread that may be stuck or waits on the store.
+// At interpreter exit (atExit) every group says "exited" where the store
+// answers, the thread stops, the channels close, and inner backends are kept
+// alive (their teardown could block on a dead peer).
+
+#include "guard/watchdog/Deadlines.h"
+#include "guard/collective/Fingerprint.h"
+#include "guard/collective/GroupState.h"
+#include "guard/watchdog/IncidentProtocol.h"
+#include "guard/report/LocalReport.h"
+#include "guard/report/Report.h"
+#include "guard/report/Snapshot.h"
+#include "guard/report/StatusRecord.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace torch_ext {
+
+class Watchdog {
+ public:
+  static Watchdog& instance();
+
+  void add(const std::shared_ptr<GroupState>& state);
+  // Stops watching the group: publishes "left" and, on the last rank to
+  // leave, removes the group's keys. The thread ends with the last group.
+  void remove(const std::shared_ptr<GroupState>& state);
+
+  // Publishes a first status for `rank` before the inner backends rendezvous,
+  // so neighbours find the key from their first tick.
+  static void announce(c10d::Store& store, int rank);
+
+  // Raises `inc` for `state`'s group from any thread (the watchdog posts it at
+  // once); used by checks that run outside the watchdog, e.g. the split audit.
+  void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc);
+
+  // Raises `inc` with a verdict already known to this rank (e.g. a strict check
+  // that saw both fingerprints): the report is published before the alert, so
+  // the other ranks act on it even if this rank raises and exits at once.
+  // Runs on the calling thread; returns false if the incident was raised already.
+  bool publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict);
+
+  // A work whose inner op failed: raises (or joins) a failure incident and
+  // returns the cross-rank report, waiting a few seconds at most.
+  std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId, const std::string& error);
+
+  // This process's view of all its groups (or one), with the main thread's stack.
+  RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
+  // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
+  // ("" without a dump dir). An unwritable dir is warned about once.
+  std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string());
+
+  // Interpreter exit: says "exited" for every group where the store answers
+  // (briefly), stops the thread without waiting on the store, and closes the
+  // store channels. Later removals publish nothing.
+  void atExit();
+  bool exiting() const {
+    return exiting_.load(std::memory_order_acquire);
+  }
+
+  struct Stats {
+    uint64_t ticks = 0;
+    uint64_t storeOps = 0;
+    uint64_t incidents = 0;
+    size_t groups = 0;
+    bool running = false;
+  };
+  Stats stats() const;
+
+ private:
+  struct GroupCtx {
+    GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s);
+    std::shared_ptr<GroupState> state;
+    std::atomic<bool> removed{false};
+    std::atomic<bool> open{false};             // an incident is in progress (tick faster)
+    std::atomic<bool> exchangeQueued{false};   // a job is queued or running on the I/O thread
+    int64_t nextExchangeNs = 0;                // watchdog thread: not before (steady clock)
+    // Between two exchanges: the exchange interval, or 50 ms while an incident
+    // is open, either stretched to the store budget for a large group.
+    int64_t exchangePeriodNs(bool incidentOpen) const;
+    // Watchdog thread (and verdicts, under localMu).
+    std::mutex localMu;
+    Deadlines deadlines;
+    bool storeLossHandled = false;
+    // I/O thread only.
+    IncidentProtocol protocol;
+    std::set<int> seenNeighbours;
+    StatusRecord lastPublished;
+    int64_t lastPublishNs = 0;
+    // Written by the I/O thread, read for local reports.
+    std::mutex peersMu;
+    std::map<int, PeerState> peers;  // last status read of each watched peer
+    std::vector<Incident> requests;  // to post; guarded by Watchdog::mu_
+  };
+  Watchdog() = default;
+  void loop();
+  // Watchdog thread: local checks, then the exchange is queued.
+  void tick(const std::shared_ptr<GroupCtx>& ctx);
+  // Fails the group when its store is lost; false then.
+  bool checkStore(GroupCtx& ctx, const Progress& p);
+  // Deadlines of the oldest pending op: incidents to raise, local fallbacks.
+  void checkDeadlines(GroupCtx& ctx, const Progress& p);
+  // I/O thread: status, neighbours (ring check), incidents.
+  void exchange(GroupCtx& ctx);
+  void post(GroupCtx& ctx, const Incident& inc);
+  void applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v);
+  LocalFacts localFacts(GroupCtx& ctx, const Progress& p);
+  std::shared_ptr<GroupCtx> find(const GroupState* state);
+  void leaveGroup(GroupCtx& ctx);  // I/O thread
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::shared_ptr<GroupCtx>> groups_;
+  std::map<std::string, std::string> results_;  // failure incident id -> report
+  // Mismatch reports already logged by this process. One mismatch reaches
+  // applyVerdict more than once: as the "mismatch" incident, then as each
+  // "failure" incident of the collectives the mismatch aborted (their analysis
+  // finds the same mismatch first). It is logged once.
+  std::set<std::string> loggedMismatches_;
+  std::thread thread_;
+  std::thread::id threadId_;
+  bool stop_ = false;
+  bool wake_ = false;
+  bool threadDone_ = false;
+  std::atomic<bool> exiting_{false};
+
+  std::atomic<uint64_t> ticks_{0};
+  std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
+  std::atomic<uint64_t> incidents_{0};
+  std::atomic<bool> dumpWarned_{false};
+};
+
+} // namespace torch_ext
