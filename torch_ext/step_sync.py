@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from torch_ext import ops
+from torch_ext import _compat, ops
 
 if TYPE_CHECKING:
     from torch_ext.uneven import EvenBatches, even_batches  # noqa: F401
@@ -315,7 +315,7 @@ class StepSync:
             pg = self.group if self.group is not None else dist.group.WORLD
             backend = str(dist.get_backend(pg)).lower()
             try:
-                pg._get_backend(torch.device("cpu"))
+                _compat.group_backend(pg, torch.device("cpu"))
                 has_cpu = True
             except RuntimeError:
                 has_cpu = False

@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, Sequence, TypeVar
 import torch
 import torch.distributed as dist
 
+from torch_ext import _compat
 from torch_ext.step_sync import PendingStepSync, StepSync, StepSyncResult, StopLike
 
 __all__ = ["EvenBatches", "even_batches"]
@@ -34,11 +35,9 @@ def _count_work(value: int) -> Any:
     C++ from a completed future, so the reducer can read it from the autograd
     thread without any Python object having to stay alive.
     """
-    from torch._C._distributed_c10d import _create_work_from_future
-
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result([torch.tensor([value], dtype=torch.int64)])
-    return _create_work_from_future(fut)
+    return _compat.work_from_future(fut)
 
 
 class _Pass(Iterator[T]):
@@ -85,26 +84,25 @@ class _Pass(Iterator[T]):
         # exit, where it shows up as "worker exited unexpectedly" or as zombie
         # workers. Persistent workers belong to the DataLoader and are reused by
         # its next iter(), so they are left alone.
-        shutdown = getattr(it, "_shutdown_workers", None)
+        shutdown = _compat.worker_shutdown(it)
         persistent = bool(getattr(self._iterable, "persistent_workers", False))
-        if callable(shutdown) and not persistent:
+        if shutdown is not None and not persistent:
             shutdown()
         close = getattr(it, "close", None)
-        if callable(close) and not callable(shutdown):
+        if callable(close) and shutdown is None:
             close()  # generators: run their finally blocks now
 
     def _set_join_mode(self, ranks_with_data: int, enable: bool) -> None:
-        from torch.distributed.algorithms.join import _JoinConfig
-
         for j in self._joinables:
             # is_first_joinable=False: DDP must not run Join's own per-step
             # counting all_reduce; the step sync already counted.
-            j._join_config = _JoinConfig(enable=enable, throw_on_early_termination=False, is_first_joinable=False) \
-                if enable else _JoinConfig.construct_disabled_join_config()
+            config = _compat.join_config(enable=enable, throw_on_early_termination=False, is_first_joinable=False) \
+                if enable else _compat.disabled_join_config()
+            _compat.set_join_config(j, config)
             reducer = getattr(j, "reducer", None)
             if reducer is not None:
                 # useStaticWorldSize=False: divide by our count; True: back to the world size.
-                reducer._set_forward_pass_work_handle(_count_work(ranks_with_data), not enable)
+                _compat.set_forward_pass_work_handle(reducer, _count_work(ranks_with_data), not enable)
 
     def _finish(self, reason: str) -> None:
         if self._done:
