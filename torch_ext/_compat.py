@@ -28,6 +28,11 @@ def group_backend(pg: dist.ProcessGroup, device: torch.device) -> Any:
     return pg._get_backend(device)
 
 
+def group_device_types(pg: dist.ProcessGroup) -> list[torch.device]:
+    """Wraps ``ProcessGroup._device_types``: the device types a group has a backend for."""
+    return list(pg._device_types)
+
+
 def set_sequence_number(pg: Any) -> None:
     """Wraps ``ProcessGroup._set_sequence_number_for_group()``: what ``new_group`` does to the backends it creates."""
     pg._set_sequence_number_for_group()

@@ -273,6 +273,24 @@ def _guard_backend(group: dist.ProcessGroup | None) -> Any:
     return backend
 
 
+def _backends_by_device(pg: dist.ProcessGroup) -> dict[str, str]:
+    """Device type -> name of the backend that runs that device's collectives in ``pg``.
+
+    For ``guard`` that is the inner backend, and only devices it has one for (it
+    creates none for a device that is not available, e.g. CUDA on a CPU machine).
+    """
+    out: dict[str, str] = {}
+    for device in _compat.group_device_types(pg):
+        backend = _compat.group_backend(pg, device)
+        if _C._is_guard(backend):
+            inner = _C._inner_names(backend)
+            if device.type in inner:
+                out[device.type] = inner[device.type]
+        else:
+            out[device.type] = backend.name()
+    return out
+
+
 def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> dict[str, Any]:
     """The guard's view of ``group``: identity, progress and its ledger (a dict)."""
     return json.loads(_C._group_json(_guard_backend(group), max_entries))

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
 import torch
 import torch.distributed as dist
 
-from torch_ext import _compat, ops
+from torch_ext import ops
+from torch_ext.backend import _backends_by_device
 
 if TYPE_CHECKING:
     from torch_ext.uneven import EvenBatches, even_batches  # noqa: F401
@@ -258,12 +259,13 @@ class StepSync:
         group: process group (default: the default group).
         metrics: the metric names, if known in advance. Lets a rank that has no
             data (and so no metric values) take part before it has seen a batch.
-        device: device of the packed buffer. Default: chosen from the group, so
-            that it is the same on every rank (ranks packing on different
-            devices could reach different inner backends): the current CUDA
-            device for groups that reduce CUDA tensors with NCCL (``nccl``, a
-            ``cuda:nccl`` mix, or ``guard`` once CUDA is in use in this
-            process), else CPU. Values on another device are moved there.
+        device: device of the packed buffer. Default: chosen from the group's
+            backends, so that it is the same on every rank (ranks packing on
+            different devices could reach different backends): the current
+            CUDA device if the group has a CUDA backend of its own (``nccl``, a
+            ``cuda:nccl`` mix, ``guard`` wrapping NCCL) and CUDA is available,
+            else CPU (gloo, which also serves CUDA tensors through the host,
+            counts as a CPU backend). Values on another device are moved there.
 
     Every rank of the group must call the sync the same number of times, with
     the same metric names. A rank with ``has_data=False`` contributes zeros to
@@ -310,26 +312,20 @@ class StepSync:
         return f"group '{self._name}', rank {self._rank} of {self._world}"
 
     def _group_device(self) -> torch.device:
-        """The device every rank packs on, decided from the group alone."""
+        """The device every rank packs on, decided from the group's backends (see :func:`_device_for`)."""
         if self._default_device is None:
             pg = self.group if self.group is not None else dist.group.WORLD
-            backend = str(dist.get_backend(pg)).lower()
-            try:
-                _compat.group_backend(pg, torch.device("cpu"))
-                has_cpu = True
-            except RuntimeError:
-                has_cpu = False
-            cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
-            wants_cuda = "nccl" in backend or not has_cpu or ("guard" in backend and cuda_in_use)
-            if wants_cuda:
-                if not torch.cuda.is_available():
-                    raise RuntimeError(
-                        f"StepSync ({self._where()}): the group (backend {backend!r}) reduces on CUDA but CUDA is "
-                        "not available here; pass device=... naming a device the group serves"
-                    )
+            backends = _backends_by_device(pg)
+            if _device_for(backends, torch.cuda.is_available()) == "cuda":
                 self._default_device = torch.device("cuda", torch.cuda.current_device())
-            else:
+            elif "cpu" in backends:
                 self._default_device = torch.device("cpu")
+            else:
+                served = ", ".join(f"{d}:{n}" for d, n in sorted(backends.items())) or "none"
+                raise RuntimeError(
+                    f"StepSync ({self._where()}): the group has no backend for CPU tensors (it has {served}) and "
+                    "CUDA is not available here; pass device=... naming a device the group serves"
+                )
         return self._default_device
 
     # -- packing -----------------------------------------------------------
@@ -427,6 +423,19 @@ class StepSync:
     def __repr__(self) -> str:
         name = self._name or "<unresolved>"
         return f"StepSync(group={name!r}, metrics={list(self._keys) if self._keys else []})"
+
+
+def _device_for(backends: Mapping[str, str], cuda_available: bool) -> str:
+    """``"cuda"`` if the group has a CUDA backend of its own and CUDA is available, else ``"cpu"``.
+
+    ``backends`` maps device type to backend name (:func:`torch_ext.backend._backends_by_device`).
+    "Of its own": not the group's CPU backend too. gloo registers itself for CUDA as
+    well and reduces CUDA tensors through host copies, so a gloo group packs on CPU.
+    """
+    cuda = backends.get("cuda")
+    if cuda is not None and cuda != backends.get("cpu") and cuda_available:
+        return "cuda"
+    return "cpu"
 
 
 def _as_flag(value: Any, what: str, owner: StepSync) -> Any:
