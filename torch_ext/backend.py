@@ -31,7 +31,6 @@ BACKEND_NAME = "guard"
 # The inner backend's own timeout is the group's plus this grace, so the guard's
 # diagnostics (abort_after defaults to the group's timeout) always fire first.
 _INNER_GRACE = timedelta(seconds=10)
-_BUILTIN = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 
 # Options of the default group, inherited by subgroups created without options.
 _default_overrides: dict[str, str] = {}
