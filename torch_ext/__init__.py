@@ -40,7 +40,8 @@ from torch_ext.backend import (
 from torch_ext.ops import *  # noqa: F401,F403
 from torch_ext.ops import __all__ as _ops_all
 from torch_ext.step_sync import *  # noqa: F401,F403
-from torch_ext.step_sync import __all__ as _step_sync_all
+from torch_ext.step_sync import __all__ as _step_sync_all  # also lists torch_ext.uneven's names
+from torch_ext.uneven import *  # noqa: F401,F403
 from torch_ext.samplers import *  # noqa: F401,F403
 from torch_ext.samplers import __all__ as _samplers_all
 

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C, _runtime
+from torch_ext import _C, _compat, _runtime
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "store_health", "monitored_barrier"]
@@ -31,7 +31,6 @@ BACKEND_NAME = "guard"
 # The inner backend's own timeout is the group's plus this grace, so the guard's
 # diagnostics (abort_after defaults to the group's timeout) always fire first.
 _INNER_GRACE = timedelta(seconds=10)
-_BUILTIN = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 
 # Options of the default group, inherited by subgroups created without options.
 _default_overrides: dict[str, str] = {}
@@ -129,7 +128,7 @@ def _accepted_backends() -> list[str]:
         names.add("mpi")
     if dist.is_ucc_available():
         names.add("ucc")
-    names |= {n.lower() for n in Backend._plugins if n.lower() != BACKEND_NAME}
+    names |= {n.lower() for n in _compat.backend_plugins() if n.lower() != BACKEND_NAME}
     return sorted(names)
 
 
@@ -148,26 +147,24 @@ def _make_inner(
     accepted = ", ".join(_accepted_backends())
     if name == "gloo" and dist.is_gloo_available():
         pg = dist.ProcessGroupGloo(store, rank, size, timeout)
-        pg._set_sequence_number_for_group()
+        _compat.set_sequence_number(pg)
         return pg
     if name == "nccl" and dist.is_nccl_available():
         opts = dist.ProcessGroupNCCL.Options()
         opts.is_high_priority_stream = False
-        opts._timeout = timeout
+        _compat.set_nccl_timeout(opts, timeout)
         opts.global_ranks_in_group = global_ranks
         opts.group_name = group_name
         pg = dist.ProcessGroupNCCL(store, rank, size, opts)
-        pg._set_sequence_number_for_group()
+        _compat.set_sequence_number(pg)
         return pg
     if name == "ucc" and dist.is_ucc_available():
-        from torch._C._distributed_c10d import ProcessGroupUCC  # type: ignore[attr-defined]
-
-        return ProcessGroupUCC(store, rank, size, timeout)
-    plugin = Backend._plugins.get(name.upper())
+        return _compat.ucc_process_group(store, rank, size, timeout)
+    plugin = _compat.backend_plugins().get(name.upper())
     if plugin is not None and name != BACKEND_NAME:
         if not plugin.extended_api:
             return plugin.creator_fn(store, rank, size, timeout)
-        opts = dist.distributed_c10d._DistributedBackendOptions()
+        opts = _compat.distributed_backend_options()
         opts.store = store
         opts.group_rank = rank
         opts.group_size = size
@@ -259,20 +256,38 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
 
 def register() -> None:
     """Registers ``guard`` with torch.distributed (done at ``import torch_ext``)."""
-    if BACKEND_NAME.upper() in Backend._plugins:
+    if BACKEND_NAME.upper() in _compat.backend_plugins():
         return
     Backend.register_backend(BACKEND_NAME, _create_guard, extended_api=True, devices=["cpu", "cuda"])
 
 
 def _guard_backend(group: dist.ProcessGroup | None) -> Any:
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = pg._get_backend(torch.device("cpu"))
+    pg = group if group is not None else _compat.default_group()
+    backend = _compat.group_backend(pg, torch.device("cpu"))
     if not _C._is_guard(backend):
         raise TypeError(
             f"group was created with backend '{dist.get_backend(pg)}', not 'guard': "
             "use init_process_group(backend='guard') or new_group(..., backend='guard')"
         )
     return backend
+
+
+def _backends_by_device(pg: dist.ProcessGroup) -> dict[str, str]:
+    """Device type -> name of the backend that runs that device's collectives in ``pg``.
+
+    For ``guard`` that is the inner backend, and only devices it has one for (it
+    creates none for a device that is not available, e.g. CUDA on a CPU machine).
+    """
+    out: dict[str, str] = {}
+    for device in _compat.group_device_types(pg):
+        backend = _compat.group_backend(pg, device)
+        if _C._is_guard(backend):
+            inner = _C._inner_names(backend)
+            if device.type in inner:
+                out[device.type] = inner[device.type]
+        else:
+            out[device.type] = backend.name()
+    return out
 
 
 def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> dict[str, Any]:
@@ -332,10 +347,10 @@ def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta
     the guard forwards the call to the gloo group it wraps, which names the
     ranks that did not arrive, exactly as on plain gloo.
     """
-    pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    if not _C._is_guard(pg._get_backend(torch.device("cpu"))):
+    pg = group if group is not None else _compat.default_group()
+    if not _C._is_guard(_compat.group_backend(pg, torch.device("cpu"))):
         dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=wait_all_ranks)
         return
     if timeout is None:
-        timeout = dist.distributed_c10d._get_default_timeout(BACKEND_NAME)
+        timeout = _compat.default_timeout(BACKEND_NAME)
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)

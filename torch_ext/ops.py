@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 # The wrappers are named fused_* because ``torch_ext.step_sync`` is the module of the
-# Python API (StepSync, even_batches).
+# Python API (StepSync; even_batches, built on it, is in ``torch_ext.uneven``).
 __all__ = ["fused_step_sync", "fused_step_sync_start", "fused_step_sync_finish", "group_name_of"]
 
 

@@ -378,6 +378,65 @@ def test_without_process_group_names_the_fix():
 
 
 # ---------------------------------------------------------------------------
+# The device of the packed buffer: from the group's backends
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backends, cuda_available, expected", [
+    ({"cpu": "gloo", "cuda": "gloo"}, True, "cpu"),  # gloo serves CUDA tensors through the host
+    ({"cpu": "gloo"}, True, "cpu"),
+    ({"cpu": "gloo", "cuda": "nccl"}, True, "cuda"),
+    ({"cpu": "gloo", "cuda": "nccl"}, False, "cpu"),
+    ({"cuda": "nccl"}, True, "cuda"),
+])
+def test_device_rule(backends, cuda_available, expected):
+    from torch_ext.step_sync import _device_for
+
+    assert _device_for(backends, cuda_available) == expected
+
+
+def _devices_of_groups(rank: int, world: int) -> dict:
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+
+    import torch_ext
+    from torch_ext.backend import _backends_by_device
+
+    # A CUDA backend of its own, without a GPU: torch's "fake" backend for CUDA tensors.
+    mixed = dist.new_group(backend="cpu:gloo,cuda:fake")
+    cuda_only = dist.new_group(backend="cuda:fake")
+    available = torch.cuda.is_available
+    try:
+        torch.cuda.is_available = lambda: True  # as on a GPU machine: the default group must still pack on CPU
+        out = torch_ext.StepSync()(stop=rank == 0, metrics={"x": float(rank)})
+        torch.cuda.is_available = lambda: False
+        try:
+            torch_ext.StepSync(cuda_only)()
+            error = ""
+        except RuntimeError as e:
+            error = str(e)
+    finally:
+        torch.cuda.is_available = available
+    return {"world": _backends_by_device(dist.group.WORLD), "mixed": _backends_by_device(mixed),
+            "device": str(out.counts.device), "stop": out.stop, "x": out.metric("x"), "cuda_only": error}
+
+
+@pytest.mark.parametrize("backend, inner, expected", [
+    ("gloo", None, {"cpu": "gloo", "cuda": "gloo"}),  # gloo registers itself for CUDA too
+    ("guard", "cpu:gloo", {"cpu": "gloo"}),  # the guard's inner backends decide
+])
+def test_group_without_a_cuda_backend_of_its_own_packs_on_cpu(backend, inner, expected):
+    from torch_ext import GuardOptions
+
+    options = GuardOptions(inner=inner) if inner else None
+    values = assert_all_ok(run_ranks(_devices_of_groups, 2, backend=backend, pg_options=options, timeout=60))
+    for v in values:
+        assert v["world"] == expected
+        assert v["mixed"] == {"cpu": "gloo", "cuda": "fake"}
+        assert (v["device"], v["stop"], v["x"]) == ("cpu", True, 0.5)
+        # CPU by the rule, but the group cannot reduce CPU tensors: said before any collective.
+        assert "no backend for CPU tensors (it has cuda:fake)" in v["cuda_only"] and "device=" in v["cuda_only"]
+
+
+# ---------------------------------------------------------------------------
 # CUDA (skipped without GPUs)
 # ---------------------------------------------------------------------------
 

@@ -171,8 +171,6 @@ def _even_batches(rank, world, urls):
 
 
 def test_even_batches_ends_the_epoch_together_when_counts_are_unknown(shards):
-    if not hasattr(torch_ext, "even_batches"):
-        pytest.skip("torch_ext.even_batches (the fused step sync, issue 4) is not in this build yet")
     results = run_ranks(_even_batches, 2, shards, backend="gloo", timeout=60)
     values = assert_all_ok(results)
     natural = [v[0] for v in values]

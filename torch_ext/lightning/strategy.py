@@ -36,7 +36,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import torch_ext
-from torch_ext import GuardOptions
+from torch_ext import GuardOptions, _compat
 
 __all__ = ["GuardDDPStrategy"]
 
@@ -67,7 +67,7 @@ class GuardDDPStrategy(DDPStrategy):
         if not _distributed_is_initialized():
             return None
         dev = torch.device(device) if device is not None else self.root_device
-        names = torch_ext._C._inner_names(dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")))
+        names = torch_ext._C._inner_names(_compat.group_backend(_compat.default_group(), torch.device("cpu")))
         return names.get(dev.type)
 
     # --- the four branches ------------------------------------------------------

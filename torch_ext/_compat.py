@@ -1,0 +1,118 @@
+"""Every private torch API torch_ext uses, one small function each.
+
+torch may rename or remove underscore names in any release. They are reached
+only through this module, so a torch upgrade that breaks one breaks it here,
+in one place, with the reason it is used written next to it.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+
+# -- process groups -----------------------------------------------------------
+
+def default_group() -> dist.ProcessGroup:
+    """Wraps ``distributed_c10d._get_default_group()``: the default group as an object (``group=None`` resolved)."""
+    return dist.distributed_c10d._get_default_group()
+
+
+def group_backend(pg: dist.ProcessGroup, device: torch.device) -> Any:
+    """Wraps ``ProcessGroup._get_backend(device)``: the c10d Backend a group runs ``device`` tensors on.
+
+    Raises RuntimeError when the group has no backend for that device type.
+    """
+    return pg._get_backend(device)
+
+
+def group_device_types(pg: dist.ProcessGroup) -> list[torch.device]:
+    """Wraps ``ProcessGroup._device_types``: the device types a group has a backend for."""
+    return list(pg._device_types)
+
+
+def set_sequence_number(pg: Any) -> None:
+    """Wraps ``ProcessGroup._set_sequence_number_for_group()``: what ``new_group`` does to the backends it creates."""
+    pg._set_sequence_number_for_group()
+
+
+def default_timeout(backend: str) -> timedelta:
+    """Wraps ``distributed_c10d._get_default_timeout(backend)``: torch's default collective timeout for a backend."""
+    return dist.distributed_c10d._get_default_timeout(backend)
+
+
+# -- creating inner backends --------------------------------------------------
+
+def set_nccl_timeout(opts: Any, timeout: timedelta) -> None:
+    """Wraps ``ProcessGroupNCCL.Options._timeout``: the only way to give NCCL options a timeout."""
+    opts._timeout = timeout
+
+
+def ucc_process_group(store: dist.Store, rank: int, size: int, timeout: timedelta) -> Any:
+    """Wraps ``torch._C._distributed_c10d.ProcessGroupUCC``: torch.distributed does not export it."""
+    from torch._C._distributed_c10d import ProcessGroupUCC  # type: ignore[attr-defined]
+
+    return ProcessGroupUCC(store, rank, size, timeout)
+
+
+def backend_plugins() -> dict[str, Any]:
+    """Wraps ``Backend._plugins``: the backends registered with ``Backend.register_backend``, by upper-case name.
+
+    torch has no public listing of them.
+    """
+    return dist.Backend._plugins
+
+
+def distributed_backend_options() -> Any:
+    """Wraps ``distributed_c10d._DistributedBackendOptions()``: what creators registered with ``extended_api`` take."""
+    return dist.distributed_c10d._DistributedBackendOptions()
+
+
+# -- DDP and Join (even_batches, policy="join") ------------------------------
+
+def work_from_future(fut: torch.futures.Future) -> Any:
+    """Wraps ``torch._C._distributed_c10d._create_work_from_future``: a C++ Work completed by ``fut``.
+
+    DDP's reducer reads the count of joined ranks from such a Work.
+    """
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    return _create_work_from_future(fut)
+
+
+def join_config(*, enable: bool, throw_on_early_termination: bool, is_first_joinable: bool) -> Any:
+    """Wraps ``torch.distributed.algorithms.join._JoinConfig(...)``: the join state ``Join`` gives a Joinable."""
+    from torch.distributed.algorithms.join import _JoinConfig
+
+    return _JoinConfig(enable=enable, throw_on_early_termination=throw_on_early_termination,
+                       is_first_joinable=is_first_joinable)
+
+
+def disabled_join_config() -> Any:
+    """Wraps ``_JoinConfig.construct_disabled_join_config()``: a Joinable's state outside ``Join``."""
+    from torch.distributed.algorithms.join import _JoinConfig
+
+    return _JoinConfig.construct_disabled_join_config()
+
+
+def set_join_config(joinable: Any, config: Any) -> None:
+    """Wraps ``Joinable._join_config``: sets what ``Join.__enter__`` would, without Join's extra all_reduce."""
+    joinable._join_config = config
+
+
+def set_forward_pass_work_handle(reducer: Any, work: Any, use_static_world_size: bool) -> None:
+    """Wraps ``Reducer._set_forward_pass_work_handle``: how DDP learns the count of ranks still training."""
+    reducer._set_forward_pass_work_handle(work, use_static_world_size)
+
+
+# -- DataLoader ---------------------------------------------------------------
+
+def worker_shutdown(iterator: Any) -> Callable[[], None] | None:
+    """Wraps ``_MultiProcessingDataLoaderIter._shutdown_workers``: joins a DataLoader iterator's workers now.
+
+    None for iterators without workers (and anything that is not a DataLoader iterator).
+    """
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    return shutdown if callable(shutdown) else None
