@@ -155,36 +155,98 @@ double exchangeIntervalS(double intervalS, double storeBudget, int groupSize) {
   return std::max(intervalS, kStoreOpsPerExchange * static_cast<double>(groupSize) / storeBudget);
 }
 
-const std::vector<EnvVarDoc>& envVarDocs() {
-  static const std::vector<EnvVarDoc> docs = {
+namespace {
+
+std::string number(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ",") + i;
+  return out;
+}
+
+std::string innerText(const std::map<std::string, std::string>& inner) {
+  std::string out;
+  for (const auto& kv : inner) out += (out.empty() ? "" : ",") + kv.first + ":" + kv.second;
+  return out;
+}
+
+} // namespace
+
+const std::vector<Setting>& settings() {
+  static const std::vector<Setting> table = {
       {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl",
-       "Backend that guard wraps for each device type; any backend registered with torch.distributed."},
+       "Backend that guard wraps for each device type; any backend registered with torch.distributed.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
+         for (auto& kv : detail::parseInner(v, what)) c.inner[kv.first] = kv.second;
+       },
+       [](const Config& c) -> SettingValue { return c.inner; },
+       [](const Config& c) { return innerText(c.inner); }},
       {"check", "TORCH_EXT_CHECK", "async",
-       "Mismatch detection: off, async (off the hot path, detected within ~1 s), strict (checked before each collective)."},
+       "Mismatch detection: off, async (off the hot path, detected within ~1 s), strict (checked before each collective).",
+       [](Config& c, const std::string& v, const std::string& what) { c.check = detail::parseCheckMode(v, what); },
+       [](const Config& c) -> SettingValue { return std::string(checkModeName(c.check)); },
+       [](const Config& c) { return std::string(checkModeName(c.check)); }},
       {"warn_after", "TORCH_EXT_WARN_AFTER", "60",
-       "Seconds a collective may wait before a hang report is logged and dumps are written (training goes on)."},
+       "Seconds a collective may wait before a hang report is logged and dumps are written (training goes on).",
+       [](Config& c, const std::string& v, const std::string& what) { c.warnAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
+       [](const Config& c) -> SettingValue { return c.warnAfterS; },
+       [](const Config& c) { return number(c.warnAfterS) + "s"; }},
       {"abort_after", "TORCH_EXT_ABORT_AFTER", "the group's timeout",
-       "Seconds after which a stuck collective fails on every live rank with CollectiveTimeoutError."},
+       "Seconds after which a stuck collective fails on every live rank with CollectiveTimeoutError.",
+       [](Config& c, const std::string& v, const std::string& what) { c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
+       [](const Config& c) -> SettingValue { return c.abortAfterS ? SettingValue(*c.abortAfterS) : SettingValue(); },
+       [](const Config& c) { return c.abortAfterS ? number(*c.abortAfterS) + "s" : std::string("timeout"); }},
       {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)",
-       "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose."},
+       "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose.",
+       [](Config& c, const std::string& v, const std::string&) { c.dumpDir = v; },
+       [](const Config& c) -> SettingValue { return c.dumpDir; },
+       [](const Config& c) { return c.dumpDir.empty() ? std::string("(none)") : c.dumpDir; }},
       {"ledger_size", "TORCH_EXT_LEDGER_SIZE", "1024",
-       "Collectives remembered per group (a fixed ring, the flight recorder)."},
+       "Collectives remembered per group (a fixed ring, the flight recorder).",
+       [](Config& c, const std::string& v, const std::string& what) { c.ledgerSize = detail::parseInt(v, what, 16, 1 << 20); },
+       [](const Config& c) -> SettingValue { return c.ledgerSize; },
+       [](const Config& c) { return std::to_string(c.ledgerSize); }},
       {"interval", "TORCH_EXT_INTERVAL", "0.2",
-       "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks."},
+       "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks.",
+       [](Config& c, const std::string& v, const std::string& what) { c.intervalS = detail::parseSeconds(v, what, 0.01, 10.0); },
+       [](const Config& c) -> SettingValue { return c.intervalS; },
+       [](const Config& c) { return number(c.intervalS) + "s"; }},
       {"call_sites", "TORCH_EXT_CALL_SITES", "1",
-       "Record the user's Python call site (file:line, function) of each collective."},
+       "Record the user's Python call site (file:line, function) of each collective.",
+       [](Config& c, const std::string& v, const std::string& what) { c.callSites = detail::parseBool(v, what); },
+       [](const Config& c) -> SettingValue { return c.callSites; },
+       [](const Config& c) { return std::string(c.callSites ? "1" : "0"); }},
       {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000",
        "Store operations per second the guard's watchdogs may spend across the whole job (0: no budget). Groups "
        "larger than budget * interval / 3 ranks (1,333 with the defaults) exchange statuses less often, and their "
-       "reports and checks take proportionally longer."},
+       "reports and checks take proportionally longer.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.storeBudget = static_cast<double>(detail::parseInt(v, what, 0, 1'000'000'000));
+       },
+       [](const Config& c) -> SettingValue { return static_cast<int64_t>(c.storeBudget); },
+       [](const Config& c) { return number(c.storeBudget); }},
       {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3",
        "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
-       "under plain env://) is declared lost and every guarded group fails with StoreLostError."},
+       "under plain env://) is declared lost and every guarded group fails with StoreLostError.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.storeTimeoutS = detail::parseSeconds(v, what, 0.05, 3600.0);
+       },
+       [](const Config& c) -> SettingValue { return c.storeTimeoutS; },
+       [](const Config& c) { return number(c.storeTimeoutS) + "s"; }},
       {"library_packages", "TORCH_EXT_LIBRARY_PACKAGES", "(none)",
        "Comma-separated Python packages whose frames count as library code in call sites and stacks, like installed "
-       "packages (e.g. your own training framework installed in editable mode)."},
+       "packages (e.g. your own training framework installed in editable mode).",
+       [](Config& c, const std::string& v, const std::string& what) { c.libraryPackages = detail::parsePackageNames(v, what); },
+       [](const Config& c) -> SettingValue { return c.libraryPackages; },
+       [](const Config& c) { return joined(c.libraryPackages); }},
   };
-  return docs;
+  return table;
 }
 
 Config Config::resolve(const std::map<std::string, std::string>& overrides) {
@@ -192,14 +254,14 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
   // Validate override names first: a typo in GuardOptions must not pass silently.
   for (const auto& kv : overrides) {
     bool known = false;
-    for (const auto& d : envVarDocs()) known |= (kv.first == d.option);
+    for (const auto& d : settings()) known |= (kv.first == d.option);
     if (!known) {
       std::string names;
-      for (const auto& d : envVarDocs()) names += std::string(names.empty() ? "" : ", ") + d.option;
+      for (const auto& d : settings()) names += std::string(names.empty() ? "" : ", ") + d.option;
       throw ConfigError("GuardOptions has no option '" + kv.first + "': expected one of " + names);
     }
   }
-  for (const auto& d : envVarDocs()) {
+  for (const auto& d : settings()) {
     std::string value, what;
     auto it = overrides.find(d.option);
     if (it != overrides.end()) {
@@ -211,33 +273,9 @@ Config Config::resolve(const std::map<std::string, std::string>& overrides) {
     } else {
       continue;
     }
-    const std::string opt = d.option;
-    cfg.source[opt] = what;
-    cfg.raw[opt] = value;
-    if (opt == "inner") {
-      // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
-      for (auto& kv : detail::parseInner(value, what)) cfg.inner[kv.first] = kv.second;
-    } else if (opt == "check") {
-      cfg.check = detail::parseCheckMode(value, what);
-    } else if (opt == "warn_after") {
-      cfg.warnAfterS = detail::parseSeconds(value, what, 0.01, 1e7);
-    } else if (opt == "abort_after") {
-      cfg.abortAfterS = detail::parseSeconds(value, what, 0.01, 1e7);
-    } else if (opt == "dump_dir") {
-      cfg.dumpDir = value;
-    } else if (opt == "ledger_size") {
-      cfg.ledgerSize = detail::parseInt(value, what, 16, 1 << 20);
-    } else if (opt == "interval") {
-      cfg.intervalS = detail::parseSeconds(value, what, 0.01, 10.0);
-    } else if (opt == "call_sites") {
-      cfg.callSites = detail::parseBool(value, what);
-    } else if (opt == "store_budget") {
-      cfg.storeBudget = static_cast<double>(detail::parseInt(value, what, 0, 1'000'000'000));
-    } else if (opt == "store_timeout") {
-      cfg.storeTimeoutS = detail::parseSeconds(value, what, 0.05, 3600.0);
-    } else if (opt == "library_packages") {
-      cfg.libraryPackages = detail::parsePackageNames(value, what);
-    }
+    cfg.source[d.option] = what;
+    cfg.raw[d.option] = value;
+    d.apply(cfg, value, what);
   }
   return cfg;
 }
@@ -250,27 +288,13 @@ std::chrono::milliseconds Config::abortAfter(std::chrono::milliseconds pgTimeout
 }
 
 std::string Config::describe() const {
-  std::ostringstream os;
-  os << "inner=";
-  bool first = true;
-  for (const auto& kv : inner) {
-    os << (first ? "" : ",") << kv.first << ":" << kv.second;
-    first = false;
+  std::string out;
+  for (const auto& d : settings()) {
+    const std::string text = d.show(*this);
+    if (text.empty()) continue;  // an empty list says nothing
+    out += (out.empty() ? "" : " ") + std::string(d.option) + "=" + text;
   }
-  os << " check=" << checkModeName(check) << " warn_after=" << warnAfterS << "s abort_after=";
-  if (abortAfterS) {
-    os << *abortAfterS << "s";
-  } else {
-    os << "timeout";
-  }
-  os << " dump_dir=" << (dumpDir.empty() ? "(none)" : dumpDir) << " ledger_size=" << ledgerSize
-     << " interval=" << intervalS << "s call_sites=" << (callSites ? 1 : 0) << " store_timeout=" << storeTimeoutS
-     << "s store_budget=" << storeBudget;
-  if (!libraryPackages.empty()) {
-    os << " library_packages=";
-    for (size_t i = 0; i < libraryPackages.size(); ++i) os << (i ? "," : "") << libraryPackages[i];
-  }
-  return os.str();
+  return out;
 }
 
 } // namespace torch_ext

@@ -14,6 +14,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 namespace torch_ext {
@@ -75,14 +76,26 @@ struct Config {
   std::string describe() const;
 };
 
-// A documented row of the README's configuration table: name, default, meaning.
-struct EnvVarDoc {
+// A setting's resolved value, typed as GuardOptions.resolved() gives it to
+// Python (monostate: None).
+using SettingValue = std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<std::string>,
+                                  std::map<std::string, std::string>>;
+
+// One row of the settings table: the ONE list of settings, which drives
+// resolution (Config::resolve), description (Config::describe), the Python
+// dict (GuardOptions.resolved()) and the README's configuration table.
+struct Setting {
   const char* option;  // GuardOptions field
   const char* env;     // TORCH_EXT_* variable
   const char* defaultValue;
   const char* meaning;
+  // Parses `value` into `cfg`; `what` names the source in errors.
+  void (*apply)(Config& cfg, const std::string& value, const std::string& what);
+  SettingValue (*get)(const Config& cfg);
+  // For describe(): "60s", "timeout", "(none)"; empty to leave it out.
+  std::string (*show)(const Config& cfg);
 };
-const std::vector<EnvVarDoc>& envVarDocs();
+const std::vector<Setting>& settings();
 
 namespace detail {
 // Parses "cpu:gloo,cuda:nccl"; `what` names the source in errors.

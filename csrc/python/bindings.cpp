@@ -22,6 +22,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <map>
+#include <type_traits>
+#include <variant>
 #include <string>
 #include <vector>
 
@@ -45,18 +47,23 @@ GuardBackend& asGuard(const c10::intrusive_ptr<c10d::Backend>& backend) {
   return *g;
 }
 
+py::object settingToPython(const torch_ext::SettingValue& v) {
+  return std::visit(
+      [](const auto& x) -> py::object {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, std::monostate>) {
+          return py::none();
+        } else {
+          return py::cast(x);
+        }
+      },
+      v);
+}
+
+// Every setting of the table, typed, plus where each given one came from.
 py::dict configDict(const torch_ext::Config& c) {
   py::dict d;
-  d["inner"] = c.inner;
-  d["check"] = torch_ext::checkModeName(c.check);
-  d["warn_after"] = c.warnAfterS;
-  d["abort_after"] = c.abortAfterS ? py::cast(*c.abortAfterS) : py::none();
-  d["dump_dir"] = c.dumpDir;
-  d["ledger_size"] = c.ledgerSize;
-  d["interval"] = c.intervalS;
-  d["call_sites"] = c.callSites;
-  d["store_timeout"] = c.storeTimeoutS;
-  d["library_packages"] = c.libraryPackages;
+  for (const auto& s : torch_ext::settings()) d[s.option] = settingToPython(s.get(c));
   d["source"] = c.source;
   d["raw"] = c.raw;
   return d;
@@ -117,7 +124,7 @@ PYBIND11_MODULE(_C, m) {
       "env_var_docs",
       []() {
         std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
-        for (const auto& d : torch_ext::envVarDocs()) out.emplace_back(d.option, d.env, d.defaultValue, d.meaning);
+        for (const auto& d : torch_ext::settings()) out.emplace_back(d.option, d.env, d.defaultValue, d.meaning);
         return out;
       },
       "(option, env var, default, meaning) for every setting.");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <variant>
 #include <vector>
 
 #include <cstdlib>
@@ -100,7 +102,7 @@ TEST(Config, LibraryPackages) {
 }
 
 TEST(Config, EveryDocumentedOptionParses) {
-  for (const auto& d : torch_ext::envVarDocs()) {
+  for (const auto& d : torch_ext::settings()) {
     EXPECT_TRUE(std::string(d.env).rfind("TORCH_EXT_", 0) == 0) << d.env;
     EXPECT_GT(std::string(d.meaning).size(), 10u) << d.env;
   }
@@ -123,4 +125,28 @@ TEST(Config, StoreBudgetStretchesTheExchangeOfLargeGroupsOnly) {
   EXPECT_NE(cfg.describe().find("store_budget=0"), std::string::npos);
   EXPECT_THROW(torch_ext::Config::resolve({{"store_budget", "-5"}}), torch_ext::ConfigError);
   EXPECT_THROW(torch_ext::Config::resolve({{"store_budget", "lots"}}), torch_ext::ConfigError);
+}
+
+TEST(Config, TheSettingsTableDrivesDescriptionAndValues) {
+  // Every setting is described and has a typed value, from the one table.
+  const auto defaults = torch_ext::Config::resolve({});
+  const std::string text = defaults.describe();
+  for (const auto& s : torch_ext::settings()) {
+    (void)s.get(defaults);
+    const bool listed = text.find(std::string(s.option) + "=") != std::string::npos;
+    // An empty package list says nothing; everything else is always shown.
+    EXPECT_EQ(listed, std::string(s.option) != "library_packages") << s.option << " in: " << text;
+  }
+  // A given value reaches the typed value the Python dict shows.
+  const auto cfg = torch_ext::Config::resolve({{"store_budget", "123"}, {"abort_after", "2.5"}});
+  for (const auto& s : torch_ext::settings()) {
+    const auto v = s.get(cfg);
+    if (std::string(s.option) == "store_budget") EXPECT_EQ(std::get<int64_t>(v), 123);
+    if (std::string(s.option) == "abort_after") EXPECT_DOUBLE_EQ(std::get<double>(v), 2.5);
+    if (std::string(s.option) == "check") EXPECT_EQ(std::get<std::string>(v), "async");
+  }
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(
+      std::find_if(torch_ext::settings().begin(), torch_ext::settings().end(),
+                   [](const auto& s) { return std::string(s.option) == "abort_after"; })
+          ->get(defaults)));
 }

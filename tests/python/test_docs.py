@@ -26,6 +26,17 @@ def test_readme_table_lists_every_setting_once():
     assert set(core.values()) == fields
 
 
+def test_resolved_settings_list_every_option_typed():
+    # GuardOptions.resolved() comes from the same table: every option, typed.
+    resolved = torch_ext.GuardOptions(store_budget=0, abort_after=2.5).resolved()
+    options = {option for option, _env, _default, _meaning in torch_ext._C.env_var_docs()}
+    assert options <= set(resolved), options - set(resolved)
+    assert resolved["store_budget"] == 0 and isinstance(resolved["store_budget"], int)
+    assert resolved["abort_after"] == 2.5
+    assert torch_ext.GuardOptions().resolved()["abort_after"] is None
+    assert resolved["source"]["store_budget"] == "GuardOptions(store_budget)"
+
+
 def test_no_other_module_reads_torch_ext_variables():
     offenders = []
     for base in ("torch_ext", "csrc"):

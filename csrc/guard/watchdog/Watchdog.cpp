@@ -226,10 +226,29 @@ void Watchdog::loop() {
       try {
         tick(g);
       } catch (const std::exception& e) {
-        logMessage(LogLevel::Debug, std::string("guard watchdog: tick failed: ") + e.what());
+        tickFailed(*g->state, e);
       }
     }
   }
+}
+
+void Watchdog::tickFailed(const GroupState& st, const std::exception& e) {
+  // A failed tick is a bug or a broken invariant, never part of normal work:
+  // say so where users look, but at most once per kTickWarnEveryNs, so a tick
+  // that fails every 0.2 s cannot flood the log.
+  const int64_t now = steadyNs();
+  if (lastTickWarnNs_ != 0 && now - lastTickWarnNs_ < kTickWarnEveryNs) {
+    ++suppressedTickFailures_;
+    return;
+  }
+  std::string msg = "guard watchdog: a check of group \"" + st.label() + "\" failed and was skipped: " + e.what();
+  if (suppressedTickFailures_ > 0) {
+    msg += " (" + std::to_string(suppressedTickFailures_) + " more failed checks since the last warning)";
+  }
+  msg += "; the watchdog goes on. Please report this with the log.";
+  logMessage(LogLevel::Warning, msg);
+  lastTickWarnNs_ = now;
+  suppressedTickFailures_ = 0;
 }
 
 int64_t Watchdog::GroupCtx::exchangePeriodNs(bool incidentOpen) const {

@@ -127,6 +127,8 @@ class Watchdog {
   void loop();
   // Watchdog thread: local checks, then the exchange is queued.
   void tick(const std::shared_ptr<GroupCtx>& ctx);
+  // A tick threw: a rate-limited warning (watchdog thread only).
+  void tickFailed(const GroupState& st, const std::exception& e);
   // Fails the group when its store is lost; false then.
   bool checkStore(GroupCtx& ctx, const Progress& p);
   // Deadlines of the oldest pending op: incidents to raise, local fallbacks.
@@ -156,6 +158,9 @@ class Watchdog {
   std::atomic<bool> exiting_{false};
 
   std::atomic<uint64_t> ticks_{0};
+  static constexpr int64_t kTickWarnEveryNs = 30'000'000'000;
+  int64_t lastTickWarnNs_ = 0;           // watchdog thread only
+  uint64_t suppressedTickFailures_ = 0;  // watchdog thread only
   std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
   std::atomic<bool> dumpWarned_{false};
