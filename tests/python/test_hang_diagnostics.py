@@ -325,6 +325,8 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
     (good / "cut_in_a_string.json").write_text(text[: text.index('"hostname"') + 5])  # ends inside a string
     (good / "flight_recorder.json").write_text(json.dumps({"version": "2.10", "entries": []}))  # foreign
     (good / "notes.txt").write_text("not json")
+    with open(good / "huge.json", "wb") as f:  # sparse: refused by its size, never read
+        f.truncate(300 << 20)
     out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(good)], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -332,6 +334,7 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
     assert "cut_in_a_string.json: truncated JSON: Unterminated string" in out.stdout, out.stdout
     assert "flight_recorder.json: not a valid torch_ext dump" in out.stdout and "version '2.10'" in out.stdout
     assert "notes.txt: invalid JSON" in out.stdout
+    assert "huge.json: 300 MiB, over the 256 MiB a dump may hold" in out.stdout, out.stdout
     assert "1 dump(s) from rank(s) 1" in out.stdout  # the rest is analysed
     empty = tmp_path / "missing"
     out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(empty)], capture_output=True, text=True,

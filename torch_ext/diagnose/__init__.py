@@ -58,6 +58,12 @@ def load_dir(path: str | os.PathLike[str]) -> tuple[list[Dump], list[BadFile]]:
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             continue
+        size = os.path.getsize(full)
+        if size > _C.MAX_DUMP_BYTES:
+            # Refused unread: a dump never comes near this, and reading it could exhaust memory.
+            bad.append(BadFile(full, f"{size >> 20} MiB, over the {_C.MAX_DUMP_BYTES >> 20} MiB a dump may hold "
+                                     "(not a torch_ext dump?)"))
+            continue
         try:
             with open(full, encoding="utf-8") as f:
                 text = f.read()
@@ -79,7 +85,7 @@ def load_dir(path: str | os.PathLike[str]) -> tuple[list[Dump], list[BadFile]]:
             bad.append(BadFile(full, f"{what}: {e.msg} at line {e.lineno} column {e.colno}"))
             continue
         try:
-            rank, _groups = _C._check_snapshot(text)
+            rank, _groups = _C._check_snapshot(text, os.path.basename(full))
         except ValueError as e:
             bad.append(BadFile(full, f"not a valid torch_ext dump: {e}"))
             continue
