@@ -5,6 +5,7 @@ import atexit
 import importlib.util
 import os
 import site
+import sys
 import sysconfig
 import threading
 
@@ -44,8 +45,21 @@ def install() -> None:
     # At interpreter exit every guarded group says "exited", the watchdog stops
     # without waiting on the store, and inner backends are kept alive: no exit
     # path joins a stuck thread or tears down a gloo group whose peer is gone.
-    atexit.register(_C._at_exit)
+    atexit.register(_at_exit)
     _installed = True
+
+
+def _at_exit() -> None:
+    """Interpreter exit (see install): a mismatch found while waiting for the
+    verdict on the last collectives ends the process with status 1, never 0."""
+    mismatches = _C._at_exit()
+    if not mismatches:
+        return
+    for report in mismatches:
+        sys.stderr.write(f"torch_ext: CollectiveMismatchError at exit: {report}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(1)
 
 
 _listed: list[str] = []

@@ -9,18 +9,6 @@
 
 namespace torch_ext {
 
-const char* checkModeName(CheckMode mode) {
-  switch (mode) {
-    case CheckMode::Off:
-      return "off";
-    case CheckMode::Async:
-      return "async";
-    case CheckMode::Strict:
-      return "strict";
-  }
-  return "?";
-}
-
 namespace {
 
 std::string trim(const std::string& s) {
@@ -117,10 +105,8 @@ bool parseBool(const std::string& text, const std::string& what) {
 
 CheckMode parseCheckMode(const std::string& text, const std::string& what) {
   std::string t = lower(trim(text));
-  if (t == "off") return CheckMode::Off;
-  if (t == "async") return CheckMode::Async;
-  if (t == "strict") return CheckMode::Strict;
-  bad(what, text, "one of off, async, strict");
+  if (auto mode = enumFromName<CheckMode>(t)) return *mode;
+  bad(what, text, "one of off, async, verify, strict");
 }
 
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what) {
@@ -187,8 +173,10 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return c.inner; },
        [](const Config& c) { return innerText(c.inner); }},
-      {"check", "TORCH_EXT_CHECK", "async",
-       "Mismatch detection: off, async (off the hot path, detected within ~1 s), strict (checked before each collective).",
+      {"check", "TORCH_EXT_CHECK", "verify",
+       "Mismatch detection: off; async (off the hot path, detected within ~1 s, a mismatched result can reach your "
+       "code first); verify (results released only once all ranks agree, checked in batches next to the "
+       "collectives); strict (checked before each collective: no data moves).",
        [](Config& c, const std::string& v, const std::string& what) { c.check = detail::parseCheckMode(v, what); },
        [](const Config& c) -> SettingValue { return std::string(checkModeName(c.check)); },
        [](const Config& c) { return std::string(checkModeName(c.check)); }},

@@ -8,6 +8,8 @@
 // the accepted values, because they surface at init_process_group where a user
 // can still fix them.
 
+#include "guard/report/EnumNames.h"
+
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -19,9 +21,20 @@
 
 namespace torch_ext {
 
-enum class CheckMode : uint8_t { Off, Async, Strict };
+enum class CheckMode : uint8_t { Off, Async, Verify, Strict };
 
-const char* checkModeName(CheckMode mode);
+template <>
+struct EnumTable<CheckMode> {
+  static constexpr NamedValue<CheckMode> kEntries[] = {
+      {CheckMode::Off, "off"},
+      {CheckMode::Async, "async"},
+      {CheckMode::Verify, "verify"},
+      {CheckMode::Strict, "strict"},
+  };
+};
+inline const char* checkModeName(CheckMode mode) {
+  return enumName(mode);
+}
 
 // The watchdog's store operations per rank per exchange (status set, the ring
 // neighbours' multi_get, the alert counter), which the store budget divides.
@@ -41,7 +54,7 @@ class ConfigError : public std::invalid_argument {
 struct Config {
   // device type ("cpu", "cuda", ...) -> inner backend name ("gloo", "nccl", ...)
   std::map<std::string, std::string> inner{{"cpu", "gloo"}, {"cuda", "nccl"}};
-  CheckMode check = CheckMode::Async;
+  CheckMode check = CheckMode::Verify;
   double warnAfterS = 60.0;
   // Unset means "the process group's timeout".
   std::optional<double> abortAfterS;

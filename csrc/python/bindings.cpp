@@ -265,12 +265,14 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_at_exit",
       []() {
+        std::vector<std::string> mismatches;
         {
           // The watchdog never needs the GIL, but the runtime's helper may.
           py::gil_scoped_release release;
-          torch_ext::Watchdog::instance().atExit();
+          mismatches = torch_ext::Watchdog::instance().atExit();
         }
         torch_ext::py::uninstallRuntime();
+        return mismatches;
       },
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");

@@ -49,7 +49,7 @@ def test_registered_backend_names_and_forwarding(backend):
         assert v["get_backend"] == backend
         assert v["backend_name"] == "guard"
         assert v["describe"] == (f'GuardBackend(group="default_pg", rank={rank}, size=2, inner=cpu:gloo, '
-                                 'check=async)')
+                                 'check=verify)')
         assert v["sub"] == "guard" and v["sub_value"] == [2.0, 2.0]
         assert v["inner"] == "gloo"
         assert v["seq"] == v["inner_seq"]  # sequence numbers are the inner backend's
@@ -86,7 +86,7 @@ def _init_error(rank: int, world: int, env: dict, opts) -> str:
      ["TORCH_EXT_INNER='cpu:glooo'", "'glooo'", "accepted values are", "gloo"]),
     ({"TORCH_EXT_INNER": "cpu=gloo"}, None, ["TORCH_EXT_INNER='cpu=gloo'", "device:backend"]),
     ({"TORCH_EXT_INNER": "cpu:guard"}, None, ["TORCH_EXT_INNER", "guard to wrap guard", "cpu:gloo"]),
-    ({"TORCH_EXT_CHECK": "paranoid"}, None, ["TORCH_EXT_CHECK='paranoid'", "off, async, strict"]),
+    ({"TORCH_EXT_CHECK": "paranoid"}, None, ["TORCH_EXT_CHECK='paranoid'", "off, async, verify, strict"]),
     ({"TORCH_EXT_WARN_AFTER": "soon"}, None, ["TORCH_EXT_WARN_AFTER='soon'", "number of seconds"]),
     ({"TORCH_EXT_ABORT_AFTER": "-1"}, None, ["TORCH_EXT_ABORT_AFTER='-1'"]),
     ({"TORCH_EXT_LEDGER_SIZE": "2"}, None, ["TORCH_EXT_LEDGER_SIZE='2'", "between 16"]),

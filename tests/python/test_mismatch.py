@@ -19,6 +19,7 @@ from harness import assert_all_ok, report, run_ranks
 
 MODES = {
     "strict": {"TORCH_EXT_CHECK": "strict"},
+    "verify": {"TORCH_EXT_CHECK": "verify"},
     "async": {"TORCH_EXT_CHECK": "async", "TORCH_EXT_INTERVAL": "0.1"},
 }
 

@@ -13,15 +13,16 @@
 namespace torch_ext {
 
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
-                                   bool strict)
-    : state_(std::move(state)), helper_(std::move(helper)), strict_(strict) {}
+                                   CheckMode mode)
+    : state_(std::move(state)), helper_(std::move(helper)), mode_(mode) {}
 
 CollectiveChecks::Plan CollectiveChecks::plan(Op op) const {
   Plan p;
   const bool p2p = isP2P(op);
-  p.strict = strict_ && !p2p;
-  p.strictP2P = strict_ && p2p && op != Op::RecvAnySource;
-  p.audit = helper_ && !strict_ && isAllToAll(op);
+  const bool strict = mode_ == CheckMode::Strict;
+  p.strict = strict && !p2p;
+  p.strictP2P = strict && p2p && op != Op::RecvAnySource;
+  p.audit = helper_ && mode_ == CheckMode::Async && isAllToAll(op);
   return p;
 }
 

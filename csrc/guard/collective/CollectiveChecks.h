@@ -26,12 +26,12 @@ namespace torch_ext {
 class CollectiveChecks {
  public:
   // `helper` may be null when checks are off (then only plan() is called).
-  CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper, bool strict);
+  CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper, CheckMode mode);
 
   struct Plan {
     bool strict = false;     // collective: the check all_reduce before the op
     bool strictP2P = false;  // send/recv: fingerprints through the store
-    bool audit = false;      // async all-to-all: the split audit next to the op
+    bool audit = false;      // async all-to-all: the split audit next to the op (verify covers splits itself)
     bool beforeIssue() const {
       return strict || strictP2P;
     }
@@ -55,7 +55,7 @@ class CollectiveChecks {
 
   std::shared_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;
-  bool strict_;
+  CheckMode mode_;
 };
 
 } // namespace torch_ext

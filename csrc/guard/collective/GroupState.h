@@ -21,6 +21,8 @@
 
 namespace torch_ext {
 
+class Verifier;
+
 struct GroupIdentity {
   std::string name;  // torch's group name ("0" for the default group)
   int rank = 0;      // this process's rank in the group
@@ -86,6 +88,18 @@ class GroupState {
   [[noreturn]] void throwFailure(const std::string& op) const;
   void setAbortHook(std::function<void()> hook);
 
+  // check="verify": what releases results once they are known to agree
+  // across ranks (null in other modes). Set once, before the first collective.
+  void setVerifier(std::shared_ptr<Verifier> verifier) {
+    verifier_ = std::move(verifier);
+  }
+  Verifier* verifier() const {
+    return verifier_.get();
+  }
+  const std::shared_ptr<Verifier>& verifierPtr() const {
+    return verifier_;
+  }
+
   // Wakes threads blocked in waitUntil() (a work completed or the group failed).
   void notify();
   // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
@@ -105,6 +119,7 @@ class GroupState {
   std::atomic<bool> failed_{false};
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
+  std::shared_ptr<Verifier> verifier_;
 };
 
 } // namespace torch_ext

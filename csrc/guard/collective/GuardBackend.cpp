@@ -2,6 +2,7 @@
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
+#include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
 #include "guard/Runtime.h"
 #include "guard/watchdog/Watchdog.h"
@@ -76,7 +77,10 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   auto opened = StoreChannel::open(store, std::move(storeAddress), storeTimeout);
   auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
-  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, strict_);
+  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->config().check);
+  if (state_->config().check == CheckMode::Verify && helper_) {
+    state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
+  }
   pg_uid_ = state_->id().name;
 
   // On failure: error every pending future, abort pending works and the inner
@@ -86,7 +90,8 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   for (const auto& kv : inner_) inners.push_back(kv.second.backend);
   if (helper_) inners.push_back(helper_);
   std::weak_ptr<GroupState> weak = state_;
-  state_->setAbortHook([weak, inners]() {
+  std::weak_ptr<Verifier> weakVerifier = state_->verifierPtr();
+  state_->setAbortHook([weak, weakVerifier, inners]() {
     auto state = weak.lock();
     if (!state) return;
     auto failure = state->failure();
@@ -102,6 +107,8 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
       err = std::current_exception();
     }
     for (auto& f : futures) f->setErrorIfNeeded(err);
+    // Futures whose collective completed but awaited the check's release.
+    if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
     for (auto& w : works) {
       try {
         w->abort();
@@ -189,11 +196,14 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   }
   const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
   const CollectiveChecks::Plan checks = checks_->plan(op);
-  const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv;
+  const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv, hash = fp.hash;
   Fingerprint strictCopy;
   if (checks.beforeIssue()) strictCopy = fp;
-  uint64_t seq = 0, ordinal = 0;
-  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal);
+  uint64_t seq = 0, ordinal = 0, rolling = 0;
+  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling);
+  if (seq > 0) {
+    if (Verifier* verifier = state_->verifier()) verifier->issued(seq, rolling, hash, splitSend, splitRecv);
+  }
   if (checks.beforeIssue()) {
     try {
       checks_->beforeIssue(checks, strictCopy, seq, ordinal, site);
@@ -508,11 +518,28 @@ void GuardBackend::abort() {
 void GuardBackend::shutdown() {
   if (shutdown_) return;
   shutdown_ = true;
+  // check="verify": no clean exit over a pending verdict. Wait (bounded by the
+  // store timeout, like every exit path) until what this rank issued is
+  // verified; a difference found meanwhile fails the group, and
+  // destroy_process_group() raises it below.
+  const bool failedBefore = state_->failed();
+  if (Verifier* verifier = state_->verifier(); verifier != nullptr && !failedBefore) {
+    const auto bound = std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0));
+    if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
+      state_->waitUntil([] { return false; }, bound);  // the report is on its way
+    }
+    verifier->stop();
+  }
+  // A mismatch the rank already raised is not raised again here.
+  const bool mismatched = !failedBefore && state_->failed() && state_->failure()->kind == GuardErrorKind::Mismatch;
   stopWatchdog();
   if (state_->failed() || Watchdog::instance().exiting()) {
     // Failed inners stay alive on purpose, untouched: shutting down a gloo
     // group whose peer is gone can block (see keepForever).
     keepInnersForever();
+    // Never a clean exit over a mismatch: a rank that reads nothing more
+    // still ends with the error every rank raises.
+    if (mismatched) state_->throwFailure("");
     return;
   }
   for (auto& kv : inner_) kv.second.backend->shutdown();
@@ -523,6 +550,7 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
+  checks_.reset();  // holds the helper too; run() refuses every op from here on
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
   WorkRetirement::instance().sweepAll();

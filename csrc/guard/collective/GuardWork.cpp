@@ -1,7 +1,8 @@
 #include "guard/collective/GuardWork.h"
 
-#include "guard/watchdog/Watchdog.h"
+#include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
+#include "guard/watchdog/Watchdog.h"
 
 #include <c10/util/Exception.h>
 
@@ -29,22 +30,46 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   if (innerFuture->completed()) {
     // Done already (a synchronous inner backend): no callback to run later.
-    settle(*state, id, *innerFuture);
+    settle(*state, id, seq, innerFuture);
   } else {
     // The callback holds the group state and the record id, not the work: a
     // work the user dropped still completes its record.
-    innerFuture->addCallback([state, id](c10::ivalue::Future& f) {
-      settle(*state, id, f);
+    innerFuture->addCallback([state, id, seq](c10::ivalue::Future& f) {
+      settle(*state, id, seq, c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(&f));
       state->notify();
     });
   }
   return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
 }
 
-void GuardWork::settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner) {
-  const bool ok = !inner.hasError();
-  auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner.tryRetrieveErrorMessage());
-  if (ours) completeFrom(*ours, inner);
+void GuardWork::settle(GroupState& state, uint64_t id, uint64_t seq,
+                       const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
+  const bool ok = !inner->hasError();
+  auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner->tryRetrieveErrorMessage());
+  if (ours) release(state, seq, std::move(ours), inner);
+}
+
+void GuardWork::release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
+                        const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
+  Verifier* verifier = seq > 0 ? state.verifier() : nullptr;
+  if (verifier == nullptr || inner->hasError() || verifier->verified(seq)) {
+    completeFrom(*ours, *inner);
+    return;
+  }
+  // check="verify": the result reaches the future's callbacks only once every
+  // rank is known to have issued the same collectives up to this one.
+  verifier->whenVerified(
+      seq, [ours, inner] { completeFrom(*ours, *inner); },
+      [ours](std::exception_ptr err) { ours->setErrorIfNeeded(err); });
+}
+
+Verifier* GuardWork::gate() const {
+  return (mode_ == Mode::Future && seq_ > 0) ? state_->verifier() : nullptr;
+}
+
+bool GuardWork::released() const {
+  Verifier* v = gate();
+  return v == nullptr || innerFuture_->hasError() || v->verified(seq_);
 }
 
 void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner) {
@@ -91,12 +116,12 @@ std::string GuardWork::describe() const {
 }
 
 bool GuardWork::isCompleted() {
-  if (mode_ == Mode::Future) return innerFuture_->completed() || state_->failed();
+  if (mode_ == Mode::Future) return (innerFuture_->completed() && released()) || state_->failed();
   return state_->failed() || inner_->isCompleted();
 }
 
 bool GuardWork::isSuccess() const {
-  if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError();
+  if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError() && released();
   return !state_->failed() && inner_->isSuccess();
 }
 
@@ -147,9 +172,9 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
       // Completed by the inner future's callback or errored by a group failure,
       // whichever takes it from the ledger first. The callback may have run
       // before it was tracked: then take it back here.
-      if (innerFuture_->completed()) settle(*state_, id_, *innerFuture_);
+      if (innerFuture_->completed()) settle(*state_, id_, seq_, innerFuture_);
     } else if (innerFuture_->completed()) {
-      completeFrom(*ours, *innerFuture_);
+      release(*state_, seq_, ours, innerFuture_);
     } else {
       ours->setError(groupFailure());  // failed while pending: the group failed
     }
@@ -168,9 +193,38 @@ void GuardWork::failFromInner(const std::string& err) {
   throw CollectiveFailureError(report);
 }
 
+void GuardWork::awaitVerdict(bool waited, std::chrono::milliseconds timeout) {
+  // The collective completed, but its result is not released: the check found
+  // a difference (or could not run), and the group's failure follows at once
+  // (the verifier fails it with the cross-rank report); or the caller's own
+  // timeout expired first.
+  Verifier* verifier = gate();
+  if (state_->failed()) state_->throwFailure("");
+  if (verifier->blocked(seq_)) {
+    constexpr auto kReportBound = std::chrono::seconds(30);
+    if (!state_->waitUntil([] { return false; }, kReportBound)) {
+      state_->fail(GuardErrorKind::Mismatch,
+                   describe() + " differs across ranks (found by the check before its result was released); "
+                                "the cross-rank report did not come within 30 s");
+    }
+    state_->throwFailure("");
+  }
+  std::ostringstream os;
+  os << describe() << ": wait(timeout=" << timeout.count()
+     << " ms) expired before every rank was known to have issued the same collectives (check=verify)";
+  (void)waited;
+  throw c10::DistBackendError(os.str());
+}
+
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
   if (mode_ == Mode::Future) {
-    const bool done = state_->waitUntil([this] { return innerFuture_->completed(); }, timeout);
+    Verifier* verifier = gate();
+    const bool done = state_->waitUntil(
+        [this, verifier] {
+          return innerFuture_->completed() &&
+              (verifier == nullptr || innerFuture_->hasError() || verifier->verified(seq_) || verifier->blocked(seq_));
+        },
+        timeout);
     if (!innerFuture_->completed()) {
       if (state_->failed()) state_->throwFailure("");
       if (!done) {
@@ -183,6 +237,7 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
       if (state_->failed()) state_->throwFailure("");
       failFromInner(innerFuture_->tryRetrieveErrorMessage());
     }
+    if (!released()) awaitVerdict(done, timeout);
     // Completed: the inner wait() returns at once and finishes its bookkeeping
     // (e.g. stream sync for CUDA tensors on gloo).
     inner_->wait(timeout);

@@ -29,6 +29,8 @@
 
 namespace torch_ext {
 
+class Verifier;
+
 class GuardWork : public c10d::Work {
  public:
   enum class Mode : uint8_t { Future, Blocking, Device };
@@ -71,7 +73,18 @@ class GuardWork : public c10d::Work {
   std::exception_ptr groupFailure() const;
   // Completes record `id` from the finished `inner` future and, if one is
   // tracked for it and not yet taken, our future too.
-  static void settle(GroupState& state, uint64_t id, c10::ivalue::Future& inner);
+  static void settle(GroupState& state, uint64_t id, uint64_t seq, const c10::intrusive_ptr<c10::ivalue::Future>& inner);
+  // Completes our future from the inner one, once check="verify" releases
+  // collective `seq` (at once in other modes, for p2p, and for errors).
+  static void release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
+                      const c10::intrusive_ptr<c10::ivalue::Future>& inner);
+  // The verifier that gates this work's result (null when none does).
+  Verifier* gate() const;
+  // The result may be handed out: not gated, verified, or an error.
+  bool released() const;
+  // The collective completed but is not released: throws the group's failure
+  // once a found difference has failed it, or the caller's timeout.
+  [[noreturn]] void awaitVerdict(bool waited, std::chrono::milliseconds timeout);
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
 
   std::shared_ptr<GroupState> state_;

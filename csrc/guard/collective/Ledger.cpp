@@ -28,7 +28,7 @@ Entry* Ledger::slot(uint64_t id) {
   return e.id == id ? &e : nullptr;
 }
 
-uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal) {
+uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal, uint64_t* rolling) {
   const int64_t now = wallNs();
   const int64_t nowSteady = steadyNs();
   std::lock_guard<std::mutex> lock(mu_);
@@ -57,6 +57,7 @@ uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint
   e.fp = std::move(fp);
   if (seq) *seq = e.seq;
   if (ordinal) *ordinal = e.p2pOrdinal;
+  if (rolling) *rolling = e.rolling;
   // A record that fell out of the ring can no longer be pending for us.
   if (minPendingId_ + ring_.size() <= id) minPendingId_ = id + 1 - ring_.size();
   return id;
@@ -174,6 +175,14 @@ Progress Ledger::progress() {
     ++minPendingId_;
   }
   return p;
+}
+
+std::optional<Entry> Ledger::bySeq(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& e : ring_) {
+    if (e.id != 0 && e.seq == seq) return e;
+  }
+  return std::nullopt;
 }
 
 std::optional<uint64_t> Ledger::rollingAt(uint64_t seq) const {

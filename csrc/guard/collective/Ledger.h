@@ -68,7 +68,8 @@ class Ledger {
   // Appends an operation in state Scheduled and returns its record id. Fills
   // `*seq` with the collective seq (0 for p2p) and `*ordinal` with the p2p
   // ordinal (0 for collectives).
-  uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal = nullptr);
+  uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal = nullptr,
+                  uint64_t* rolling = nullptr);
   // Marks a record finished (the ring entry too, unless overwritten) and hands
   // back the future registered with track(), which the caller must complete.
   // Only the first completion of a record gets the future.
@@ -88,6 +89,8 @@ class Ledger {
                    std::vector<c10::intrusive_ptr<c10d::Work>>* works);
 
   Progress progress();
+  // The record of collective `seq`, if the ring still holds it.
+  std::optional<Entry> bySeq(uint64_t seq) const;
   // Rolling hash after collective `seq`, if the ring still holds it.
   std::optional<uint64_t> rollingAt(uint64_t seq) const;
   // The most recent `maxEntries` records, oldest first.

@@ -1,6 +1,7 @@
 #include "guard/watchdog/Watchdog.h"
 
 #include "guard/report/Messages.h"
+#include "guard/collective/Verifier.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/StoreKeys.h"
 #include "guard/Runtime.h"
@@ -153,13 +154,31 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   store.deleteKeys(written);
 }
 
-void Watchdog::atExit() {
+std::vector<std::string> Watchdog::atExit() {
   std::vector<std::shared_ptr<GroupCtx>> groups;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (exiting()) return;
-    exiting_.store(true, std::memory_order_release);
+    if (exiting()) return {};
     groups = groups_;
+  }
+  // check="verify": no clean exit over a pending verdict. What this rank
+  // issued is verified first (bounded by the store timeout); a difference
+  // found meanwhile fails its group, and the exit reports it.
+  std::vector<std::string> mismatches;
+  for (auto& g : groups) {
+    GroupState& st = *g->state;
+    Verifier* verifier = st.verifier();
+    if (verifier == nullptr || st.failed()) continue;
+    const auto bound = std::chrono::milliseconds(static_cast<int64_t>(st.config().storeTimeoutS * 1000.0));
+    if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
+      st.waitUntil([] { return false; }, bound);
+    }
+    if (auto f = st.failure(); f && f->kind == GuardErrorKind::Mismatch) mismatches.push_back(f->report);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (exiting()) return mismatches;
+    exiting_.store(true, std::memory_order_release);
   }
   // Say "exited" where the store answers: peers then report this rank in
   // those words instead of "no heartbeat". Briefly: the store may be gone.
@@ -178,7 +197,7 @@ void Watchdog::atExit() {
   // A call in progress returns at once once its channel is closed.
   for (auto& g : groups) g->state->store().channel().close();
   cv_.notify_all();
-  if (!toStop.joinable()) return;
+  if (!toStop.joinable()) return mismatches;
   std::unique_lock<std::mutex> lock(mu_);
   const bool done = cv_.wait_for(lock, kExitJoinBound, [this] { return threadDone_; });
   lock.unlock();
@@ -187,6 +206,7 @@ void Watchdog::atExit() {
   } else {
     toStop.detach();  // stuck somewhere it should not be: never block the exit on it
   }
+  return mismatches;
 }
 
 Watchdog::Stats Watchdog::stats() const {

@@ -81,10 +81,12 @@ class Watchdog {
   // ("" without a dump dir). An unwritable dir is warned about once.
   std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string());
 
-  // Interpreter exit: says "exited" for every group where the store answers
-  // (briefly), stops the thread without waiting on the store, and closes the
-  // store channels. Later removals publish nothing.
-  void atExit();
+  // Interpreter exit: waits (bounded) for the verdict on what check="verify"
+  // has not verified yet, says "exited" for every group where the store
+  // answers (briefly), stops the thread without waiting on the store, and
+  // closes the store channels. Later removals publish nothing. Returns the
+  // mismatch reports of groups found to differ while waiting.
+  std::vector<std::string> atExit();
   bool exiting() const {
     return exiting_.load(std::memory_order_acquire);
   }

@@ -1,0 +1,347 @@
+#include "guard/collective/Verifier.h"
+
+#include "guard/Errors.h"
+#include "guard/Runtime.h"
+#include "guard/collective/CallSite.h"
+#include "guard/report/Messages.h"
+#include "guard/report/Report.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstring>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace torch_ext {
+
+namespace {
+
+// Collectives whose hashes the slow path compares one by one to find the
+// first that differs (the oldest unverified ones).
+constexpr uint64_t kMaxScan = 4096;
+// Bytes of each rank's description of the differing collective.
+constexpr size_t kTextBytes = 1024;
+
+std::vector<int64_t> packText(const std::string& text) {
+  std::vector<int64_t> words(kTextBytes / sizeof(int64_t), 0);
+  std::memcpy(words.data(), text.data(), std::min(text.size(), kTextBytes - 1));
+  return words;
+}
+
+std::string unpackText(const int64_t* words) {
+  const char* bytes = reinterpret_cast<const char*>(words);
+  return std::string(bytes, strnlen(bytes, kTextBytes));
+}
+
+} // namespace
+
+Verifier::Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
+    : state_(state), helper_(std::move(helper)), rank_(state->id().rank), size_(state->id().size) {}
+
+void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_[seq] = Issued{rolling, hash, splitSend, splitRecv};
+  }
+  maybeStartRound();
+}
+
+bool Verifier::blocked(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return blockedFrom_ != 0 && seq >= blockedFrom_;
+}
+
+uint64_t Verifier::contiguousTarget() const {
+  uint64_t target = verifiedSeq_.load(std::memory_order_relaxed);
+  for (auto it = pending_.upper_bound(target); it != pending_.end() && it->first == target + 1; ++it) {
+    target = it->first;
+  }
+  return target;
+}
+
+std::vector<int64_t> Verifier::valuesAt(uint64_t seq) const {
+  uint64_t send = baseSend_, recv = baseRecv_;
+  uint64_t rolling = 0;
+  for (const auto& [s, v] : pending_) {
+    if (s > seq) break;
+    send += v.splitSend;
+    recv += v.splitRecv;
+    rolling = v.rolling;
+  }
+  return {static_cast<int64_t>(seq), static_cast<int64_t>(rolling), static_cast<int64_t>(send),
+          static_cast<int64_t>(recv)};
+}
+
+void Verifier::maybeStartRound() {
+  std::vector<int64_t> mine;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (inFlight_ || stopped_ || blockedFrom_ != 0) return;
+    const uint64_t target = contiguousTarget();
+    if (target <= verifiedSeq_.load(std::memory_order_relaxed)) return;
+    inFlight_ = true;
+    ++rounds_;
+    mine = valuesAt(target);
+  }
+  auto self = shared_from_this();
+  gather(std::move(mine), [self](const std::vector<int64_t>& all) { self->onRound(all, false); });
+}
+
+void Verifier::gather(std::vector<int64_t> mine, std::function<void(const std::vector<int64_t>&)> then) {
+  const auto n = static_cast<int64_t>(mine.size());
+  at::Tensor in = at::empty({n}, at::TensorOptions().dtype(at::kLong));
+  std::memcpy(in.data_ptr<int64_t>(), mine.data(), mine.size() * sizeof(int64_t));
+  at::Tensor out = at::empty({n * size_}, at::TensorOptions().dtype(at::kLong));
+  c10::intrusive_ptr<c10d::Backend> helper;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    helper = helper_;
+  }
+  if (!helper) return;  // stopped: the group is shut down
+  c10::intrusive_ptr<c10::ivalue::Future> fut;
+  try {
+    fut = helper->_allgather_base(out, in)->getFuture();
+  } catch (const std::exception& e) {
+    helperFailed(e.what());
+    return;
+  }
+  auto self = shared_from_this();
+  fut->addCallback([self, in, out, then = std::move(then)](c10::ivalue::Future& f) {
+    if (f.hasError()) {
+      self->helperFailed(f.tryRetrieveErrorMessage());
+      return;
+    }
+    try {
+      const int64_t* p = out.data_ptr<int64_t>();
+      then(std::vector<int64_t>(p, p + out.numel()));
+    } catch (const std::exception& e) {
+      self->helperFailed(e.what());
+    }
+  });
+}
+
+void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
+  uint64_t low = UINT64_MAX;
+  bool sameTarget = true;
+  std::set<uint64_t> rollings;
+  uint64_t send = 0, recv = 0;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* v = all.data() + 4 * r;
+    const auto target = static_cast<uint64_t>(v[0]);
+    if (r > 0 && target != low) sameTarget = false;
+    low = std::min(low, target);
+    rollings.insert(static_cast<uint64_t>(v[1]));
+    send += static_cast<uint64_t>(v[2]);
+    recv += static_cast<uint64_t>(v[3]);
+  }
+  if (!sameTarget) {
+    if (second) {
+      helperFailed("the ranks' second check gather named different collectives (a bug in torch_ext)");
+      return;
+    }
+    // Every rank has issued up to `low`: compare there.
+    std::vector<int64_t> mine;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++rounds_;
+      mine = valuesAt(low);
+    }
+    auto self = shared_from_this();
+    gather(std::move(mine), [self](const std::vector<int64_t>& again) { self->onRound(again, true); });
+    return;
+  }
+  if (rollings.size() == 1 && send == recv) {
+    verifiedUpTo(low);
+  } else {
+    differs(low);
+  }
+}
+
+void Verifier::verifiedUpTo(uint64_t seq) {
+  std::vector<Parked> ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = pending_.begin(); it != pending_.end() && it->first <= seq;) {
+      baseSend_ += it->second.splitSend;
+      baseRecv_ += it->second.splitRecv;
+      it = pending_.erase(it);
+    }
+    verifiedSeq_.store(seq, std::memory_order_release);
+    inFlight_ = false;
+    auto keep = std::partition(parked_.begin(), parked_.end(), [seq](const Parked& p) { return p.seq > seq; });
+    ready.assign(std::make_move_iterator(keep), std::make_move_iterator(parked_.end()));
+    parked_.erase(keep, parked_.end());
+  }
+  for (auto& p : ready) p.release();
+  if (auto st = state_.lock()) st->notify();
+  maybeStartRound();
+}
+
+void Verifier::differs(uint64_t upTo) {
+  uint64_t from = 0, last = 0;
+  std::vector<int64_t> perSeq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    from = verifiedSeq_.load(std::memory_order_relaxed) + 1;
+    blockedFrom_ = from;
+    inFlight_ = false;
+    last = std::min(upTo, from + kMaxScan - 1);
+    for (uint64_t s = from; s <= last; ++s) {
+      const auto it = pending_.find(s);
+      const Issued v = it == pending_.end() ? Issued{} : it->second;
+      perSeq.push_back(static_cast<int64_t>(v.hash));
+      perSeq.push_back(static_cast<int64_t>(v.splitSend));
+      perSeq.push_back(static_cast<int64_t>(v.splitRecv));
+    }
+  }
+  if (auto st = state_.lock()) st->notify();
+  // Every rank found the same difference over the same range: find the first
+  // collective that differs, together.
+  auto self = shared_from_this();
+  gather(std::move(perSeq),
+         [self, from, last](const std::vector<int64_t>& all) { self->reportDifference(from, last, all); });
+}
+
+void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<int64_t>& all) {
+  auto st = state_.lock();
+  if (!st) return;
+  const uint64_t n = last - from + 1;
+  uint64_t first = 0;
+  bool splitsOnly = false;
+  for (uint64_t k = 0; k < n && first == 0; ++k) {
+    std::set<int64_t> hashes;
+    uint64_t send = 0, recv = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t* v = all.data() + 3 * (r * n + k);
+      hashes.insert(v[0]);
+      send += static_cast<uint64_t>(v[1]);
+      recv += static_cast<uint64_t>(v[2]);
+    }
+    if (hashes.size() > 1 || send != recv) {
+      first = from + k;
+      splitsOnly = hashes.size() == 1;
+    }
+  }
+  if (first == 0) {
+    // Beyond the scanned range: say what is known.
+    std::ostringstream os;
+    os << "collectives #" << from << "..#" << last << "+ on group \"" << st->label() << "\" (" << size_
+       << " ranks) differ across ranks: the check before their results were released found different histories";
+    st->fail(GuardErrorKind::Mismatch, os.str());
+    return;
+  }
+  // Each rank's words for that collective, gathered so every rank writes the
+  // same report.
+  std::string text = "(no longer in this rank's ledger)", where;
+  uint64_t hash = 0;
+  if (auto e = st->ledger().bySeq(first)) {
+    text = e->fp.describe();
+    where = CallSites::instance().describe(e->callSite);
+    hash = e->fp.hash;
+  }
+  std::vector<int64_t> mine = packText(text + '\x1f' + where);
+  mine.push_back(static_cast<int64_t>(hash));
+  auto self = shared_from_this();
+  gather(std::move(mine), [self, first, splitsOnly](const std::vector<int64_t>& texts) {
+    auto state = self->state_.lock();
+    if (!state) return;
+    const size_t stride = kTextBytes / sizeof(int64_t) + 1;
+    std::vector<RankOp> ops;
+    for (int r = 0; r < self->size_; ++r) {
+      const int64_t* w = texts.data() + r * stride;
+      const std::string both = unpackText(w);
+      const auto sep = both.find('\x1f');
+      RankOp op;
+      op.globalRank = state->id().globalRank(r);
+      op.text = both.substr(0, sep);
+      op.where = sep == std::string::npos ? std::string() : both.substr(sep + 1);
+      op.hash = static_cast<uint64_t>(w[stride - 1]);
+      ops.push_back(std::move(op));
+    }
+    const std::string report =
+        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "");
+    state->fail(GuardErrorKind::Mismatch, report);
+  });
+}
+
+void Verifier::helperFailed(const std::string& what) {
+  uint64_t from = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inFlight_ = false;
+    if (stopped_) return;
+    from = verifiedSeq_.load(std::memory_order_relaxed) + 1;
+    if (blockedFrom_ == 0) blockedFrom_ = from;
+  }
+  auto st = state_.lock();
+  if (!st || st->failed()) return;
+  logMessage(LogLevel::Debug, "guard: the check backend of group \"" + st->label() + "\" failed: " + what);
+  // Results after #from-1 can no longer be verified. The watchdog usually
+  // fails the group first with a better report (a peer is gone); if not,
+  // this does, so no wait is left holding results it may not release.
+  std::ostringstream os;
+  os << "the check of collectives from #" << from << " on group \"" << st->label()
+     << "\" could not run (its helper backend failed: " << what.substr(0, what.find('\n'))
+     << "); their results are not released, since they cannot be verified";
+  std::weak_ptr<GroupState> weak = st;
+  std::thread([weak, text = os.str()] {
+    if (auto s = weak.lock()) {
+      s->waitUntil([] { return false; }, std::chrono::milliseconds(2000));
+      s->fail(GuardErrorKind::Failure, text);
+    }
+  }).detach();
+}
+
+void Verifier::whenVerified(uint64_t seq, std::function<void()> release,
+                            std::function<void(std::exception_ptr)> onFailure) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!verified(seq)) {
+      parked_.push_back(Parked{seq, std::move(release), std::move(onFailure)});
+      return;
+    }
+  }
+  release();
+}
+
+void Verifier::failParked(std::exception_ptr err) {
+  std::vector<Parked> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all.swap(parked_);
+  }
+  for (auto& p : all) p.onFailure(err);
+}
+
+bool Verifier::drain(std::chrono::milliseconds timeout) {
+  auto st = state_.lock();
+  if (!st) return true;
+  uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    target = pending_.empty() ? verifiedSeq_.load() : pending_.rbegin()->first;
+  }
+  st->waitUntil([this, target] { return verified(target) || blocked(target); }, timeout);
+  return verified(target);
+}
+
+void Verifier::stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopped_ = true;
+  // Let the helper backend go with the group (its threads end with it),
+  // unless a round still runs on it: then it stays, as failed groups' do.
+  if (!inFlight_) helper_.reset();
+}
+
+Verifier::Stats Verifier::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  s.rounds = rounds_;
+  s.verifiedSeq = verifiedSeq_.load();
+  s.issuedSeq = pending_.empty() ? s.verifiedSeq : pending_.rbegin()->first;
+  return s;
+}
+
+} // namespace torch_ext
