@@ -523,6 +523,7 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
+  checks_.reset();  // holds the helper too; run() refuses every op from here on
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
   WorkRetirement::instance().sweepAll();

@@ -1,5 +1,7 @@
 #include "guard/report/Json.h"
 
+#include "guard/report/EnumNames.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -10,23 +12,15 @@ namespace torch_ext {
 
 namespace {
 
+// What an error calls a value's type (both number types read "number").
+constexpr NamedValue<Json::Type> kTypeNames[] = {
+    {Json::Type::Null, "null"},     {Json::Type::Bool, "bool"},   {Json::Type::Int, "number"},
+    {Json::Type::Double, "number"}, {Json::Type::String, "string"}, {Json::Type::Array, "array"},
+    {Json::Type::Object, "object"},
+};
+
 const char* typeName(Json::Type t) {
-  switch (t) {
-    case Json::Type::Null:
-      return "null";
-    case Json::Type::Bool:
-      return "bool";
-    case Json::Type::Int:
-    case Json::Type::Double:
-      return "number";
-    case Json::Type::String:
-      return "string";
-    case Json::Type::Array:
-      return "array";
-    case Json::Type::Object:
-      return "object";
-  }
-  return "?";
+  return nameIn(kTypeNames, t);
 }
 
 // A byte of the input for an error message: 'x' when printable, else its code
