@@ -2,20 +2,6 @@
 
 namespace torch_ext {
 
-const char* guardErrorKindName(GuardErrorKind kind) {
-  switch (kind) {
-    case GuardErrorKind::Mismatch:
-      return "mismatch";
-    case GuardErrorKind::Timeout:
-      return "timeout";
-    case GuardErrorKind::Failure:
-      return "failure";
-    case GuardErrorKind::StoreLost:
-      return "store_lost";
-  }
-  return "?";
-}
-
 void throwGuardError(GuardErrorKind kind, const std::string& msg) {
   switch (kind) {
     case GuardErrorKind::Mismatch:

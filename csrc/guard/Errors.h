@@ -4,6 +4,8 @@
 // c10::DistBackendError, so code that catches torch.distributed.DistBackendError
 // keeps working; the bindings translate each one to its torch_ext Python class.
 
+#include "guard/report/EnumNames.h"
+
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -17,7 +19,18 @@ enum class GuardErrorKind : uint8_t {
   StoreLost, // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
 };
 
-const char* guardErrorKindName(GuardErrorKind kind);
+template <>
+struct EnumTable<GuardErrorKind> {
+  static constexpr NamedValue<GuardErrorKind> kEntries[] = {
+      {GuardErrorKind::Mismatch, "mismatch"},
+      {GuardErrorKind::Timeout, "timeout"},
+      {GuardErrorKind::Failure, "failure"},
+      {GuardErrorKind::StoreLost, "store_lost"},
+  };
+};
+inline const char* guardErrorKindName(GuardErrorKind kind) {
+  return enumName(kind);
+}
 
 class GuardError : public c10::DistBackendError {
  public:

@@ -34,35 +34,58 @@ RankSnapshot readDump(const DumpInput& dump) {
 
 namespace {
 
+// A file's view of one group: the first group of that name in the file, as
+// RankSnapshot::group finds it.
+struct Held {
+  const RankSnapshot* snapshot;
+  const GroupView* group;
+};
+
 struct GroupInfo {
   int size = 0;
   std::string label;
+  std::vector<Held> held;  // in file order
 };
 
+// `s` with `g` as its only group: all that the analysis of g reads. A copy of
+// the whole snapshot per group would cost (groups x file size) for a file
+// holding many groups.
+RankSnapshot withOnly(const RankSnapshot& s, const GroupView& g) {
+  RankSnapshot t;
+  t.version = s.version;
+  t.rank = s.rank;
+  t.pid = s.pid;
+  t.hostname = s.hostname;
+  t.timeNs = s.timeNs;
+  t.incident = s.incident;
+  t.config = s.config;
+  t.main = s.main;
+  t.groups.push_back(g);
+  return t;
+}
+
 // One input per group rank: the ranks whose dumps hold the group answered.
-std::vector<RankInput> inputsFor(const std::string& name, int size, const std::vector<RankSnapshot>& snaps,
-                                 std::string* incident) {
+std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info, std::string* incident) {
+  const int size = std::max(info.size, 0);
   std::vector<RankInput> inputs(size);
   for (int r = 0; r < size; ++r) {
     inputs[r].groupRank = r;
     inputs[r].globalRank = r;
     inputs[r].groupName = name;
   }
-  for (const auto& s : snaps) {
-    const auto* g = s.group(name);
-    if (!g || g->rank >= size) continue;
+  for (const auto& [s, g] : info.held) {
+    if (g->rank >= size) continue;
     auto& in = inputs[g->rank];
     in.responded = true;
-    in.snapshot = s;
+    in.snapshot = withOnly(*s, *g);
     in.globalRank = g->globalRank(g->rank);
-    in.heartbeatNs = s.timeNs;
-    if (incident->empty()) *incident = s.incident;
+    in.heartbeatNs = s->timeNs;
+    if (incident->empty()) *incident = s->incident;
   }
+  // Ranks without a dump: their global rank as the last file holding the group lists it.
+  const GroupView* last = info.held.empty() ? nullptr : info.held.back().group;
   for (auto& in : inputs) {
-    if (in.responded) continue;
-    for (const auto& s : snaps) {
-      if (const auto* g = s.group(name)) in.globalRank = g->globalRank(in.groupRank);
-    }
+    if (!in.responded && last != nullptr) in.globalRank = last->globalRank(in.groupRank);
   }
   return inputs;
 }
@@ -110,14 +133,19 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
   std::map<std::string, GroupInfo> groups;
   int64_t now = 0;
   for (const auto& s : snaps) {
-    for (const auto& g : s.groups) groups[g.name] = {g.size, g.label()};
+    for (const auto& g : s.groups) {
+      GroupInfo& info = groups[g.name];
+      info.size = g.size;
+      info.label = g.label();
+      if (info.held.empty() || info.held.back().snapshot != &s) info.held.push_back({&s, &g});
+    }
     now = std::max(now, s.timeNs);
   }
   std::vector<GroupFinding> out;
   for (const auto& [name, info] : groups) {
     GroupFinding f;
     f.groupName = name;
-    const auto inputs = inputsFor(name, info.size, snaps, &f.dumpIncident);
+    const auto inputs = inputsFor(name, info, &f.dumpIncident);
     int64_t startNs = 0;
     auto inc = oldestPending(inputs, &startNs);
     if (!inc) inc = failedSubject(inputs, f.dumpIncident, &startNs);

@@ -1,5 +1,7 @@
 #include "guard/report/Json.h"
 
+#include "guard/report/EnumNames.h"
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -10,23 +12,25 @@ namespace torch_ext {
 
 namespace {
 
+// What an error calls a value's type (both number types read "number").
+constexpr NamedValue<Json::Type> kTypeNames[] = {
+    {Json::Type::Null, "null"},     {Json::Type::Bool, "bool"},   {Json::Type::Int, "number"},
+    {Json::Type::Double, "number"}, {Json::Type::String, "string"}, {Json::Type::Array, "array"},
+    {Json::Type::Object, "object"},
+};
+
 const char* typeName(Json::Type t) {
-  switch (t) {
-    case Json::Type::Null:
-      return "null";
-    case Json::Type::Bool:
-      return "bool";
-    case Json::Type::Int:
-    case Json::Type::Double:
-      return "number";
-    case Json::Type::String:
-      return "string";
-    case Json::Type::Array:
-      return "array";
-    case Json::Type::Object:
-      return "object";
-  }
-  return "?";
+  return nameIn(kTypeNames, t);
+}
+
+// A byte of the input for an error message: 'x' when printable, else its code
+// (a NUL or a stray UTF-8 byte would cut off or garble the message).
+std::string quoted(char c) {
+  const auto u = static_cast<unsigned char>(c);
+  if (u >= 0x20 && u < 0x7f) return std::string("'") + c + "'";
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "byte 0x%02x", u);
+  return buf;
 }
 
 [[noreturn]] void wrongType(const char* what, const char* want, Json::Type got) {
@@ -92,13 +96,16 @@ class Parser {
   }
 
   void expect(char c) {
-    if (peek() != c) fail(std::string("expected '") + c + "'");
+    if (peek() != c) fail("expected " + quoted(c));
     ++pos_;
   }
 
+  // `depth`: the arrays and objects around this value.
   Json parseValue(int depth) {
-    if (depth > 200) fail("nesting too deep");
     char c = peek();
+    if ((c == '{' || c == '[') && depth >= Json::kMaxDepth) {
+      fail("nesting too deep: more than " + std::to_string(Json::kMaxDepth) + " levels of arrays and objects");
+    }
     if (c == '{') return parseObject(depth);
     if (c == '[') return parseArray(depth);
     if (c == '"') return Json(parseString());
@@ -106,7 +113,7 @@ class Parser {
     if (c == 'f') return literal("false", Json(false));
     if (c == 'n') return literal("null", Json());
     if (c == '-' || (c >= '0' && c <= '9')) return parseNumber();
-    fail(std::string("unexpected character '") + c + "'");
+    fail("unexpected character " + quoted(c));
   }
 
   Json literal(const char* word, Json value) {
@@ -244,7 +251,9 @@ class Parser {
           break;
         }
         default:
-          fail(std::string("bad escape '\\") + e + "'");
+          fail(quoted(e)[0] == '\''
+                   ? std::string("bad escape '\\") + e + "'"
+                   : "bad escape: a backslash followed by " + quoted(e));
       }
     }
     return out;
@@ -300,7 +309,14 @@ bool Json::asBool(const char* what) const {
 
 int64_t Json::asInt(const char* what) const {
   if (type_ == Type::Int) return i_;
-  if (type_ == Type::Double && std::floor(d_) == d_) return static_cast<int64_t>(d_);
+  if (type_ == Type::Double && std::floor(d_) == d_) {
+    // Whole, but maybe beyond int64 (1e300, or 1e999 parsed as infinity):
+    // converting those is undefined behaviour, not a value.
+    if (d_ >= -9223372036854775808.0 && d_ < 9223372036854775808.0) return static_cast<int64_t>(d_);
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%.17g", d_);
+    throw JsonError(std::string(what) + " must be an integer that fits in 64 bits, got " + buf);
+  }
   wrongType(what, "an integer", type_);
 }
 

@@ -25,6 +25,10 @@ class JsonError : public std::runtime_error {
 
 class Json {
  public:
+  // parse() refuses arrays and objects nested deeper than this (a hostile
+  // "[[[[..." would otherwise overflow the stack of its recursive descent).
+  static constexpr int kMaxDepth = 200;
+
   enum class Type : uint8_t { Null, Bool, Int, Double, String, Array, Object };
   using Array = std::vector<Json>;
   using Object = std::vector<std::pair<std::string, Json>>;

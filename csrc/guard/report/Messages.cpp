@@ -11,6 +11,12 @@ std::string seconds(int64_t ns) {
   return buf;
 }
 
+std::string secondsBetween(int64_t fromNs, int64_t toNs) {
+  int64_t ns = 0;
+  if (__builtin_sub_overflow(toNs, fromNs, &ns)) ns = toNs > fromNs ? INT64_MAX : 0;
+  return seconds(ns);
+}
+
 const char* const kSplitsDoNotPair =
     "all-to-all splits do not pair: what ranks send differs from what their peers expect to receive";
 

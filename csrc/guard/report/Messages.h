@@ -11,6 +11,8 @@ namespace torch_ext::messages {
 
 // "1.5 s": a duration in reports (negative clamps to 0).
 std::string seconds(int64_t ns);
+// seconds(toNs - fromNs) without overflow: times read from a dump may be anything.
+std::string secondsBetween(int64_t fromNs, int64_t toNs);
 
 // The note of an all-to-all whose splits do not add up across ranks.
 extern const char* const kSplitsDoNotPair;

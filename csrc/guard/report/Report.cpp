@@ -13,6 +13,7 @@ namespace torch_ext {
 namespace {
 
 using messages::seconds;
+using messages::secondsBetween;
 
 std::string padRight(const std::string& s, size_t width) {
   return s.size() >= width ? s : s + std::string(width - s.size(), ' ');
@@ -33,24 +34,28 @@ struct Found {
 // First collective seq at which responding ranks disagree, within the windows
 // they sent. Ranks that have not reached it are listed as such.
 std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks) {
-  uint64_t lo = UINT64_MAX, hi = 0;
+  // Only the seqs some window holds, in order: a dump (edited, or hostile) may
+  // hold seqs far apart (up to 2^64 - 1), and walking every seq between the
+  // lowest and the highest would never end. Each window indexed by seq once
+  // (its first entry of a seq, as GroupView::bySeq).
+  std::vector<std::pair<const RankInput*, std::map<uint64_t, const EntryView*>>> windows;
+  std::set<uint64_t> seqs;
   for (const auto& r : ranks) {
     const GroupView* g = r.group();
     if (!g) continue;
+    std::map<uint64_t, const EntryView*> bySeq;
     for (const auto& e : g->entries) {
       if (e.isP2P) continue;
-      lo = std::min(lo, e.seq);
-      hi = std::max(hi, e.seq);
+      bySeq.emplace(e.seq, &e);
+      seqs.insert(e.seq);
     }
+    windows.emplace_back(&r, std::move(bySeq));
   }
-  if (lo > hi) return std::nullopt;
   int groupSize = static_cast<int>(ranks.size());
-  for (uint64_t s = lo; s <= hi; ++s) {
+  for (const uint64_t s : seqs) {
     std::vector<std::pair<const RankInput*, const EntryView*>> seen;
-    for (const auto& r : ranks) {
-      const GroupView* g = r.group();
-      if (!g) continue;
-      if (const EntryView* e = g->bySeq(s)) seen.emplace_back(&r, e);
+    for (const auto& [r, bySeq] : windows) {
+      if (auto it = bySeq.find(s); it != bySeq.end()) seen.emplace_back(r, it->second);
     }
     if (seen.empty() || (seen.size() < 2 && groupSize > 1)) continue;
     std::set<uint64_t> hashes, rollings;
@@ -212,7 +217,7 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
   os << ": ";
   if (g && g->lastCompletedSeq > 0) {
     os << "last completed #" << g->lastCompletedSeq;
-    if (g->lastCompletedNs > 0) os << " " << seconds(nowNs - g->lastCompletedNs) << " ago";
+    if (g->lastCompletedNs > 0) os << " " << secondsBetween(g->lastCompletedNs, nowNs) << " ago";
   } else {
     os << "no collective completed on this group yet";
   }
@@ -297,7 +302,7 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
 
 std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   std::ostringstream os;
-  const std::string ago = r.heartbeatNs > 0 ? " " + seconds(nowNs - r.heartbeatNs) + " ago" : "";
+  const std::string ago = r.heartbeatNs > 0 ? " " + secondsBetween(r.heartbeatNs, nowNs) + " ago" : "";
   if (r.statusKnown && r.phase == RankPhase::Left) {
     os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq;
   } else if (r.statusKnown && r.phase == RankPhase::Exited) {
@@ -305,7 +310,7 @@ std::string describeAbsent(const RankInput& r, int64_t nowNs) {
        << ": its process ended without destroy_process_group (an uncaught exception, sys.exit or the end of its "
           "script)";
   } else if (r.heartbeatNs > 0) {
-    os << "no heartbeat for " << seconds(nowNs - r.heartbeatNs) << " (process gone or frozen)";
+    os << "no heartbeat for " << secondsBetween(r.heartbeatNs, nowNs) << " (process gone or frozen)";
   } else {
     os << "no heartbeat (process gone or frozen)";
   }
@@ -575,7 +580,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
        << " saw: " << incident.error << ")";
   } else {
     v.kind = Verdict::Kind::Hang;
-    os << "has waited " << seconds(earliestStart ? nowNs - earliestStart : 0);
+    os << "has waited " << (earliestStart ? secondsBetween(earliestStart, nowNs) : seconds(0));
   }
   v.seq = subj.seq;
   for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 
 namespace torch_ext {
 
@@ -57,6 +58,15 @@ Json toJson(const Frame& f) {
 
 namespace {
 
+// A field held in 32 bits: a larger value is an error, not silently wrapped
+// (a group "size" of 2^32 + 2 must not read as 2).
+int32_t int32From(int64_t v, const char* what) {
+  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+    throw JsonError(std::string(what) + " must fit in 32 bits, got " + std::to_string(v));
+  }
+  return static_cast<int32_t>(v);
+}
+
 Json framesJson(const std::vector<Frame>& frames) {
   Json a = Json::array();
   for (const auto& f : frames) a.push(toJson(f));
@@ -69,7 +79,7 @@ std::vector<Frame> framesFrom(const Json& j, const char* what) {
     Frame fr;
     fr.function = f.at("name").asString("frame name");
     fr.filename = f.at("filename").asString("frame filename");
-    fr.line = static_cast<int>(f.at("line").asInt("frame line"));
+    fr.line = int32From(f.at("line").asInt("frame line"), "frame line");
     if (const Json* lib = f.get("library")) fr.library = lib->asString("frame library");
     out.push_back(std::move(fr));
   }
@@ -114,7 +124,7 @@ Json toJson(const EntryView& e, const GroupView& g) {
   j.set("state", entryStateName(e.state));
   j.set("time_discovered_started_ns", Json());
   j.set("time_discovered_completed_ns", e.endNs ? Json(e.endNs) : Json());
-  j.set("duration_ms", e.endNs ? Json(static_cast<double>(e.endNs - e.startNs) / 1e6) : Json());
+  j.set("duration_ms", e.endNs ? Json((static_cast<double>(e.endNs) - static_cast<double>(e.startNs)) / 1e6) : Json());
   j.set("timeout_ms", g.timeoutMs);
   j.set("is_p2p", e.isP2P);
   j.set("retired", e.state != EntryState::Scheduled);
@@ -190,8 +200,8 @@ GroupView groupFromJson(const Json& j) {
   GroupView g;
   g.name = j.at("name").asString("group name");
   g.desc = optString(j, "desc");
-  g.rank = static_cast<int>(j.at("rank").asInt("group rank"));
-  g.size = static_cast<int>(j.at("size").asInt("group size"));
+  g.rank = int32From(j.at("rank").asInt("group rank"), "group rank");
+  g.size = int32From(j.at("size").asInt("group size"), "group size");
   if (g.size <= 0 || g.rank < 0 || g.rank >= g.size) {
     throw JsonError("group '" + g.name + "' has rank " + std::to_string(g.rank) + " outside size " +
                     std::to_string(g.size));
@@ -214,8 +224,8 @@ GroupView groupFromJson(const Json& j) {
     e.device = optString(ej, "device");
     e.text = ej.at("fingerprint").asString("fingerprint");
     e.isP2P = ej.at("is_p2p").asBool("is_p2p");
-    e.peer = static_cast<int32_t>(optInt(ej, "peer", -1));
-    e.tag = static_cast<int32_t>(optInt(ej, "tag", 0));
+    e.peer = int32From(optInt(ej, "peer", -1), "peer");
+    e.tag = int32From(optInt(ej, "tag", 0), "tag");
     e.reduceOp = optString(ej, "reduce_op");
     for (const auto& d : ej.at("input_dtypes").asArray("input_dtypes")) e.dtypes.push_back(d.asString("dtype"));
     for (const auto& s : ej.at("input_sizes").asArray("input_sizes")) {

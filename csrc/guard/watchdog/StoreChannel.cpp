@@ -177,18 +177,6 @@ Registry& registry() {
 
 } // namespace
 
-const char* storeHealthName(StoreHealth h) {
-  switch (h) {
-    case StoreHealth::Healthy:
-      return "healthy";
-    case StoreHealth::NotAnswering:
-      return "not answering";
-    case StoreHealth::Lost:
-      return "lost";
-  }
-  return "?";
-}
-
 std::string StoreAddress::describe() const {
   if (!host.empty()) return "the store at " + host + ":" + std::to_string(port);
   return "the " + (kind.empty() ? std::string("store") : kind);

@@ -34,6 +34,8 @@
 // one thread per process, not per group); GroupStore is a group's view of it.
 // The channel never joins a thread that may be blocked in a call.
 
+#include "guard/report/EnumNames.h"
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -52,7 +54,17 @@ enum class StoreHealth : uint8_t {
   NotAnswering,  // a call went unanswered past its bound (a frozen or overloaded host)
   Lost,          // the connection failed (the store's process exited or was killed)
 };
-const char* storeHealthName(StoreHealth h);
+template <>
+struct EnumTable<StoreHealth> {
+  static constexpr NamedValue<StoreHealth> kEntries[] = {
+      {StoreHealth::Healthy, "healthy"},
+      {StoreHealth::NotAnswering, "not answering"},
+      {StoreHealth::Lost, "lost"},
+  };
+};
+inline const char* storeHealthName(StoreHealth h) {
+  return enumName(h);
+}
 
 // Where the store lives and who serves it, for messages.
 struct StoreAddress {

@@ -1,0 +1,536 @@
+// CollectiveChecks: strict mode's checks, for 2 and 3 ranks as threads of one
+// process. Each rank has its own GroupState over one shared in-memory store,
+// and a helper backend that runs its all_reduce (SUM, MAX on int64) and
+// _allgather_base across the ranks in memory: the last rank to arrive at a
+// call computes the result and completes every rank's work, so the checks
+// wait on their helper's future as they do on gloo's.
+//
+// Every wait is bounded: if the ranks do not all finish in time, every group
+// is failed and every pending helper op errored, which ends the waits; the
+// test then fails instead of hanging.
+#include "guard/collective/CollectiveChecks.h"
+
+#include "guard/Errors.h"
+#include "guard/report/Messages.h"
+#include "guard/watchdog/StoreKeys.h"
+#include "store_testing.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace torch_ext;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr auto CPU = c10::DeviceType::CPU;
+
+// A work whose future the rendezvous completes.
+class MemWork : public c10d::Work {
+ public:
+  explicit MemWork(c10d::OpType type)
+      : c10d::Work(-1, type),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+  bool isCompleted() override {
+    return future_->completed();
+  }
+  bool wait(std::chrono::milliseconds) override {
+    future_->wait();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    return future_;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The helper group's transport: the k-th call of every rank meets the k-th
+// call of the others (as collectives do). Each call registers its input and a
+// work; the last rank to arrive computes every rank's output and completes
+// every work.
+class Rendezvous {
+ public:
+  enum class Kind { SumInt64, MaxInt64, Gather };
+  struct Call {
+    std::string what;  // "allreduce SUM x1", "allreduce MAX x2", "allgather x2"
+  };
+
+  explicit Rendezvous(int size) : size_(size) {}
+
+  c10::intrusive_ptr<c10d::Work> join(int rank, Kind kind, at::Tensor in, at::Tensor out, c10d::OpType type) {
+    auto work = c10::make_intrusive<MemWork>(type);
+    std::vector<Slot> ready;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const uint64_t k = next_[rank]++;
+      Round& round = rounds_[k];
+      round.slots.push_back(Slot{rank, kind, in, out, work});
+      calls_[rank].push_back(describe(kind, in));
+      if (static_cast<int>(round.slots.size()) < size_) return work;
+      ready = std::move(round.slots);
+      rounds_.erase(k);
+    }
+    finish(ready);
+    return work;
+  }
+
+  // Errors every work still waiting for its peers (the test's time bound).
+  void abort(const std::string& why) {
+    std::map<uint64_t, Round> pending;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending.swap(rounds_);
+    }
+    for (auto& [k, round] : pending) {
+      for (auto& s : round.slots) {
+        s.work->future_->setError(std::make_exception_ptr(std::runtime_error(why)));
+      }
+    }
+  }
+
+  std::vector<std::string> calls(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return calls_[rank];
+  }
+
+ private:
+  struct Slot {
+    int rank;
+    Kind kind;
+    at::Tensor in, out;
+    c10::intrusive_ptr<MemWork> work;
+  };
+  struct Round {
+    std::vector<Slot> slots;
+  };
+
+  static std::string describe(Kind kind, const at::Tensor& in) {
+    const std::string n = " x" + std::to_string(in.numel());
+    switch (kind) {
+      case Kind::SumInt64:
+        return "allreduce SUM" + n;
+      case Kind::MaxInt64:
+        return "allreduce MAX" + n;
+      case Kind::Gather:
+        return "allgather" + n;
+    }
+    return "?";
+  }
+
+  void finish(std::vector<Slot>& slots) {
+    std::sort(slots.begin(), slots.end(), [](const Slot& a, const Slot& b) { return a.rank < b.rank; });
+    const Kind kind = slots[0].kind;
+    const int64_t n = slots[0].in.numel();
+    std::string error;
+    for (const auto& s : slots) {
+      if (s.kind != kind || s.in.numel() != n || s.in.scalar_type() != at::kLong) {
+        error = "helper ops do not match across ranks";
+      }
+    }
+    if (error.empty()) {
+      if (kind == Kind::Gather) {
+        for (auto& s : slots) {
+          int64_t* o = s.out.data_ptr<int64_t>();
+          for (size_t r = 0; r < slots.size(); ++r) {
+            std::copy_n(slots[r].in.data_ptr<int64_t>(), n, o + r * n);
+          }
+        }
+      } else {
+        std::vector<uint64_t> acc(n);
+        for (int64_t i = 0; i < n; ++i) {
+          // SUM wraps (mod 2^64) as the check expects; MAX is signed.
+          uint64_t sum = 0;
+          int64_t max = INT64_MIN;
+          for (const auto& s : slots) {
+            const int64_t v = s.in.data_ptr<int64_t>()[i];
+            sum += static_cast<uint64_t>(v);
+            max = std::max(max, v);
+          }
+          acc[i] = kind == Kind::SumInt64 ? sum : static_cast<uint64_t>(max);
+        }
+        for (auto& s : slots) {
+          for (int64_t i = 0; i < n; ++i) s.in.data_ptr<int64_t>()[i] = static_cast<int64_t>(acc[i]);
+        }
+      }
+    }
+    for (auto& s : slots) {
+      if (!error.empty()) {
+        s.work->future_->setError(std::make_exception_ptr(std::runtime_error(error)));
+      } else {
+        s.work->future_->markCompleted(c10::IValue(std::vector<at::Tensor>{s.kind == Kind::Gather ? s.out : s.in}));
+      }
+    }
+  }
+
+  const int size_;
+  std::mutex mu_;
+  std::map<int, uint64_t> next_;
+  std::map<uint64_t, Round> rounds_;
+  std::map<int, std::vector<std::string>> calls_;
+};
+
+// One rank's helper backend.
+class MemHelper : public c10d::Backend {
+ public:
+  MemHelper(int rank, int size, std::shared_ptr<Rendezvous> rv) : c10d::Backend(rank, size), rv_(std::move(rv)) {}
+  const std::string getBackendName() const override {
+    return "mem";
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& ts, const c10d::AllreduceOptions& opts) override {
+    TORCH_CHECK(ts.size() == 1, "one tensor");
+    Rendezvous::Kind kind;
+    if (opts.reduceOp == c10d::ReduceOp::SUM) {
+      kind = Rendezvous::Kind::SumInt64;
+    } else if (opts.reduceOp == c10d::ReduceOp::MAX) {
+      kind = Rendezvous::Kind::MaxInt64;
+    } else {
+      TORCH_CHECK(false, "the test helper runs SUM and MAX only");
+    }
+    return rv_->join(getRank(), kind, ts[0], ts[0], c10d::OpType::ALLREDUCE);
+  }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& out, at::Tensor& in,
+                                                 const c10d::AllgatherOptions&) override {
+    TORCH_CHECK(out.numel() == in.numel() * getSize(), "output must hold every rank's input");
+    return rv_->join(getRank(), Rendezvous::Kind::Gather, in, out, c10d::OpType::_ALLGATHER_BASE);
+  }
+
+ private:
+  std::shared_ptr<Rendezvous> rv_;
+};
+
+// `size` ranks (global ranks 10, 11, ...), strict or not, over one store.
+struct World {
+  World(int size, bool strict, bool withHelper = true) : rv(std::make_shared<Rendezvous>(size)) {
+    for (int r = 0; r < size; ++r) {
+      Config cfg;
+      cfg.check = strict ? CheckMode::Strict : CheckMode::Async;
+      std::vector<int64_t> global;
+      for (int i = 0; i < size; ++i) global.push_back(10 + i);
+      states.push_back(std::make_shared<GroupState>(GroupIdentity{"0", r, size, global}, cfg,
+                                                    testkit::groupStore(store, milliseconds(5000)),
+                                                    milliseconds(60000)));
+      states.back()->setDesc("default_pg");
+      helpers.push_back(withHelper ? c10::make_intrusive<MemHelper>(r, size, rv) : nullptr);
+      checks.push_back(std::make_unique<CollectiveChecks>(states.back(), helpers.back(), strict));
+    }
+  }
+  int size() const {
+    return static_cast<int>(states.size());
+  }
+
+  // What one rank's call did: returned, or threw (which type, what text).
+  struct Result {
+    bool threw = false;
+    bool mismatch = false;  // a CollectiveMismatchError
+    std::string text;
+  };
+
+  // Runs body(r) on a thread per rank. If they do not all finish within
+  // `bound`, fails every group and errors every pending helper op (which ends
+  // every wait of the checks), then joins.
+  std::vector<Result> run(const std::function<void(int)>& body, std::chrono::seconds bound = std::chrono::seconds(30)) {
+    std::vector<Result> results(size());
+    std::mutex mu;
+    std::condition_variable cv;
+    int done = 0;
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) {
+      threads.emplace_back([&, r] {
+        Result res;
+        try {
+          body(r);
+        } catch (const CollectiveMismatchError& e) {
+          res.threw = true;
+          res.mismatch = true;
+          res.text = e.what_without_backtrace();
+        } catch (const std::exception& e) {
+          res.threw = true;
+          res.text = e.what();
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        results[r] = res;
+        ++done;
+        cv.notify_all();
+      });
+    }
+    bool inTime;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      inTime = cv.wait_for(lock, bound, [&] { return done == size(); });
+    }
+    if (!inTime) {
+      ADD_FAILURE() << "the ranks did not finish within " << bound.count() << " s: ending their waits";
+      for (auto& st : states) st->fail(GuardErrorKind::Timeout, "test time bound");
+      rv->abort("test time bound");
+    }
+    for (auto& t : threads) t.join();
+    return results;
+  }
+
+  std::vector<std::string> guardKeys() {
+    std::vector<std::string> out;
+    for (const auto& k : store->listKeys()) {
+      if (k.rfind(keys::kPrefix, 0) == 0) out.push_back(k);
+    }
+    return out;
+  }
+
+  c10::intrusive_ptr<c10d::HashStore> store = c10::make_intrusive<c10d::HashStore>();
+  std::shared_ptr<Rendezvous> rv;
+  std::vector<std::shared_ptr<GroupState>> states;
+  std::vector<c10::intrusive_ptr<MemHelper>> helpers;
+  std::vector<std::unique_ptr<CollectiveChecks>> checks;
+};
+
+Fingerprint allReduce(int64_t n, c10::ScalarType dtype = at::kFloat) {
+  return FingerprintBuilder(Op::AllReduce).meta(dtype, {n}, CPU).reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM)).finish();
+}
+
+Fingerprint allToAll(int me, const std::vector<int64_t>& send, const std::vector<int64_t>& recv) {
+  return FingerprintBuilder(Op::AllToAll).meta(at::kFloat, {4, 2}, CPU).splits(me, send, recv).finish();
+}
+
+Fingerprint send(int dst, int64_t n, int tag, c10::ScalarType dtype = at::kFloat) {
+  return FingerprintBuilder(Op::Send).meta(dtype, {n}, CPU).peer(dst, tag).finish();
+}
+
+Fingerprint recv(int src, int64_t n, int tag, c10::ScalarType dtype = at::kFloat) {
+  return FingerprintBuilder(Op::Recv).meta(dtype, {n}, CPU).peer(src, tag).finish();
+}
+
+// Runs the strict check of `fps[r]` at `seq` on every rank.
+std::vector<World::Result> check(World& w, const std::vector<Fingerprint>& fps, uint64_t seq) {
+  return w.run([&](int r) {
+    const auto plan = w.checks[r]->plan(fps[r].op);
+    w.checks[r]->beforeIssue(plan, fps[r], seq, 0, 0);
+  });
+}
+
+std::string text(const std::vector<World::Result>& results) {
+  std::string out;
+  for (size_t r = 0; r < results.size(); ++r) {
+    out += "\nrank " + std::to_string(r) + (results[r].threw ? " threw: " : " returned") + results[r].text;
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(CollectiveChecks, EqualFingerprintsPassOnEveryRankWithOneAllReduceSumAtTwoRanks) {
+  World w(2, /*strict=*/true);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    const auto results = check(w, {allReduce(8), allReduce(8)}, seq);
+    for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+  }
+  // Two ranks: one element summed (v0 + v1 == 2 v), one helper op per check.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(w.rv->calls(r), (std::vector<std::string>(3, "allreduce SUM x1")));
+    EXPECT_FALSE(w.states[r]->failed());
+  }
+  EXPECT_TRUE(w.guardKeys().empty());  // the fast path does not touch the store
+}
+
+TEST(CollectiveChecks, EqualFingerprintsPassOnEveryRankWithOneAllReduceMaxAtThreeRanks) {
+  World w(3, /*strict=*/true);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    const auto results = check(w, {allReduce(8), allReduce(8), allReduce(8)}, seq);
+    for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+  }
+  // Three ranks: [v, ~v] under MAX gives max(v) and min(v) in one op.
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(w.rv->calls(r), (std::vector<std::string>(3, "allreduce MAX x2")));
+    EXPECT_FALSE(w.states[r]->failed());
+  }
+}
+
+TEST(CollectiveChecks, AFingerprintDifferingOnOneRankFailsEveryRankWithTheSameReport) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE(std::to_string(size) + " ranks");
+    World w(size, /*strict=*/true);
+    std::vector<Fingerprint> fps;
+    for (int r = 0; r < size; ++r) fps.push_back(allReduce(r == 1 ? 10 : 8));
+    const auto results = check(w, fps, 4);
+    for (int r = 0; r < size; ++r) {
+      ASSERT_TRUE(results[r].mismatch) << text(results);
+      const std::string& t = results[r].text;
+      EXPECT_EQ(t, results[0].text);  // one report, raised everywhere
+      EXPECT_NE(t.find("collective #4 on group \"default_pg\" (" + std::to_string(size) + " ranks) differs across ranks"),
+                std::string::npos)
+          << t;
+      EXPECT_NE(t.find("all_reduce(float32[8], SUM)"), std::string::npos) << t;
+      EXPECT_NE(t.find("all_reduce(float32[10], SUM)"), std::string::npos) << t;
+      EXPECT_NE(t.find("rank 11:"), std::string::npos) << t;  // global ranks
+      ASSERT_TRUE(w.states[r]->failure().has_value());
+      EXPECT_EQ(w.states[r]->failure()->kind, GuardErrorKind::Mismatch);
+    }
+    // The fingerprints went through the store, and their readers removed them.
+    EXPECT_TRUE(w.guardKeys().empty());
+  }
+}
+
+TEST(CollectiveChecks, AllToAllSplitsThatDoNotPairFailEveryRank) {
+  for (int size : {2, 3}) {
+    SCOPED_TRACE(std::to_string(size) + " ranks");
+    // send[r][j]: what rank r sends to rank j; it pairs when recv[j][r] == send[r][j].
+    std::vector<std::vector<int64_t>> sendTo(size, std::vector<int64_t>(size));
+    for (int r = 0; r < size; ++r) {
+      for (int j = 0; j < size; ++j) sendTo[r][j] = 1 + r * size + j;
+    }
+    auto recvFrom = [&](int me) {
+      std::vector<int64_t> v(size);
+      for (int j = 0; j < size; ++j) v[j] = sendTo[j][me];
+      return v;
+    };
+    {
+      SCOPED_TRACE("splits that pair");
+      World w(size, /*strict=*/true);
+      std::vector<Fingerprint> fps;
+      for (int r = 0; r < size; ++r) fps.push_back(allToAll(r, sendTo[r], recvFrom(r)));
+      const auto results = check(w, fps, 1);
+      for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+    }
+    {
+      SCOPED_TRACE("rank 1 expects 5 more elements from rank 0 than rank 0 sends");
+      World w(size, /*strict=*/true);
+      std::vector<Fingerprint> fps;
+      for (int r = 0; r < size; ++r) {
+        auto in = recvFrom(r);
+        if (r == 1) in[0] += 5;
+        fps.push_back(allToAll(r, sendTo[r], in));
+      }
+      ASSERT_EQ(fps[0].hash, fps[1].hash);  // equal shapes: only the pairing can tell
+      const auto results = check(w, fps, 1);
+      for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(results[r].mismatch) << text(results);
+        EXPECT_NE(results[r].text.find(messages::kSplitsDoNotPair), std::string::npos) << results[r].text;
+        EXPECT_EQ(results[r].text, results[0].text);
+      }
+      // The pairing sums needed a second helper op after the fingerprint check.
+      EXPECT_EQ(w.rv->calls(0).size(), 2u);
+    }
+  }
+}
+
+TEST(CollectiveChecks, StrictSendAndRecvPairThroughTheStore) {
+  World w(2, /*strict=*/true);
+  const std::vector<Fingerprint> fps{send(1, 4, 3), recv(0, 4, 3)};
+  for (uint64_t ordinal = 1; ordinal <= 2; ++ordinal) {
+    const auto results = w.run([&](int r) {
+      const auto plan = w.checks[r]->plan(fps[r].op);
+      ASSERT_TRUE(plan.strictP2P);
+      w.checks[r]->beforeIssue(plan, fps[r], 0, ordinal, 0);
+    });
+    for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+  }
+  EXPECT_TRUE(w.guardKeys().empty());  // the receiver deleted the sender's prints
+  EXPECT_TRUE(w.rv->calls(0).empty());  // p2p checks use the store, not the helper
+  EXPECT_FALSE(w.states[1]->failed());
+}
+
+TEST(CollectiveChecks, AStrictRecvThatDoesNotPairFailsTheReceiver) {
+  struct Case {
+    std::string name;
+    Fingerprint recv;
+    std::string theirs;
+  };
+  const std::vector<Case> cases = {
+      {"another size", recv(0, 5, 3), "recv(float32[5], src=0, tag=3)"},
+      {"another dtype", recv(0, 4, 3, at::kDouble), "recv(float64[4], src=0, tag=3)"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    World w(2, /*strict=*/true);
+    const std::vector<Fingerprint> fps{send(1, 4, 3), c.recv};
+    const auto results = w.run([&](int r) { w.checks[r]->beforeIssue(w.checks[r]->plan(fps[r].op), fps[r], 0, 1, 0); });
+    // The sender published its print and went on; the receiver raises.
+    EXPECT_FALSE(results[0].threw) << text(results);
+    ASSERT_TRUE(results[1].mismatch) << text(results);
+    const std::string& t = results[1].text;
+    EXPECT_NE(t.find("send/recv on group \"default_pg\" do not pair"), std::string::npos) << t;
+    EXPECT_NE(t.find("rank 10: send(float32[4], dst=1, tag=3) (#1)"), std::string::npos) << t;
+    EXPECT_NE(t.find("but rank 11 has " + c.theirs + " (#1)"), std::string::npos) << t;
+    EXPECT_EQ(w.states[1]->failure()->kind, GuardErrorKind::Mismatch);
+    EXPECT_TRUE(w.guardKeys().empty());
+  }
+}
+
+TEST(CollectiveChecks, TheAsyncAllToAllAuditGathersThePairingSumsNextToTheOp) {
+  World w(3, /*strict=*/false);
+  const auto plan = w.checks[0]->plan(Op::AllToAll);
+  ASSERT_TRUE(plan.audit);
+  ASSERT_FALSE(plan.beforeIssue());
+  const auto results = w.run([&](int r) {
+    w.checks[r]->beforeIssue(plan, allReduce(8), 1, 0, 0);  // nothing before the op
+    w.checks[r]->afterIssue(plan, 100 + r, 200 + r);
+  });
+  for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rv->calls(r), (std::vector<std::string>{"allgather x2"}));
+}
+
+TEST(CollectiveChecks, PlanTruthTable) {
+  // (strict, helper) -> op -> (strict check, strict p2p check, split audit).
+  struct Row {
+    Op op;
+    bool strict, helper;
+    bool wantStrict, wantP2P, wantAudit;
+  };
+  const std::vector<Row> rows = {
+      // Strict: collectives get the check collective, send/recv the store print,
+      // recv from any source nothing (no peer to pair with), nothing is audited.
+      {Op::AllReduce, true, true, true, false, false},
+      {Op::Broadcast, true, true, true, false, false},
+      {Op::Barrier, true, true, true, false, false},
+      {Op::AllToAll, true, true, true, false, false},
+      {Op::AllToAllSingle, true, true, true, false, false},
+      {Op::Send, true, true, false, true, false},
+      {Op::Recv, true, true, false, true, false},
+      {Op::RecvAnySource, true, true, false, false, false},
+      // Async with a helper: only all-to-all is audited.
+      {Op::AllReduce, false, true, false, false, false},
+      {Op::AllToAll, false, true, false, false, true},
+      {Op::AllToAllSingle, false, true, false, false, true},
+      {Op::Send, false, true, false, false, false},
+      {Op::Recv, false, true, false, false, false},
+      {Op::RecvAnySource, false, true, false, false, false},
+      // Async without a helper (checks off): nothing.
+      {Op::AllReduce, false, false, false, false, false},
+      {Op::AllToAll, false, false, false, false, false},
+      {Op::AllToAllSingle, false, false, false, false, false},
+      {Op::Send, false, false, false, false, false},
+  };
+  auto state = std::make_shared<GroupState>(GroupIdentity{"0", 0, 2, {}}, Config(), testkit::groupStore(),
+                                            milliseconds(60000));
+  auto helper = c10::make_intrusive<MemHelper>(0, 2, std::make_shared<Rendezvous>(2));
+  for (const auto& row : rows) {
+    SCOPED_TRACE(std::string(opName(row.op)) + (row.strict ? " strict" : " async") +
+                 (row.helper ? " with helper" : " without helper"));
+    CollectiveChecks checks(state, row.helper ? helper : nullptr, row.strict);
+    const auto p = checks.plan(row.op);
+    EXPECT_EQ(p.strict, row.wantStrict);
+    EXPECT_EQ(p.strictP2P, row.wantP2P);
+    EXPECT_EQ(p.audit, row.wantAudit);
+    EXPECT_EQ(p.beforeIssue(), row.wantStrict || row.wantP2P);
+  }
+  // Every op: strict mode checks each one before it is issued, except a
+  // receive from any source; async mode never does.
+  for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
+    const Op op = static_cast<Op>(i);
+    SCOPED_TRACE(opName(op));
+    EXPECT_EQ(CollectiveChecks(state, helper, true).plan(op).beforeIssue(), op != Op::RecvAnySource);
+    EXPECT_FALSE(CollectiveChecks(state, helper, false).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, nullptr, false).plan(op).audit);
+  }
+}
