@@ -211,6 +211,10 @@ class MemHelper : public c10d::Backend {
   std::shared_ptr<Rendezvous> rv_;
 };
 
+CheckMode modeOf(bool strict) {
+  return strict ? CheckMode::Strict : CheckMode::Async;
+}
+
 // `size` ranks (global ranks 10, 11, ...), strict or not, over one store.
 struct World {
   World(int size, bool strict, bool withHelper = true) : rv(std::make_shared<Rendezvous>(size)) {
@@ -224,7 +228,7 @@ struct World {
                                                     milliseconds(60000)));
       states.back()->setDesc("default_pg");
       helpers.push_back(withHelper ? c10::make_intrusive<MemHelper>(r, size, rv) : nullptr);
-      checks.push_back(std::make_unique<CollectiveChecks>(states.back(), helpers.back(), strict));
+      checks.push_back(std::make_unique<CollectiveChecks>(states.back(), helpers.back(), modeOf(strict)));
     }
   }
   int size() const {
@@ -517,7 +521,7 @@ TEST(CollectiveChecks, PlanTruthTable) {
   for (const auto& row : rows) {
     SCOPED_TRACE(std::string(opName(row.op)) + (row.strict ? " strict" : " async") +
                  (row.helper ? " with helper" : " without helper"));
-    CollectiveChecks checks(state, row.helper ? helper : nullptr, row.strict);
+    CollectiveChecks checks(state, row.helper ? helper : nullptr, modeOf(row.strict));
     const auto p = checks.plan(row.op);
     EXPECT_EQ(p.strict, row.wantStrict);
     EXPECT_EQ(p.strictP2P, row.wantP2P);
@@ -529,8 +533,11 @@ TEST(CollectiveChecks, PlanTruthTable) {
   for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
     const Op op = static_cast<Op>(i);
     SCOPED_TRACE(opName(op));
-    EXPECT_EQ(CollectiveChecks(state, helper, true).plan(op).beforeIssue(), op != Op::RecvAnySource);
-    EXPECT_FALSE(CollectiveChecks(state, helper, false).plan(op).beforeIssue());
-    EXPECT_FALSE(CollectiveChecks(state, nullptr, false).plan(op).audit);
+    EXPECT_EQ(CollectiveChecks(state, helper, CheckMode::Strict).plan(op).beforeIssue(), op != Op::RecvAnySource);
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Async).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, nullptr, CheckMode::Async).plan(op).audit);
+    // verify: nothing before the op, and no separate audit (its check covers splits).
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Verify).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Verify).plan(op).audit);
   }
 }
