@@ -1,0 +1,242 @@
+"""Step time of a DDP and an FSDP2 training step on ``guard`` against plain gloo (issue 23).
+
+Issue 23 makes ``check="verify"`` the default: safe by default at about zero step
+cost. This measures that cost where users pay it, in a whole training step
+(forward, backward with its gradient collectives, optimizer step) on CPU over
+gloo on loopback, rather than per collective as overhead.py does.
+
+Every rank creates one group per variant over the same ranks, up front: plain
+``gloo``, and ``guard`` (wrapping gloo) with check ``verify`` (the default),
+``strict`` and ``async`` (for reference); and one model per (model, group), all
+from the same initial weights. Each round runs ``--steps`` steps of every
+(model, group) pair, in an order shuffled anew each round (the same on every
+rank), so machine noise hits all variants alike. A round's step time is the
+slowest rank's mean over its steps (after a barrier); the ratio to gloo is taken
+per round, against gloo's step time in the same round, then its median and
+quartiles over rounds. The spread of gloo's own rounds around their median is the
+run's noise: a ratio closer to 1 than that is not resolved by the run.
+
+Models: ``--layers`` Linear(width, width) layers, each 1 MB of float32 parameters
+at the default width 512.
+  DDP:   ``bucket_cap_mb`` = one layer's weight, so each layer is its own gradient
+         bucket (24 buckets by default; DDP puts every parameter in one bucket for
+         its first two steps and rebuilds the buckets then, hence at least 3
+         warm-up steps; the count printed is DDP's own ``num_buckets_reduced``
+         after the warm-up steps).
+  FSDP2: ``torch.distributed.fsdp.fully_shard`` on every layer and the root, on a
+         DeviceMesh over the group; works on CPU with gloo (and guard) in torch
+         2.13. Where it does not (another torch), the run says so and skips it.
+
+    python benchmarks/train_step.py --world 2 --rounds 11 --steps 6               # DDP and FSDP2 (~3 min, 2 cores)
+    python benchmarks/train_step.py --world 4 --rounds 11 --steps 4               # DDP and FSDP2 (~3 min, 2 cores)
+    python benchmarks/train_step.py --world 2 --model ddp --rounds 40 --steps 20  # the DDP goal, more rounds (~3 min)
+    python benchmarks/train_step.py --world 4 --model ddp --rounds 30 --steps 7   # the DDP goal, more rounds (~3 min)
+    python benchmarks/train_step.py --quick --world 2                             # tiny sizes: the smoke test
+
+Goal: verify <= 1.01x gloo (DDP step time), issue 23; strict and async are printed
+for reference.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _ranks  # noqa: E402
+
+VARIANTS = {  # name -> check mode of the guard group (None: plain gloo)
+    "gloo": None,
+    "guard verify": "verify",
+    "guard strict": "strict",
+    "guard async": "async",
+}
+GOAL = 1.01  # verify / gloo, DDP step time
+
+
+def _model(layers: int, width: int) -> nn.Module:
+    torch.manual_seed(0)  # the same initial weights for every variant and rank
+    return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+
+
+def _ddp_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _bucket_count(ddp: nn.Module) -> int:
+    data = ddp._get_ddp_logging_data()
+    if "num_buckets_reduced" in data:
+        return int(data["num_buckets_reduced"])
+    return len(str(data.get("rebuilt_bucket_sizes") or data["bucket_sizes"]).split(","))
+
+
+def _rank(rank: int, world: int, store, models: list[str], layers: int, width: int, batch: int,
+          rounds: int, steps: int, warmup: int) -> dict:
+    import torch_ext
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_flush_denormal(True)  # shrinking activations must not slow later rounds
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    ranks = list(range(world))
+    groups = {}
+    for name, check in VARIANTS.items():
+        if check is None:
+            groups[name] = dist.new_group(ranks, backend="gloo")
+        else:
+            groups[name] = dist.new_group(ranks, backend="guard", pg_options=torch_ext.GuardOptions(check=check))
+    torch.manual_seed(1 + rank)
+    x = torch.randn(batch, width)
+    cap_mb = width * width * 4 / 2**20  # one layer's weight: each layer is a bucket
+
+    runs = {}  # (model, variant) -> (module, optimizer)
+    buckets: dict[str, int] = {}
+    fsdp_error = ""
+    if "ddp" in models:
+        for name, g in groups.items():
+            ddp = nn.parallel.DistributedDataParallel(_model(layers, width), process_group=g, bucket_cap_mb=cap_mb)
+            opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+            for _ in range(warmup):  # the first steps rebuild the buckets
+                _ddp_step(ddp, opt, x)
+            buckets[name] = _bucket_count(ddp)
+            runs[("DDP", name)] = (ddp, opt)
+    if "fsdp2" in models:
+        built = {}
+        try:
+            from torch.distributed.device_mesh import DeviceMesh
+            from torch.distributed.fsdp import fully_shard
+
+            for name, g in groups.items():
+                m = _model(layers, width)
+                mesh = DeviceMesh.from_group(g, "cpu")
+                for layer in m:
+                    fully_shard(layer, mesh=mesh)
+                fully_shard(m, mesh=mesh)
+                opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+                for _ in range(warmup):
+                    _ddp_step(m, opt, x)
+                built[("FSDP2", name)] = (m, opt)
+        except Exception as e:  # noqa: BLE001
+            fsdp_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        # Every rank skips FSDP2 if any rank could not run it.
+        ok = torch.tensor([0.0 if fsdp_error else 1.0])
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if ok.item() == 1.0:
+            runs.update(built)
+        elif not fsdp_error:
+            fsdp_error = "failed on another rank"
+
+    times: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
+    rng = random.Random(0)  # the same order on every rank
+    for _ in range(rounds):
+        order = list(runs.items())
+        rng.shuffle(order)
+        for key, (model, opt) in order:
+            dist.barrier()
+            start = time.perf_counter()
+            for _ in range(steps):
+                _ddp_step(model, opt, x)
+            times[key].append((time.perf_counter() - start) / steps)
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"times": times, "buckets": buckets, "fsdp_error": fsdp_error, "threads": torch.get_num_threads()}
+
+
+def _quartiles(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], statistics.median(xs), q[2]
+
+
+def _verdict(q1: float, q3: float, goal: float) -> str:
+    return "met" if q3 <= goal else ("not met" if q1 > goal else "not resolved by this run's noise")
+
+
+def _report(world: int, res: list[dict], args: argparse.Namespace) -> None:
+    first = res[0]
+    print(f"world {world}, {first['threads']} torch thread(s) per rank")
+    if first["buckets"]:
+        counts = {r["buckets"][v] for r in res for v in VARIANTS}
+        count = min(counts)
+        note = "" if count >= 20 else "  (fewer than the 20 wanted)"
+        print(f"DDP buckets: {count} per step (DDP's own count after {args.warmup} warm-up steps, "
+              f"{'every variant and rank' if len(counts) == 1 else 'differs: ' + str(sorted(counts))}){note}")
+    if "fsdp2" in args.models:
+        errors = {r["fsdp_error"] for r in res if r["fsdp_error"]}
+        if errors:
+            print(f"FSDP2: skipped, fully_shard on CPU with gloo does not work here: {'; '.join(sorted(errors))}")
+        else:
+            print("FSDP2: fully_shard on CPU with gloo and guard: works")
+    # A round's step time is the slowest rank's.
+    keys = list(first["times"])
+    times = {k: [max(r["times"][k][i] for r in res) for i in range(args.rounds)] for k in keys}
+    for model in ("DDP", "FSDP2"):
+        if (model, "gloo") not in times:
+            continue
+        base = times[(model, "gloo")]
+        for name in VARIANTS:
+            q1, m, q3 = _quartiles(times[(model, name)])
+            line = f"  {model:<5} {name:<13} {m * 1e3:8.2f} ms [{q1 * 1e3:.2f}, {q3 * 1e3:.2f}]"
+            if name != "gloo":
+                r1, rm, r3 = _quartiles([t / b for t, b in zip(times[(model, name)], base)])
+                line += f"   {rm:.3f}x gloo [{r1:.3f}, {r3:.3f}]"
+            print(line)
+        q1, m, q3 = _quartiles(base)
+        print(f"  {model:<5} noise: gloo's own rounds span [{q1 / m:.3f}, {q3 / m:.3f}] of their median "
+              f"(IQR {(q3 - q1) / m * 100:.1f}%)")
+    if ("DDP", "gloo") in times:
+        r1, rm, r3 = _quartiles([t / b for t, b in zip(times[("DDP", "guard verify")], times[("DDP", "gloo")])])
+        print(f"goal: verify <= {GOAL:.2f}x gloo (DDP) at world {world}: {rm:.3f}x [{r1:.3f}, {r3:.3f}]: "
+              f"{_verdict(r1, r3, GOAL)}")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--model", default="both", choices=["ddp", "fsdp2", "both"])
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 11; --quick 3)")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="steps per (model, group) per round (default 6; --quick 2)")
+    ap.add_argument("--warmup", type=int, default=3,
+                    help="untimed steps per (model, group) before the rounds (at least 3: DDP rebuilds its buckets)")
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--width", type=int, default=None,
+                    help="features per layer (default 512: 1 MB a layer; --quick 32)")
+    ap.add_argument("--batch", type=int, default=None, help="samples per rank per step (default 32; --quick 4)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes and few rounds: checks the script runs")
+    args = ap.parse_args()
+    quick = args.quick
+    args.rounds = args.rounds or (3 if quick else 11)
+    args.steps = args.steps or (2 if quick else 6)
+    args.width = args.width or (32 if quick else 512)
+    args.batch = args.batch or (4 if quick else 32)
+    args.models = ["ddp", "fsdp2"] if args.model == "both" else [args.model]
+    if args.warmup < 3:
+        ap.error("--warmup must be at least 3: DDP times its first steps on one bucket, then rebuilds them")
+
+    layer = (args.width * args.width + args.width) * 4
+    size = f"{layer / 2**20:.2f} MB" if layer >= 2**20 else f"{layer / 2**10:.1f} KB"
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo over loopback")
+    print(f"model: {args.layers} x Linear({args.width}, {args.width}) ({size} of parameters each), "
+          f"batch {args.batch} per rank, SGD; DDP bucket_cap_mb={args.width * args.width * 4 / 2**20:.4g}")
+    print(f"{args.rounds} rounds; each runs {args.steps} steps of every (model, group) in a shuffled order;")
+    print("step time: median [quartiles] over rounds of the slowest rank's mean step; ratio: per round,")
+    print("against gloo's step time in the same round, median [quartiles] over rounds")
+    for world in args.world:
+        res = _ranks.run(_rank, world, args.models, args.layers, args.width, args.batch, args.rounds,
+                         args.steps, args.warmup)
+        _report(world, res, args)
+
+
+if __name__ == "__main__":
+    main()
