@@ -15,6 +15,7 @@ import multiprocessing as mp
 import os
 import socket
 import sys
+import time
 from datetime import timedelta
 from typing import Callable
 
@@ -68,16 +69,21 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **
         p.start()
     # Wait until every rank ended, or the only ones left are frozen (SIGSTOP,
     # as an example may do on purpose): those are killed, the others are not.
-    deadline = 120.0
-    while deadline > 0 and any(p.exitcode is None and not _frozen(p.pid) for p in procs):
-        mp.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
-        deadline -= 0.5
+    # The deadline is wall time: a rank whose sentinel is ready but which the
+    # kernel has not reaped yet (a process still exiting) makes wait() return at
+    # once, so counting iterations would run it out in a blink.
+    end = time.monotonic() + 120.0
+    while time.monotonic() < end and any(p.exitcode is None and not _frozen(p.pid) for p in procs):
+        ready = mp.connection.wait([p.sentinel for p in procs if p.exitcode is None], timeout=0.5)
+        for p in procs:
+            if p.sentinel in ready:
+                p.join(timeout=5)  # ended: reap it
     for r, p in enumerate(procs):
         if p.exitcode is None:
             p.kill()
             p.join()
             print(f"rank {r} exit code: {p.exitcode} (killed by the launcher: it was "
-                  f"{'frozen' if deadline > 0 else 'still running after 120 s'})")
+                  f"{'frozen' if time.monotonic() < end else 'still running after 120 s'})")
         else:
             print(f"rank {r} exit code: {p.exitcode}")
 

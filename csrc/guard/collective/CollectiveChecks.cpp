@@ -9,6 +9,10 @@
 #include "guard/watchdog/Watchdog.h"
 
 #include <sstream>
+#include <thread>
+#include <mutex>
+#include <deque>
+#include <condition_variable>
 
 namespace torch_ext {
 
@@ -102,7 +106,13 @@ void CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, u
     return;
   }
   const P2PPrint theirs = awaitP2PPrint(*state_, key, opName(fp.op));
-  if (theirs.pair == fp.p2pPairHash()) return;
+  compareP2P(theirs, fp, ordinal, src, where, /*raise=*/true);
+}
+
+bool CollectiveChecks::compareP2P(const P2PPrint& theirs, const Fingerprint& fp, uint64_t ordinal, int src,
+                                  const std::string& where, bool raise) {
+  if (theirs.pair == fp.p2pPairHash()) return true;
+  const int me = state_->id().rank;
   std::ostringstream os;
   os << messages::p2pDoNotPair(state_->label()) << "\n  rank "
      << state_->id().globalRank(src) << ": " << theirs.text << " (#" << ordinal << ") at " << theirs.where
@@ -116,7 +126,194 @@ void CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, u
   v.reporter = state_->id().globalRank(me);
   Watchdog::instance().publishVerdict(state_, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
   state_->fail(GuardErrorKind::Mismatch, v.text);
-  state_->throwFailure("");
+  if (raise) state_->throwFailure("");
+  return false;
+}
+
+// --- strict receives posted before their sends ------------------------------------
+
+namespace {
+
+// Stands for a strict receive until it is posted; then for the inner receive.
+// Like gloo's send/recv works it has no future, so GuardWork waits on it.
+class DeferredReceiveWork : public c10d::Work {
+ public:
+  DeferredReceiveWork() : c10d::Work(-1, c10d::OpType::RECV) {}
+  void posted(c10::intrusive_ptr<c10d::Work> real) {
+    std::lock_guard<std::mutex> lock(mu_);
+    real_ = std::move(real);
+    cv_.notify_all();
+  }
+  // Never posted: the group failed (or the check found a mismatch).
+  void cancel() {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  bool isCompleted() override {
+    auto r = real();
+    return r ? r->isCompleted() : cancelledNow();
+  }
+  bool isSuccess() const override {
+    auto r = real();
+    return r && r->isSuccess();
+  }
+  std::exception_ptr exception() const override {
+    auto r = real();
+    return r ? r->exception() : nullptr;
+  }
+  int sourceRank() const override {
+    auto r = real();
+    return r ? r->sourceRank() : -1;
+  }
+  std::vector<at::Tensor> result() override {
+    auto r = real();
+    return r ? r->result() : std::vector<at::Tensor>{};
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      auto ready = [this] { return real_ || cancelled_; };
+      if (timeout == kNoTimeout) {
+        cv_.wait(lock, ready);
+      } else if (!cv_.wait_for(lock, timeout, ready)) {
+        return false;
+      }
+      if (!real_) return false;  // cancelled: the caller raises the group's failure
+    }
+    return real()->wait(timeout);
+  }
+  void abort() override {
+    c10::intrusive_ptr<c10d::Work> r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      r = real_;
+      cv_.notify_all();
+    }
+    if (r) r->abort();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> real() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return real_;
+  }
+  bool cancelledNow() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
+  }
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  c10::intrusive_ptr<c10d::Work> real_;
+  bool cancelled_ = false;
+};
+
+// How often the poster looks for the print of the oldest deferred receive.
+constexpr std::chrono::milliseconds kPrintPoll{20};
+
+} // namespace
+
+struct DeferredReceives {
+  struct Entry {
+    std::string key;
+    Fingerprint fp;
+    uint64_t ordinal = 0;
+    int src = -1;
+    std::string where;
+    std::function<c10::intrusive_ptr<c10d::Work>()> post;
+    c10::intrusive_ptr<DeferredReceiveWork> work;
+  };
+  std::mutex mu;
+  std::deque<Entry> queue;
+  bool posting = false;  // a poster thread is running
+};
+
+bool CollectiveChecks::receiveReady(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite) {
+  if (deferred_) {
+    std::lock_guard<std::mutex> lock(deferred_->mu);
+    if (!deferred_->queue.empty()) return false;  // posted in issue order: behind the waiting ones
+  }
+  const int src = fp.root;
+  const std::string key = keys::p2pPrint(src, state_->id().rank, fp.tag, ordinal);
+  auto theirs = takeP2PPrintIfThere(*state_, key, opName(fp.op));
+  if (!theirs) return false;
+  compareP2P(*theirs, fp, ordinal, src, CallSites::instance().describe(callSite), /*raise=*/true);
+  return true;
+}
+
+c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,
+                                                              const Fingerprint& fp, uint64_t ordinal,
+                                                              uint32_t callSite) {
+  if (!deferred_) deferred_ = std::make_shared<DeferredReceives>();
+  auto work = c10::make_intrusive<DeferredReceiveWork>();
+  DeferredReceives::Entry e;
+  e.src = fp.root;
+  e.key = keys::p2pPrint(e.src, state_->id().rank, fp.tag, ordinal);
+  e.fp = fp;
+  e.ordinal = ordinal;
+  e.where = CallSites::instance().describe(callSite);
+  e.post = std::move(post);
+  e.work = work;
+  bool start = false;
+  {
+    std::lock_guard<std::mutex> lock(deferred_->mu);
+    deferred_->queue.push_back(std::move(e));
+    start = !deferred_->posting;
+    deferred_->posting = true;
+  }
+  if (start) {
+    // A short-lived poster: it drains the queue and ends. It holds the queue
+    // and this object's state, never the backend.
+    auto queue = deferred_;
+    auto checks = std::make_shared<CollectiveChecks>(state_, helper_, mode_);
+    std::thread([queue, checks] {
+      auto cancelAll = [&queue] {
+        std::lock_guard<std::mutex> lock(queue->mu);
+        for (auto& q : queue->queue) q.work->cancel();
+        queue->queue.clear();
+        queue->posting = false;
+      };
+      GroupState& st = *checks->state_;
+      while (true) {
+        DeferredReceives::Entry* front = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(queue->mu);
+          if (queue->queue.empty()) {
+            queue->posting = false;
+            return;
+          }
+          front = &queue->queue.front();  // only this thread pops: stays valid
+        }
+        if (st.failed()) {  // its failure reaches the program through the waits
+          cancelAll();
+          return;
+        }
+        try {
+          auto theirs = takeP2PPrintIfThere(st, front->key, opName(front->fp.op));
+          if (!theirs) {
+            st.waitUntil([] { return false; }, kPrintPoll);
+            continue;
+          }
+          // A mismatch fails the group (the wait raises it), it is not raised here.
+          if (!checks->compareP2P(*theirs, front->fp, front->ordinal, front->src, front->where, /*raise=*/false)) {
+            cancelAll();
+            return;
+          }
+          front->work->posted(front->post());
+        } catch (const std::exception& e) {
+          // The group failed (a mismatch, a lost store) or the inner receive
+          // could not be posted: nothing behind it will be posted either.
+          if (!st.failed()) st.fail(GuardErrorKind::Failure, std::string("guard: a deferred receive failed: ") + e.what());
+          cancelAll();
+          return;
+        }
+        std::lock_guard<std::mutex> lock(queue->mu);
+        queue->queue.pop_front();
+      }
+    }).detach();
+  }
+  return work;
 }
 
 void CollectiveChecks::auditSplits(uint64_t splitSend, uint64_t splitRecv) {

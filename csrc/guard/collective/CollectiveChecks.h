@@ -8,7 +8,10 @@
 //    every rank raises the same CollectiveMismatchError (StrictExchange
 //    fetches the full fingerprints) and no data moves.
 //  - strict, send/recv: the sender publishes its fingerprint in the store, the
-//    receiver compares before receiving.
+//    receiver compares before receiving. A receive posted before its send (a
+//    legal order: every rank's irecv, then its isend) is not held at issue:
+//    it returns at once and is posted, on a thread of the checks, once the
+//    sender's print is there and pairs.
 //  - async, all-to-all: split pairing cannot be seen by the ring check (splits
 //    differ per rank by nature), so a tiny all_gather of the pairing sums runs
 //    on the helper group next to the op, without delaying it.
@@ -19,9 +22,13 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace torch_ext {
+
+struct P2PPrint;
+struct DeferredReceives;
 
 class CollectiveChecks {
  public:
@@ -46,9 +53,23 @@ class CollectiveChecks {
   // difference raises a mismatch incident through the watchdog.
   void afterIssue(const Plan& plan, uint64_t splitSend, uint64_t splitRecv);
 
+  // Strict receive: true when it may be posted now (its sender's print is
+  // there and pairs; throws the mismatch on every rank when it does not);
+  // false when it must wait for the print (see deferReceive).
+  bool receiveReady(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
+  // Queues a strict receive whose sender has not published yet: returns the
+  // work that stands for it; `post` runs (posting the inner receive) once the
+  // print is there and pairs. Receives are posted in the order they were issued.
+  c10::intrusive_ptr<c10d::Work> deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,
+                                              const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
+
  private:
   void strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite);
   void strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
+  // False when `theirs` does not pair with `fp`: the mismatch is published to
+  // every rank and fails the group, and with `raise` is thrown here too.
+  bool compareP2P(const P2PPrint& theirs, const Fingerprint& fp, uint64_t ordinal, int src, const std::string& where,
+                  bool raise);
   void auditSplits(uint64_t splitSend, uint64_t splitRecv);
   // Waits for a work of the helper backend, or throws the group's failure.
   void waitForHelper(const c10::intrusive_ptr<c10d::Work>& work);
@@ -56,6 +77,8 @@ class CollectiveChecks {
   std::shared_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;
   CheckMode mode_;
+  // Strict receives waiting for their sender's print (CollectiveChecks.cpp).
+  std::shared_ptr<DeferredReceives> deferred_;
 };
 
 } // namespace torch_ext

@@ -59,6 +59,7 @@ std::optional<Failure> GroupState::failure() const {
 void GroupState::throwFailure(const std::string& op) const {
   auto f = failure();
   if (!f) throw std::logic_error("throwFailure() on a group that has not failed");
+  failureRaised_.store(true, std::memory_order_release);
   std::string msg = f->report;
   if (!op.empty()) {
     msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) +

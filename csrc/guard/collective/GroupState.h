@@ -86,6 +86,12 @@ class GroupState {
   // Throws the group's failure. `op` names a later operation that ran into an
   // earlier failure ("" for the operation that caused it).
   [[noreturn]] void throwFailure(const std::string& op) const;
+  // Whether the failure was ever raised (throwFailure) on a thread of the
+  // program: an exit path reports a mismatch nobody raised, so no process
+  // exits 0 over it.
+  bool failureRaised() const {
+    return failureRaised_.load(std::memory_order_acquire);
+  }
   void setAbortHook(std::function<void()> hook);
 
   // check="verify": what releases results once they are known to agree
@@ -117,6 +123,7 @@ class GroupState {
   std::condition_variable cv_;
   std::string desc_;
   std::atomic<bool> failed_{false};
+  mutable std::atomic<bool> failureRaised_{false};
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
   std::shared_ptr<Verifier> verifier_;

@@ -204,9 +204,14 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   if (seq > 0) {
     if (Verifier* verifier = state_->verifier()) verifier->issued(seq, rolling, hash, splitSend, splitRecv);
   }
+  bool deferReceive = false;  // strict: a receive whose sender has not published yet
   if (checks.beforeIssue()) {
     try {
-      checks_->beforeIssue(checks, strictCopy, seq, ordinal, site);
+      if (checks.strictP2P && op == Op::Recv) {
+        deferReceive = !checks_->receiveReady(strictCopy, ordinal, site);
+      } else {
+        checks_->beforeIssue(checks, strictCopy, seq, ordinal, site);
+      }
     } catch (const GuardError&) {
       state_->ledger().complete(id, false, "strict check failed");
       throw;
@@ -221,7 +226,14 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   }
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = call(inner);
+    if (deferReceive) {
+      // Posted by the checks once the sender's print is there: the caller
+      // goes on (its isend may be what the sender is waiting for).
+      work = checks_->deferReceive([call, target = innerFor(device)]() mutable { return call(*target); }, strictCopy,
+                                   ordinal, site);
+    } else {
+      work = call(inner);
+    }
   } catch (c10::Error& e) {
     state_->ledger().complete(id, false, e.what_without_backtrace());
     std::ostringstream os;
@@ -405,8 +417,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::send(std::vector<at::Tensor>& tenso
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  // By value: a strict receive may be posted after this call returns.
   return run(std::move(FingerprintBuilder(Op::Recv).tensors(tensors).peer(srcRank, tag)), deviceOf(tensors),
-             [&](c10d::Backend& b) { return b.recv(tensors, srcRank, tag); });
+             [tensors, srcRank, tag](c10d::Backend& b) mutable { return b.recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
@@ -530,8 +543,10 @@ void GuardBackend::shutdown() {
     }
     verifier->stop();
   }
-  // A mismatch the rank already raised is not raised again here.
-  const bool mismatched = !failedBefore && state_->failed() && state_->failure()->kind == GuardErrorKind::Mismatch;
+  // A mismatch the program never saw raised (found during the drain, or on a
+  // collective nobody waited on) is raised here; one it saw is not raised again.
+  const bool mismatched = state_->failed() && state_->failure()->kind == GuardErrorKind::Mismatch &&
+      !state_->failureRaised();
   stopWatchdog();
   if (state_->failed() || Watchdog::instance().exiting()) {
     // Failed inners stay alive on purpose, untouched: shutting down a gloo

@@ -116,7 +116,17 @@ std::string GuardWork::describe() const {
 }
 
 bool GuardWork::isCompleted() {
-  if (mode_ == Mode::Future) return (innerFuture_->completed() && released()) || state_->failed();
+  if (mode_ == Mode::Future) {
+    if (innerFuture_->completed() && released()) return true;
+    // A result the check refused is never reported as done: a caller polling
+    // is_completed() and then reading the tensor would read it. The failure
+    // is raised instead, as wait() raises it.
+    if (state_->failed()) {
+      if (gate() != nullptr) state_->throwFailure("");
+      return true;
+    }
+    return false;
+  }
   return state_->failed() || inner_->isCompleted();
 }
 

@@ -83,6 +83,17 @@ bool publishP2PPrint(GroupState& st, const std::string& key, const P2PPrint& pri
   return st.store().set(key, j.dump());  // the receiver deletes it
 }
 
+std::optional<P2PPrint> takeP2PPrintIfThere(GroupState& st, const std::string& key, const std::string& op) {
+  if (st.failed()) st.throwFailure(op);
+  auto there = st.store().check({key});
+  if (!there.ok()) {
+    if (there.status == CallStatus::Failed) return std::nullopt;  // the store answered with an error: try later
+    storeFailed(st, op);
+  }
+  if (!there.value) return std::nullopt;
+  return awaitP2PPrint(st, key, op);
+}
+
 P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string& op) {
   awaitKeys(st, {key}, op);
   auto raw = st.store().get(key);

@@ -17,6 +17,7 @@
 #include "guard/report/Report.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,5 +39,7 @@ bool publishP2PPrint(GroupState& st, const std::string& key, const P2PPrint& pri
 // Receiver side: waits for the sender's print and removes it; throws the
 // group's error if the group fails meanwhile.
 P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string& op);
+// The same without waiting: the print if the sender has published it.
+std::optional<P2PPrint> takeP2PPrintIfThere(GroupState& st, const std::string& key, const std::string& op);
 
 } // namespace torch_ext

@@ -168,12 +168,15 @@ std::vector<std::string> Watchdog::atExit() {
   for (auto& g : groups) {
     GroupState& st = *g->state;
     Verifier* verifier = st.verifier();
-    if (verifier == nullptr || st.failed()) continue;
-    const auto bound = std::chrono::milliseconds(static_cast<int64_t>(st.config().storeTimeoutS * 1000.0));
-    if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
-      st.waitUntil([] { return false; }, bound);
+    if (verifier != nullptr && !st.failed()) {
+      const auto bound = std::chrono::milliseconds(static_cast<int64_t>(st.config().storeTimeoutS * 1000.0));
+      if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
+        st.waitUntil([] { return false; }, bound);
+      }
     }
-    if (auto f = st.failure(); f && f->kind == GuardErrorKind::Mismatch) mismatches.push_back(f->report);
+    // Found at exit, or earlier on collectives nobody waited on: never raised.
+    auto f = st.failure();
+    if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) mismatches.push_back(f->report);
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

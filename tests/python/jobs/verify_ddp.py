@@ -66,7 +66,8 @@ try:
 except Exception as e:
     record.update(error_type=type(e).__name__, error=str(e), step_failed=step,
                   mismatch=isinstance(e, torch_ext.CollectiveMismatchError),
-                  dist_backend_error=isinstance(e, dist.DistBackendError))
+                  dist_backend_error=isinstance(e, dist.DistBackendError),
+                  failure_kind=(torch_ext.failure() or ("", ""))[0])
     raise
 finally:
     record["params_unchanged"] = all(torch.equal(a, p.detach()) for a, p in zip(initial, model.parameters()))
