@@ -78,7 +78,8 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->config().check);
-  if (state_->config().check == CheckMode::Verify && helper_) {
+  // A lone rank cannot disagree with itself: no verifier at world size 1.
+  if (state_->config().check == CheckMode::Verify && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
   }
   pg_uid_ = state_->id().name;

@@ -45,6 +45,9 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
 void GuardWork::settle(GroupState& state, uint64_t id, uint64_t seq,
                        const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
   const bool ok = !inner->hasError();
+  if (seq > 0 && ok) {
+    if (Verifier* verifier = state.verifier()) verifier->kick();  // check what completed, off the caller's thread
+  }
   auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner->tryRetrieveErrorMessage());
   if (ours) release(state, seq, std::move(ours), inner);
 }

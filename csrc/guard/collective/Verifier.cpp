@@ -45,6 +45,12 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
     std::lock_guard<std::mutex> lock(mu_);
     pending_[seq] = Issued{rolling, hash, splitSend, splitRecv};
   }
+  // Started at issue, not only at completion: a mismatch can leave the inner
+  // collective pending for good, and its verdict must still come.
+  maybeStartRound();
+}
+
+void Verifier::kick() {
   maybeStartRound();
 }
 

@@ -11,11 +11,13 @@
 //    decides; otherwise a second gather compares the values at the lowest
 //    target S. Every rank reads the same data, so every rank reaches the same
 //    verdict: collectives up to S are verified, or they differ.
-//  - Rounds start when a collective is issued and none is in flight, and run
-//    on the helper backend's threads (never the caller's): a round covers
-//    everything issued while the previous one ran, so DDP's bucket
-//    all_reduces of a step cost one or two rounds, and a loop of waited small
-//    all_reduces costs one round each (what strict costs).
+//  - A round starts when a collective is issued or completes and none is in
+//    flight; it runs on the helper backend's threads (the caller only
+//    enqueues it): a round covers everything issued while the previous one
+//    ran, so DDP's bucket all_reduces of a step cost one or two rounds, and a
+//    loop of waited small all_reduces costs one round each (what strict
+//    costs). Rounds start at issue, not only at completion, because a
+//    mismatch can leave the inner collective pending for good.
 //  - A round needs every rank to have issued a collective past the verified
 //    one, which the collective itself needs anyway: the check adds no
 //    dependency between ranks that the program did not have.
@@ -45,7 +47,11 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
 
   // Issue side: collective #seq was recorded (any order between threads).
+  // Starts a round unless one is in flight (then the next covers it).
   void issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv);
+  // A collective completed on this rank (the inner backend's callback): start
+  // a round over what is issued, unless one is in flight.
+  void kick();
 
   bool verified(uint64_t seq) const {
     return verifiedSeq_.load(std::memory_order_acquire) >= seq;
