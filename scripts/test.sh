@@ -9,7 +9,12 @@ PY=${PYTHON:-python3}
 
 echo "== C++ (GoogleTest)"
 TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
-cmake -S tests/cpp -B tests/cpp/build -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The suite links the core objects that setup.sh's extension build compiled (in
+# setup.py's build folder, build/temp.<platform>-<python tag>) instead of
+# compiling the core a second time; see tests/cpp/CMakeLists.txt.
+BUILD_TEMP=$("$PY" -c 'import sys, sysconfig; print(f"build/temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")')
+cmake -S tests/cpp -B tests/cpp/build -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" -DCMAKE_BUILD_TYPE=Release \
+  -DTORCH_EXT_BUILD_TEMP="$PWD/$BUILD_TEMP" >/dev/null
 cmake --build tests/cpp/build -j "${MAX_JOBS:-2}" >/dev/null
 ctest --test-dir tests/cpp/build --output-on-failure
 
