@@ -67,6 +67,7 @@ def _sleepy(rank: int, world: int, hold: float) -> dict:
     return {"start": start, "records": cap.records, "value": t.tolist()}
 
 
+@pytest.mark.serial  # times the report against the clock (within 2 s of warn_after): run alone
 def test_sleeping_rank_is_reported_by_lowest_waiting_rank_and_training_goes_on(tmp_path):
     world, hold = 3, 4.0
     env = dict(FAST, TORCH_EXT_DUMP_DIR=str(tmp_path))
