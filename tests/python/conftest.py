@@ -15,6 +15,12 @@ from torch_ext.testing import apply_gpu_rule
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def pytest_collection_modifyitems(config, items):
+    # Long tests first (stable otherwise): pytest-xdist hands tests out in this
+    # order, so a soak started last would run alone at the end (scripts/test.sh).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_setup(item):
     # The GPU rule, shared with the plugin's world(n, device="cuda"): skipped
     # without enough CUDA devices, a failure on a GPU runner (TORCH_EXT_GPU_RUNNER=1).

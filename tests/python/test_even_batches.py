@@ -50,7 +50,8 @@ def _even_loop(rank: int, world: int, lengths: list[int], policy: str, overlap: 
 
 
 def test_uneven_data_hangs_a_plain_loop():
-    results = run_ranks(_plain_uneven_loop, 2, [2, 4], backend="gloo", timeout=6)
+    # The hang is waited out to the deadline: 4 s is ample for 2 steps (they take well under 1 s).
+    results = run_ranks(_plain_uneven_loop, 2, [2, 4], backend="gloo", timeout=4)
     # Rank 0 ran out after 2 steps; rank 1 waits in step 2's all_reduce for good.
     assert results[1].timed_out, report(results)
     assert "rank 0 left the loop after 2 steps" in results[0].log, report(results)

@@ -151,6 +151,7 @@ def ddp_run(tmp_path_factory):
     return _launch(tmp_path_factory.mktemp("ddp"), "ddp", CASES)
 
 
+@pytest.mark.xdist_group("ddp_run")  # pytest -n: one worker, one ddp_run
 def test_fused_early_stopping_stops_at_the_same_epoch_as_lightning(ddp_run):
     local_stops = [_expected_stop_epoch(c, 2) for c in CURVES]
     expected = min(local_stops)  # any rank that wants to stop stops everyone
@@ -164,6 +165,7 @@ def test_fused_early_stopping_stops_at_the_same_epoch_as_lightning(ddp_run):
         assert (fused["wait_count"], fused["best"], fused["epoch"]) == (ref["wait_count"], ref["best"], ref["epoch"])
 
 
+@pytest.mark.xdist_group("ddp_run")  # pytest -n: one worker, one ddp_run
 def test_monitored_metric_riding_in_the_collective_matches_sync_dist(ddp_run):
     mean = [(a + b) / 2 for a, b in zip(*CURVES)]
     expected = _expected_stop_epoch(mean, 2)
@@ -176,6 +178,7 @@ def test_monitored_metric_riding_in_the_collective_matches_sync_dist(ddp_run):
         assert fused["synced"] == {"val_loss": mean[expected], "val_rank": 0.5}
 
 
+@pytest.mark.xdist_group("ddp_run")  # pytest -n: one worker, one ddp_run
 def test_uneven_iterable_wrapped_with_even_batches_does_not_hang_ddp(ddp_run):
     r = ddp_run["uneven_even_batches"]
     # Rank 0 has 3 batches per epoch, rank 1 has 7: both train 3 per epoch.

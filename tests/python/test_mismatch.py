@@ -238,6 +238,7 @@ def _soak(rank: int, world: int, steps: int, seed: int) -> int:
     return steps
 
 
+@pytest.mark.slow  # a soak: started first under pytest -n (tests/python/conftest.py)
 @pytest.mark.parametrize("mode", ["async", "strict"])
 def test_soak_of_matching_random_collectives_raises_nothing(mode):
     steps = 10_000 if mode == "async" else 2_000

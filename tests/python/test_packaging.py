@@ -11,7 +11,7 @@
 Each build compiles the extension again (about 3 minutes on 2 cores; seconds
 when ccache, which scripts/setup.sh installs, has seen the sources), so these
 tests are marked ``packaging``: the default pytest run leaves them out, and
-scripts/test.sh runs them as a step of their own. The environments reuse this
+scripts/test.sh runs them beside the other tests (on one pytest-xdist worker). The environments reuse this
 interpreter's packages (torch, pip, build, ninja) through a plain-path .pth
 file, so nothing big is installed; only the setuptools under test is. An
 editable torch_ext of this interpreter stays out: its .pth hooks are not run.
@@ -34,7 +34,8 @@ import torch
 import torch_ext
 from harness import ROOT, run_script
 
-pytestmark = pytest.mark.packaging
+# xdist_group: under pytest -n the module's builds and environments (module fixtures) are made once, on one worker.
+pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging")]
 
 BUILD_TIMEOUT = 1200  # one full compile is ~3 min on 2 idle cores; CI machines are shared
 

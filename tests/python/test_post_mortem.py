@@ -139,6 +139,7 @@ def _both_receive(rank: int, world: int) -> str:
 
 # --- Flight Recorder export read by torch's analyzer -------------------------
 
+@pytest.mark.xdist_group("hang_dumps")  # pytest -n: one worker, one hang_dumps run
 def test_fr_export_of_a_hang_names_the_missing_rank_and_seq_in_torchfrtrace(hang_dumps, tmp_path):
     ours = _verdict(hang_dumps)
     assert ours["kind"] == "hang" and ours["seq"] == 2 and ours["not_arrived"] == [2], ours
@@ -329,6 +330,7 @@ def test_fr_export_of_a_clean_run_with_every_op_and_two_groups_reads_as_clean(tm
     assert "has errors" not in out.stderr and "Not all ranks" not in out.stderr, out.stderr
 
 
+@pytest.mark.xdist_group("hang_dumps")  # pytest -n: one worker, one hang_dumps run
 def test_diagnose_outputs_refuse_bad_input_naming_the_fix(hang_dumps, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -359,6 +361,7 @@ def test_diagnose_outputs_refuse_bad_input_naming_the_fix(hang_dumps, tmp_path):
 
 # --- Perfetto / Chrome trace ----------------------------------------------------
 
+@pytest.mark.xdist_group("hang_dumps")  # pytest -n: one worker, one hang_dumps run
 def test_trace_has_one_lane_per_rank_one_event_per_entry_and_the_report(hang_dumps, tmp_path):
     path = tmp_path / "trace.json"
     out = _diagnose(hang_dumps, "--trace", path)
@@ -455,6 +458,7 @@ def _png_rgb(path):
     return img.reshape(h, w, bpp)[:, :, :3]
 
 
+@pytest.mark.xdist_group("hang_dumps")  # pytest -n: one worker, one hang_dumps run
 def test_html_page_renders_the_stuck_op_and_the_culprit_in_headless_chromium(hang_dumps, tmp_path):
     page = tmp_path / "report.html"
     out = _diagnose(hang_dumps, "--html", page)

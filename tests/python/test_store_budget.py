@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -32,6 +33,7 @@ def _store_ops(rank: int, world: int, seconds: float) -> tuple[int, float]:
     return torch_ext._C._watchdog_stats()["store_ops"] - ops0, time.monotonic() - t0
 
 
+@pytest.mark.serial  # counts store ops per second of wall time: run alone
 def test_the_budget_is_the_ceiling_of_the_jobs_store_traffic():
     period = torch_ext._C.exchange_interval(0.2, BUDGET, WORLD)
     assert period == 1.0

@@ -144,6 +144,7 @@ def test_with_the_store_in_the_launcher_the_survivors_name_rank_0(tmp_path, faul
         assert "rank 0: no heartbeat" in err["message"], err
 
 
+@pytest.mark.slow  # 100 interpreters: started first under pytest -n (tests/python/conftest.py)
 @pytest.mark.timeout(600)
 def test_jobs_that_never_destroy_their_group_exit_cleanly_every_time(tmp_path):
     # Plain gloo aborts at interpreter exit about 1 time in 5 here ("terminate

@@ -36,7 +36,7 @@ USER_TESTS = textwrap.dedent('''
         (tmp_path / f"rank{rank}").write_text("ok")  # fixtures are set up once and sent to every rank
 
 
-    @pytest.mark.world(2, timeout=10)
+    @pytest.mark.world(2, timeout=6)
     def test_one_rank_skips_an_all_reduce(rank, world_size):
         t = torch.ones(1)
         if rank == 0:
@@ -62,7 +62,7 @@ def test_plugin_fails_a_hang_within_its_timeout_naming_rank_and_line_shows_trace
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf", "--durations=0", timeout=150)
     out = result.stdout.str()
     result.assert_outcomes(passed=1, failed=2)
-    # The hang: guard's abort_after (derived from the 10 s timeout) fails rank 0
+    # The hang: guard's abort_after (derived from the 6 s timeout: 2 s) fails rank 0
     # with the report; rank 1, stuck elsewhere, is killed at the deadline with its stack.
     assert "test_user.py::test_one_rank_skips_an_all_reduce on 2 ranks" in out, out
     assert "rank 0: raised CollectiveTimeoutError" in out, out
@@ -74,7 +74,7 @@ def test_plugin_fails_a_hang_within_its_timeout_naming_rank_and_line_shows_trace
     assert "rank 2: raised ValueError: bad batch on rank 2" in out, out
     assert f'test_user.py", line {_line("RAISE-LINE")}, in test_a_rank_raises' in out, out
     assert "rank 2: no heartbeat" in out or "rank 2: exited" in out, out
-    # Within the test's own timeout (10 s, counted once the forkserver is up), not a CI job's.
+    # Within the test's own timeout (6 s, counted once the forkserver is up), not a CI job's.
     took = float(re.search(r"([\d.]+)s call +test_user.py::test_one_rank_skips_an_all_reduce", out).group(1))
     assert took < 20, took
 

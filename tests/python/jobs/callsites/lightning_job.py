@@ -22,7 +22,7 @@ CASE = sys.argv[1]
 
 
 def load_slowly():
-    time.sleep(8)  # the workload stalls (a slow filesystem, say); not synchronisation
+    time.sleep(5)  # the workload stalls (a slow filesystem, say); not synchronisation
 
 
 class Model(pl.LightningModule):
