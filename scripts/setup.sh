@@ -40,7 +40,7 @@ fi
   || pip_install "torch==2.13.0"
 # The setuptools floor is pyproject.toml's (the version the packaging tests build with).
 SETUPTOOLS=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
-pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist "lightning==2.6.6" "webdataset==1.0.2" \
+pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" "webdataset==1.0.2" \
   "accelerate==1.15.0"
 
 # Build the extension against the installed torch (no build isolation: it would
