@@ -4,7 +4,9 @@
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
 #include "guard/report/Messages.h"
+#include "guard/report/Incident.h"
 #include "guard/report/Report.h"
+#include "guard/watchdog/Watchdog.h"
 
 #include <ATen/ATen.h>
 
@@ -235,7 +237,7 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     std::ostringstream os;
     os << "collectives #" << from << "..#" << last << "+ on group \"" << st->label() << "\" (" << size_
        << " ranks) differ across ranks: the check before their results were released found different histories";
-    st->fail(GuardErrorKind::Mismatch, os.str());
+    failWithReport(*st, first, os.str());
     return;
   }
   // Each rank's words for that collective, gathered so every rank writes the
@@ -268,8 +270,20 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     }
     const std::string report =
         formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "");
-    state->fail(GuardErrorKind::Mismatch, report);
+    self->failWithReport(*state, first, report);
   });
+}
+
+void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& report) {
+  // As an incident's verdict does: the dumps first (every rank, while the
+  // ledgers still show the differing collective), the report logged once (by
+  // the group's rank 0), then the group fails and every wait raises it.
+  if (!st.config().dumpDir.empty()) {
+    Watchdog::instance().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
+                                   st.config().dumpDir);
+  }
+  if (st.id().rank == 0) logMessage(LogLevel::Error, report);
+  st.fail(GuardErrorKind::Mismatch, report);
 }
 
 void Verifier::helperFailed(const std::string& what) {
