@@ -17,10 +17,12 @@ import torch.distributed as dist
 import torch_ext
 from harness import assert_all_ok, report, run_ranks
 
+# The store is not what these tests are about: a generous store timeout keeps a
+# loaded CI machine (two tests at a time) from turning a slow reply into StoreLostError.
 MODES = {
-    "strict": {"TORCH_EXT_CHECK": "strict"},
-    "verify": {"TORCH_EXT_CHECK": "verify"},
-    "async": {"TORCH_EXT_CHECK": "async", "TORCH_EXT_INTERVAL": "0.1"},
+    "strict": {"TORCH_EXT_CHECK": "strict", "TORCH_EXT_STORE_TIMEOUT": "15"},
+    "verify": {"TORCH_EXT_CHECK": "verify", "TORCH_EXT_STORE_TIMEOUT": "15"},
+    "async": {"TORCH_EXT_CHECK": "async", "TORCH_EXT_INTERVAL": "0.1", "TORCH_EXT_STORE_TIMEOUT": "15"},
 }
 
 
