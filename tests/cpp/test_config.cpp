@@ -41,7 +41,7 @@ TEST(Config, Defaults) {
   Config c = Config::resolve();
   EXPECT_EQ(c.inner.at("cpu"), "gloo");
   EXPECT_EQ(c.inner.at("cuda"), "nccl");
-  EXPECT_EQ(c.check, CheckMode::Async);
+  EXPECT_EQ(c.check, CheckMode::Verify);  // the default since issue 23
   EXPECT_DOUBLE_EQ(c.warnAfterS, 60.0);
   EXPECT_FALSE(c.abortAfterS.has_value());
   EXPECT_EQ(c.abortAfter(std::chrono::milliseconds(5000)).count(), 5000);
@@ -70,7 +70,7 @@ TEST(Config, ErrorsNameVariableValueAndAcceptedValues) {
     std::string msg = errorOf({});
     EXPECT_NE(msg.find("TORCH_EXT_CHECK"), std::string::npos) << msg;
     EXPECT_NE(msg.find("'sometimes'"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("off, async, strict"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("off, async, verify, strict"), std::string::npos) << msg;
   }
   {
     EnvGuard e("TORCH_EXT_WARN_AFTER", "-3");
@@ -143,7 +143,7 @@ TEST(Config, TheSettingsTableDrivesDescriptionAndValues) {
     const auto v = s.get(cfg);
     if (std::string(s.option) == "store_budget") EXPECT_EQ(std::get<int64_t>(v), 123);
     if (std::string(s.option) == "abort_after") EXPECT_DOUBLE_EQ(std::get<double>(v), 2.5);
-    if (std::string(s.option) == "check") EXPECT_EQ(std::get<std::string>(v), "async");
+    if (std::string(s.option) == "check") EXPECT_EQ(std::get<std::string>(v), "verify");
   }
   EXPECT_TRUE(std::holds_alternative<std::monostate>(
       std::find_if(torch_ext::settings().begin(), torch_ext::settings().end(),
