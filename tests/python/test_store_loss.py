@@ -126,6 +126,9 @@ def test_a_survivor_that_catches_the_error_exits_normally(tmp_path, destroy):
         assert errors[r]["type"] == "StoreLostError", report
 
 
+# serial: rank 0's exit notice races the survivor's report (seen two at a time
+# on a loaded machine: "no heartbeat" instead of "exited"): run alone.
+@pytest.mark.serial
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("fault", ["raise", "kill"])
 def test_with_the_store_in_the_launcher_the_survivors_name_rank_0(tmp_path, fault):
