@@ -10,9 +10,7 @@
 # - pytest runs two tests at a time (pytest-xdist; the packaging tests among them,
 #   on one worker), then the tests marked `serial`, whose assertions time the
 #   guard against the clock, one at a time.
-# PYTEST_WORKERS=N: N tests at a time (default 0: one at a time, in one process; 2 halves
-# the time but, on a loaded 2-core machine, a store hosted by pytest can miss the 3 s
-# store timeout of tests that are not about the store: see docs/testing.md, "CI time").
+# PYTEST_WORKERS=N: N tests at a time (default 2; 0: one at a time, in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -43,8 +41,8 @@ pytest_pass() {
 
 # -m replaces pyproject.toml's "not packaging": the packaging tests (sdist -> wheel,
 # lowest setuptools, installed outside the tree) run in this pass, on one worker.
-echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-0} at a time), packaging tests included"
-pytest_pass -n "${PYTEST_WORKERS:-0}" --dist loadgroup -m "not serial" "$@"
+echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-2} at a time), packaging tests included"
+pytest_pass -n "${PYTEST_WORKERS:-2}" --dist loadgroup -m "not serial" "$@"
 
 echo "== C++ (GoogleTest): build and ctest output"
 cpp_rc=0

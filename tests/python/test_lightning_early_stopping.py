@@ -111,6 +111,11 @@ _SCRIPT = textwrap.dedent(
             trainer = fit(model, [], max_epochs=2)
             report(case, train_batches=model.train_batches, global_step=trainer.global_step,
                    reason=loader.reason)
+
+    # Plain gloo (strategy "ddp") aborts at interpreter exit about 1 time in 5 when its
+    # group is left alive ("terminate called without an active exception"); the
+    # guard's own exit is tested in test_store_loss, not here.
+    dist.destroy_process_group()
     """
 )
 

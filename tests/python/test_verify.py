@@ -51,8 +51,8 @@ TIMEOUT = 90  # s for a whole launch; every case ends in a few seconds
 @pytest.fixture(autouse=True)
 def _default_settings(monkeypatch):
     # The default mode is under test: nothing in the caller's environment may choose another.
-    for name in ("TORCH_EXT_CHECK", "TORCH_EXT_STORE_TIMEOUT"):
-        monkeypatch.delenv(name, raising=False)
+    # (The store timeout stays conftest.py's: these tests are not about the store.)
+    monkeypatch.delenv("TORCH_EXT_CHECK", raising=False)
 
 
 def _site(marker: str, side: str) -> str:
