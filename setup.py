@@ -57,10 +57,9 @@ except ImportError as e:
              "  pip install --no-build-isolation .")
 
 # torch's build compiles through ccache when it is installed. With paths under
-# this folder hashed relative to it (base_dir) and the debug info relative to it
-# too (-fdebug-prefix-map, as the ccache manual advises for -g, which Python's
-# flags add), a build of the same sources in another folder (an unpacked sdist,
-# a second checkout) reuses the objects.
+# this folder hashed relative to it (base_dir), and no debug info (-g0, below),
+# a build of the same sources in another folder (an unpacked sdist, a second
+# checkout) reuses the objects.
 os.environ.setdefault("CCACHE_BASEDIR", str(ROOT))
 
 
@@ -113,7 +112,10 @@ setuptools.setup(
             # Headers too: they go into the sdist, and setuptools knows them.
             depends=_files("*.h"),
             include_dirs=[str(ROOT / "csrc")],
-            extra_compile_args={"cxx": ["-O2", "-Wall", "-Wno-unused-parameter", f"-fdebug-prefix-map={ROOT}=."]},
+            # -g0 overrides the -g of Python's own flags: debug info for torch's
+            # headers made each object a third slower to compile (16.8 s against
+            # 10.1 s for GuardBackend.cpp) and the library 45 MB.
+            extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter"]},
         )
     ],
     cmdclass={"build_ext": BuildTorchExt.with_options(use_ninja=True)},

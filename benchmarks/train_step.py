@@ -39,6 +39,7 @@ for reference.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import random
 import statistics
@@ -72,6 +73,11 @@ def _ddp_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> 
     opt.zero_grad(set_to_none=True)
 
 
+def _fake_hook(group, bucket):
+    buf = bucket.buffer()
+    return dist.all_reduce(buf, group=group, async_op=True).get_future().then(lambda _: buf)
+
+
 def _bucket_count(ddp: nn.Module) -> int:
     data = ddp._get_ddp_logging_data()
     if "num_buckets_reduced" in data:
@@ -80,8 +86,11 @@ def _bucket_count(ddp: nn.Module) -> int:
 
 
 def _rank(rank: int, world: int, store, models: list[str], layers: int, width: int, batch: int,
-          rounds: int, steps: int, warmup: int) -> dict:
+          rounds: int, steps: int, warmup: int, inner: str) -> dict:
     import torch_ext
+
+    if inner == "fake":
+        importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     torch.set_flush_denormal(True)  # shrinking activations must not slow later rounds
@@ -90,9 +99,10 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
     groups = {}
     for name, check in VARIANTS.items():
         if check is None:
-            groups[name] = dist.new_group(ranks, backend="gloo")
+            groups[name] = dist.new_group(ranks, backend=inner)
         else:
-            groups[name] = dist.new_group(ranks, backend="guard", pg_options=torch_ext.GuardOptions(check=check))
+            groups[name] = dist.new_group(ranks, backend="guard",
+                                          pg_options=torch_ext.GuardOptions(check=check, inner=f"cpu:{inner}"))
     torch.manual_seed(1 + rank)
     x = torch.randn(batch, width)
     cap_mb = width * width * 4 / 2**20  # one layer's weight: each layer is a bucket
@@ -103,6 +113,10 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
     if "ddp" in models:
         for name, g in groups.items():
             ddp = nn.parallel.DistributedDataParallel(_model(layers, width), process_group=g, bucket_cap_mb=cap_mb)
+            if inner == "fake":
+                # fake's futures carry no value, which DDP's built-in hook needs: the
+                # same all_reduce from a Python hook that hands back the bucket.
+                ddp.register_comm_hook(g, _fake_hook)
             opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
             for _ in range(warmup):  # the first steps rebuild the buckets
                 _ddp_step(ddp, opt, x)
@@ -134,20 +148,30 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
         elif not fsdp_error:
             fsdp_error = "failed on another rank"
 
+    def check_rounds(name: str) -> tuple[int, int]:  # the verifier's gathers on that group so far, and their us
+        v = torch_ext.group_state(groups[name]).get("verifier", {}) if VARIANTS[name] else {}
+        return v.get("rounds", 0), v.get("gather_us", 0)
+
     times: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
+    checks: dict[tuple[str, str], list[int]] = {k: [0, 0] for k in runs}
     rng = random.Random(0)  # the same order on every rank
     for _ in range(rounds):
         order = list(runs.items())
         rng.shuffle(order)
         for key, (model, opt) in order:
             dist.barrier()
+            before = check_rounds(key[1])
             start = time.perf_counter()
             for _ in range(steps):
                 _ddp_step(model, opt, x)
             times[key].append((time.perf_counter() - start) / steps)
+            after = check_rounds(key[1])
+            checks[key][0] += after[0] - before[0]
+            checks[key][1] += after[1] - before[1]
     dist.barrier()
     dist.destroy_process_group()
-    return {"times": times, "buckets": buckets, "fsdp_error": fsdp_error, "threads": torch.get_num_threads()}
+    return {"times": times, "buckets": buckets, "fsdp_error": fsdp_error, "threads": torch.get_num_threads(),
+            "checks": {k: (n / (rounds * steps), us / max(n, 1)) for k, (n, us) in checks.items()}}
 
 
 def _quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -189,6 +213,10 @@ def _report(world: int, res: list[dict], args: argparse.Namespace) -> None:
             if name != "gloo":
                 r1, rm, r3 = _quartiles([t / b for t, b in zip(times[(model, name)], base)])
                 line += f"   {rm:.3f}x gloo [{r1:.3f}, {r3:.3f}]"
+            if VARIANTS[name] == "verify":
+                per_step = max(r["checks"][(model, name)][0] for r in res)
+                took = max(r["checks"][(model, name)][1] for r in res)
+                line += f"   {per_step:.1f} check gathers/step, {took:.0f} us each"
             print(line)
         q1, m, q3 = _quartiles(base)
         print(f"  {model:<5} noise: gloo's own rounds span [{q1 / m:.3f}, {q3 / m:.3f}] of their median "
@@ -213,6 +241,9 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=None,
                     help="features per layer (default 512: 1 MB a layer; --quick 32)")
     ap.add_argument("--batch", type=int, default=None, help="samples per rank per step (default 32; --quick 4)")
+    ap.add_argument("--inner", default="gloo", choices=["gloo", "fake"],
+                    help="the baseline and the guard's inner backend: gloo, or torch's no-op 'fake' (collectives "
+                         "move no data: the guard's own cost against the compute; the check still runs on gloo)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few rounds: checks the script runs")
     args = ap.parse_args()
     quick = args.quick
@@ -226,7 +257,9 @@ def main() -> None:
 
     layer = (args.width * args.width + args.width) * 4
     size = f"{layer / 2**20:.2f} MB" if layer >= 2**20 else f"{layer / 2**10:.1f} KB"
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, gloo over loopback")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, " +
+          ("gloo over loopback" if args.inner == "gloo" else
+           "inner backend torch's no-op 'fake' (the rows named gloo are plain 'fake'; the guard's check runs on gloo)"))
     print(f"model: {args.layers} x Linear({args.width}, {args.width}) ({size} of parameters each), "
           f"batch {args.batch} per rank, SGD; DDP bucket_cap_mb={args.width * args.width * 4 / 2**20:.4g}")
     print(f"{args.rounds} rounds; each runs {args.steps} steps of every (model, group) in a shuffled order;")
@@ -234,7 +267,7 @@ def main() -> None:
     print("against gloo's step time in the same round, median [quartiles] over rounds")
     for world in args.world:
         res = _ranks.run(_rank, world, args.models, args.layers, args.width, args.batch, args.rounds,
-                         args.steps, args.warmup)
+                         args.steps, args.warmup, args.inner)
         _report(world, res, args)
 
 

@@ -291,8 +291,17 @@ def _backends_by_device(pg: dist.ProcessGroup) -> dict[str, str]:
 
 
 def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> dict[str, Any]:
-    """The guard's view of ``group``: identity, progress and its ledger (a dict)."""
-    return json.loads(_C._group_json(_guard_backend(group), max_entries))
+    """The guard's view of ``group``: identity, progress and its ledger (a dict).
+
+    Under ``check="verify"`` (world size > 1) it has ``"verifier"``: the check
+    rounds run so far (``rounds``), and the last collective verified and issued.
+    """
+    backend = _guard_backend(group)
+    state = json.loads(_C._group_json(backend, max_entries))
+    stats = _C._verifier_stats(backend)
+    if stats is not None:
+        state["verifier"] = stats
+    return state
 
 
 def ledger(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> list[dict[str, Any]]:

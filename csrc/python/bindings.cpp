@@ -9,6 +9,7 @@
 #include "guard/Config.h"
 #include "guard/Errors.h"
 #include "guard/collective/GuardBackend.h"
+#include "guard/collective/Verifier.h"
 #include "guard/report/DumpAnalysis.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
@@ -198,6 +199,21 @@ PYBIND11_MODULE(_C, m) {
         return torch_ext::toJson(torch_ext::groupView(st, maxEntries ? maxEntries : st.ledger().capacity())).dump();
       },
       py::arg("backend"), py::arg("max_entries") = 0, py::call_guard<py::gil_scoped_release>());
+  // check="verify": the verifier's counters (None in other modes or at world size 1).
+  m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
+    torch_ext::Verifier* v = asGuard(b).state()->verifier();
+    if (v == nullptr) return py::none();
+    const auto s = v->stats();
+    py::dict d;
+    d["rounds"] = s.rounds;
+    d["gather_us"] = s.gatherMicros;
+    d["burst"] = s.burst;
+    d["quiet_us"] = s.quietMicros;
+    d["mispredictions"] = s.mispredictions;
+    d["verified_seq"] = s.verifiedSeq;
+    d["issued_seq"] = s.issuedSeq;
+    return d;
+  });
   m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     auto f = asGuard(b).state()->failure();
     if (!f) return py::none();

@@ -120,7 +120,10 @@ std::string GuardWork::describe() const {
 
 bool GuardWork::isCompleted() {
   if (mode_ == Mode::Future) {
-    if (innerFuture_->completed() && released()) return true;
+    if (innerFuture_->completed()) {
+      if (released()) return true;
+      gate()->want(seq_);  // asked for: check it now
+    }
     // A result the check refused is never reported as done: a caller polling
     // is_completed() and then reading the tensor would read it. The failure
     // is raised instead, as wait() raises it.
@@ -232,6 +235,7 @@ void GuardWork::awaitVerdict(bool waited, std::chrono::milliseconds timeout) {
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
   if (mode_ == Mode::Future) {
     Verifier* verifier = gate();
+    if (verifier != nullptr) verifier->want(seq_);  // asked for: check it now
     const bool done = state_->waitUntil(
         [this, verifier] {
           return innerFuture_->completed() &&

@@ -23,6 +23,10 @@ namespace {
 // Collectives whose hashes the slow path compares one by one to find the
 // first that differs (the oldest unverified ones).
 constexpr uint64_t kMaxScan = 4096;
+// Each rank's round values cover its last kWindow collectives, so ranks that
+// are up to kWindow - 1 collectives apart (DDP's buckets, issued as backward
+// reaches them) agree in one gather instead of two.
+constexpr uint64_t kWindow = 4;
 // Bytes of each rank's description of the differing collective.
 constexpr size_t kTextBytes = 1024;
 
@@ -40,20 +44,115 @@ std::string unpackText(const int64_t* words) {
 } // namespace
 
 Verifier::Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
-    : state_(state), helper_(std::move(helper)), rank_(state->id().rank), size_(state->id().size) {}
+    : state_(state), helper_(std::move(helper)), rank_(state->id().rank), size_(state->id().size) {
+  pacer_ = std::thread([this] { pacerLoop(); });
+}
+
+Verifier::~Verifier() {
+  stop();
+}
 
 void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv) {
+  bool start = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_[seq] = Issued{rolling, hash, splitSend, splitRecv};
+    const auto now = Clock::now();
+    if (lastIssue_ != Clock::time_point{}) {
+      const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(now - lastIssue_).count();
+      // Learning, bursts end at quiet gaps; predicting, at their length (a
+      // burst cut short goes quiet first: the pacer ends the prediction).
+      if (!predicting() && gap >= quietGap().count()) endBurst();
+      gaps_[gapCount_++ % gaps_.size()] = static_cast<uint32_t>(std::min<int64_t>(gap, UINT32_MAX));
+    }
+    lastIssue_ = now;
+    ++burstCount_;
+    if (!predicting()) {
+      // Started at issue, not only at completion: a mismatch can leave the
+      // inner collective pending for good, and its verdict must still come.
+      wantedSeq_ = std::max(wantedSeq_, seq);
+      start = true;
+    } else if (burstCount_ == burstLen_) {
+      wantedSeq_ = std::max(wantedSeq_, seq);  // the predicted end of the burst
+      burstCount_ = 0;
+      start = true;
+    } else {
+      start = wantedSeq_ > verifiedSeq_.load(std::memory_order_relaxed);
+      if (pacerIdle_) pacerCv_.notify_one();  // it starts the round if the burst goes quiet first
+    }
   }
-  // Started at issue, not only at completion: a mismatch can leave the inner
-  // collective pending for good, and its verdict must still come.
-  maybeStartRound();
+  if (start) maybeStartRound();
 }
 
 void Verifier::kick() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (predicting() || pending_.empty()) return;
+    wantedSeq_ = std::max(wantedSeq_, pending_.rbegin()->first);
+  }
   maybeStartRound();
+}
+
+void Verifier::want(uint64_t seq) {
+  if (verified(seq)) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (wantedSeq_ >= seq && inFlight_) return;  // the round in flight or the next one covers it
+    wantedSeq_ = std::max(wantedSeq_, seq);
+  }
+  maybeStartRound();
+}
+
+std::chrono::microseconds Verifier::quietGap() const {
+  // Half the longest of the last gaps between issues, within [0.5, 20] ms.
+  // Bursts are told apart by their biggest gaps: DDP's steps come a forward
+  // pass apart (25-40 ms for the 24-layer benchmark on 2 cores), its buckets
+  // about 0.5 ms apart but, on a loaded machine, now and then 5-7 ms: a
+  // multiple of the median gap would cut bursts at those.
+  const size_t n = static_cast<size_t>(std::min<uint64_t>(gapCount_, gaps_.size()));
+  if (n < 8) return std::chrono::microseconds(1000);
+  const uint64_t longest = *std::max_element(gaps_.begin(), gaps_.begin() + n);
+  return std::chrono::microseconds(std::clamp<uint64_t>(longest / 2, 500, 20000));
+}
+
+void Verifier::endBurst() {
+  if (burstCount_ == 0) return;
+  if (burstCount_ == burstLen_) {
+    ++repeats_;
+  } else {
+    burstLen_ = burstCount_;
+    repeats_ = 1;
+  }
+  burstCount_ = 0;
+}
+
+void Verifier::pacerLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopped_) {
+    const uint64_t last = pending_.empty() ? 0 : pending_.rbegin()->first;
+    const uint64_t done = std::max(wantedSeq_, verifiedSeq_.load(std::memory_order_relaxed));
+    if (!predicting() || last <= done || blockedFrom_ != 0) {
+      pacerIdle_ = true;
+      pacerCv_.wait(lock);
+      pacerIdle_ = false;
+      continue;
+    }
+    const auto deadline = lastIssue_ + quietGap();
+    if (Clock::now() < deadline) {
+      pacerCv_.wait_until(lock, deadline);
+      continue;
+    }
+    // The burst went quiet before its predicted end: check what it issued
+    // now, and learn the bursts anew (three of one length in a row).
+    burstCount_ = 0;
+    burstLen_ = 0;
+    repeats_ = 0;
+    ++mispredictions_;
+    wantedSeq_ = last;
+    lock.unlock();
+    maybeStartRound();
+    lock.lock();
+  }
 }
 
 bool Verifier::blocked(uint64_t seq) const {
@@ -70,16 +169,23 @@ uint64_t Verifier::contiguousTarget() const {
 }
 
 std::vector<int64_t> Verifier::valuesAt(uint64_t seq) const {
+  // [seq, then (rolling, send, recv) at seq, seq-1, ..., seq-kWindow+1]; the
+  // entries at or below the verified collective stay 0 (never compared).
+  std::vector<int64_t> out(1 + 3 * kWindow, 0);
+  out[0] = static_cast<int64_t>(seq);
   uint64_t send = baseSend_, recv = baseRecv_;
-  uint64_t rolling = 0;
   for (const auto& [s, v] : pending_) {
     if (s > seq) break;
     send += v.splitSend;
     recv += v.splitRecv;
-    rolling = v.rolling;
+    if (seq - s < kWindow) {
+      int64_t* slot = out.data() + 1 + 3 * (seq - s);
+      slot[0] = static_cast<int64_t>(v.rolling);
+      slot[1] = static_cast<int64_t>(send);
+      slot[2] = static_cast<int64_t>(recv);
+    }
   }
-  return {static_cast<int64_t>(seq), static_cast<int64_t>(rolling), static_cast<int64_t>(send),
-          static_cast<int64_t>(recv)};
+  return out;
 }
 
 void Verifier::maybeStartRound() {
@@ -87,8 +193,10 @@ void Verifier::maybeStartRound() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (inFlight_ || stopped_ || blockedFrom_ != 0) return;
+    const uint64_t verified = verifiedSeq_.load(std::memory_order_relaxed);
+    if (wantedSeq_ <= verified) return;
     const uint64_t target = contiguousTarget();
-    if (target <= verifiedSeq_.load(std::memory_order_relaxed)) return;
+    if (target <= verified) return;
     inFlight_ = true;
     ++rounds_;
     mine = valuesAt(target);
@@ -116,7 +224,12 @@ void Verifier::gather(std::vector<int64_t> mine, std::function<void(const std::v
     return;
   }
   auto self = shared_from_this();
-  fut->addCallback([self, in, out, then = std::move(then)](c10::ivalue::Future& f) {
+  const auto started = std::chrono::steady_clock::now();
+  fut->addCallback([self, in, out, started, then = std::move(then)](c10::ivalue::Future& f) {
+    self->gatherMicros_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
+                                      std::chrono::steady_clock::now() - started)
+                                      .count()),
+                                  std::memory_order_relaxed);
     if (f.hasError()) {
       self->helperFailed(f.tryRetrieveErrorMessage());
       return;
@@ -131,25 +244,20 @@ void Verifier::gather(std::vector<int64_t> mine, std::function<void(const std::v
 }
 
 void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
-  uint64_t low = UINT64_MAX;
-  bool sameTarget = true;
-  std::set<uint64_t> rollings;
-  uint64_t send = 0, recv = 0;
+  const size_t stride = 1 + 3 * kWindow;
+  uint64_t low = UINT64_MAX, high = 0;
   for (int r = 0; r < size_; ++r) {
-    const int64_t* v = all.data() + 4 * r;
-    const auto target = static_cast<uint64_t>(v[0]);
-    if (r > 0 && target != low) sameTarget = false;
+    const auto target = static_cast<uint64_t>(all[stride * r]);
     low = std::min(low, target);
-    rollings.insert(static_cast<uint64_t>(v[1]));
-    send += static_cast<uint64_t>(v[2]);
-    recv += static_cast<uint64_t>(v[3]);
+    high = std::max(high, target);
   }
-  if (!sameTarget) {
+  if (high - low >= kWindow) {
     if (second) {
       helperFailed("the ranks' second check gather named different collectives (a bug in torch_ext)");
       return;
     }
-    // Every rank has issued up to `low`: compare there.
+    // Some rank's values do not reach back to `low`, which every rank has
+    // issued: gather everyone's values there.
     std::vector<int64_t> mine;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -159,6 +267,17 @@ void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
     auto self = shared_from_this();
     gather(std::move(mine), [self](const std::vector<int64_t>& again) { self->onRound(again, true); });
     return;
+  }
+  // Every rank sent its values at `low` (each sends a window of its last
+  // kWindow collectives): compare there.
+  std::set<uint64_t> rollings;
+  uint64_t send = 0, recv = 0;
+  for (int r = 0; r < size_; ++r) {
+    const int64_t* row = all.data() + stride * r;
+    const int64_t* v = row + 1 + 3 * (static_cast<uint64_t>(row[0]) - low);
+    rollings.insert(static_cast<uint64_t>(v[0]));
+    send += static_cast<uint64_t>(v[1]);
+    recv += static_cast<uint64_t>(v[2]);
   }
   if (rollings.size() == 1 && send == recv) {
     verifiedUpTo(low);
@@ -343,22 +462,39 @@ bool Verifier::drain(std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> lock(mu_);
     target = pending_.empty() ? verifiedSeq_.load() : pending_.rbegin()->first;
   }
+  want(target);
   st->waitUntil([this, target] { return verified(target) || blocked(target); }, timeout);
   return verified(target);
 }
 
 void Verifier::stop() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stopped_ = true;
-  // Let the helper backend go with the group (its threads end with it),
-  // unless a round still runs on it: then it stays, as failed groups' do.
-  if (!inFlight_) helper_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    // Let the helper backend go with the group (its threads end with it),
+    // unless a round still runs on it: then it stays, as failed groups' do.
+    if (!inFlight_) helper_.reset();
+  }
+  pacerCv_.notify_all();
+  if (pacer_.joinable()) {
+    // The pacer waits only on pacerCv_: it ends at once. (It may hold the last
+    // reference for a moment, in maybeStartRound: then it must not join itself.)
+    if (pacer_.get_id() == std::this_thread::get_id()) {
+      pacer_.detach();
+    } else {
+      pacer_.join();
+    }
+  }
 }
 
 Verifier::Stats Verifier::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats s;
   s.rounds = rounds_;
+  s.gatherMicros = gatherMicros_.load(std::memory_order_relaxed);
+  s.burst = predicting() ? burstLen_ : 0;
+  s.mispredictions = mispredictions_;
+  s.quietMicros = static_cast<uint64_t>(quietGap().count());
   s.verifiedSeq = verifiedSeq_.load();
   s.issuedSeq = pending_.empty() ? s.verifiedSeq : pending_.rbegin()->first;
   return s;

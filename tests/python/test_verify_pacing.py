@@ -1,0 +1,143 @@
+"""check="verify" paces its rounds by the program's bursts (csrc/guard/collective/Verifier.h).
+
+By default a check round starts whenever a collective is issued and none is in
+flight: DDP's bucket all_reduces then cost about one round each. When the
+collectives come in bursts of one length separated by quiet gaps (DDP's buckets
+of a step), the verifier predicts a burst's last collective and starts the round
+there: one round per step. These tests check that the prediction happens, that
+results stay those of plain gloo, and that a burst which ends before its
+predicted end (nobody calling ``wait()``: only futures) still gets its verdict,
+from the pacer thread, for matching and for mismatched collectives.
+
+The pauses between steps stand for a data loader: they shape the bursts, nothing
+waits on them.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import assert_all_ok, report, run_ranks
+
+LAYERS = 8
+STEPS = 16
+PAUSE = 0.05  # s between steps ("loading data"): the quiet gap between bursts
+
+
+@pytest.fixture(autouse=True)
+def _default_mode(monkeypatch):
+    monkeypatch.delenv("TORCH_EXT_CHECK", raising=False)  # verify, the default, is under test
+
+
+def _ddp(rank: int, world: int) -> dict:
+    import torch_ext
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(LAYERS)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=256 * 256 * 4 / 2**20)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    torch.manual_seed(1 + rank)
+    x = torch.randn(16, 256)
+    guarded = dist.get_backend() == "guard"
+    per_step = []
+    for _ in range(STEPS):
+        time.sleep(PAUSE)
+        before = torch_ext.group_state()["verifier"]["rounds"] if guarded else 0
+        ddp(x).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if guarded:
+            v = torch_ext.group_state()["verifier"]
+            per_step.append((v["rounds"] - before, v["burst"]))
+    return {"params": [p.detach().clone() for p in model.parameters()], "per_step": per_step,
+            "buckets": int(ddp._get_ddp_logging_data().get("num_buckets_reduced", 0)),
+            "failure": torch_ext.failure() if guarded else None}
+
+
+def test_ddp_steps_get_one_check_round_each_once_the_bursts_are_learned():
+    guarded = run_ranks(_ddp, 3, timeout=120)
+    got = assert_all_ok(guarded)
+    plain = assert_all_ok(run_ranks(_ddp, 3, backend="gloo", timeout=120))
+    for rank in range(3):
+        where = f"rank {rank}: {got[rank]['per_step']}\n{report(guarded)}"
+        assert got[rank]["failure"] is None, where
+        assert got[rank]["buckets"] == LAYERS, where
+        # The same training as on plain gloo, bit for bit.
+        for a, b in zip(got[rank]["params"], plain[rank]["params"]):
+            assert torch.equal(a, b), where
+        # Learned: some run of 4 steps predicted the burst of LAYERS bucket all_reduces and ran about
+        # one round each (one more allowed in the run for a second gather); unpaced, a step takes
+        # about one round per bucket.
+        steps = got[rank]["per_step"]
+        windows = [steps[i:i + 4] for i in range(len(steps) - 3)]
+        assert any(all(burst == LAYERS for _, burst in w) and sum(r for r, _ in w) <= 5 for w in windows), where
+
+
+def _bursts(rank: int, world: int, mismatch: bool) -> dict:
+    import torch_ext
+
+    g = dist.group.WORLD
+    sums = []
+
+    def burst(n: int, sizes=None) -> list:
+        futs, tensors = [], []
+        for i in range(n):
+            t = torch.full((sizes[i] if sizes else 4,), float(rank + 1))
+            tensors.append(t)
+            futs.append(dist.all_reduce(t, group=g, async_op=True).get_future())
+        for f in futs:
+            f.wait()  # futures only: no wait() on the work tells the guard a result is wanted
+        return [float(t[0]) for t in tensors]
+
+    for _ in range(6):  # bursts of 4, learned after three
+        time.sleep(PAUSE)
+        sums.append(burst(4))
+    learned = torch_ext.group_state()["verifier"]
+    time.sleep(PAUSE)
+    sums.append(burst(3))  # ends before the predicted end: the pacer checks it
+    after = torch_ext.group_state()["verifier"]
+    error = None
+    if mismatch:
+        for _ in range(4):  # learned again
+            time.sleep(PAUSE)
+            sums.append(burst(4))
+        time.sleep(PAUSE)
+        try:
+            # Rank 1's second all_reduce is longer: a mismatch in the middle of a predicted burst.
+            sums.append(burst(2, [4, 6 if rank == 1 else 4]))
+        except Exception as e:  # noqa: BLE001
+            error = (type(e).__name__, str(e))
+        # The guard cannot know that a future's error was read, so destroy_process_group()
+        # raises the mismatch again rather than let a rank end quietly over it.
+        try:
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ != "CollectiveMismatchError":
+                raise
+    return {"sums": sums, "learned": learned, "after": after, "error": error}
+
+
+def test_a_burst_cut_short_still_gets_its_verdict_from_the_pacer():
+    results = run_ranks(_bursts, 3, False, timeout=60)
+    expect = float(sum(range(1, 4)))
+    for rank, got in enumerate(assert_all_ok(results)):
+        where = f"rank {rank}: {got}\n{report(results)}"
+        assert got["learned"]["burst"] == 4, where
+        assert got["after"]["mispredictions"] >= 1 and got["after"]["burst"] == 0, where
+        assert got["sums"] == [[expect] * 4] * 6 + [[expect] * 3], where
+        assert got["error"] is None, where
+
+
+def test_a_mismatch_inside_a_predicted_burst_raises_on_every_rank_and_no_wrong_sum_is_read():
+    results = run_ranks(_bursts, 3, True, timeout=60)
+    expect = float(sum(range(1, 4)))
+    for rank, got in enumerate(assert_all_ok(results)):
+        where = f"rank {rank}: {got}\n{report(results)}"
+        assert got["error"] is not None and got["error"][0] == "CollectiveMismatchError", where
+        assert "float32[6]" in got["error"][1] and "float32[4]" in got["error"][1], where
+        # Every burst read before the mismatch holds the right sums; the mismatched one was never read.
+        assert got["sums"] == [[expect] * 4] * 6 + [[expect] * 3] + [[expect] * 4] * 4, where
