@@ -38,7 +38,7 @@ import time
 
 LOGGER_NAME = "torch_ext"
 
-_POINTER = " (the full report is in the error raised by this rank's collectives on the group)"
+_POINTER = " (the error raised here carries the full report)"
 
 
 def _rank_label() -> str:

@@ -78,7 +78,7 @@ def test_plain_env_no_logging_set_up_labels_each_line_and_prints_each_report_onc
         if rank == 0:
             # Logged by the group's rank 0: one short line pointing to the raised error.
             assert len(logged) == 1 and logged[0].startswith("[rank0] "), out[-6000:]
-            assert "ERROR" in logged[0] and "full report is in the error raised" in logged[0], logged
+            assert "ERROR" in logged[0] and "the error raised here carries the full report" in logged[0], logged
         else:
             assert logged == [], out[-6000:]
 
@@ -95,7 +95,8 @@ def test_torchrun_no_logging_set_up_labels_each_line_and_prints_each_report_once
     # Any other line naming the mismatch is a logged one: rank 0's short line, at most once.
     logged = [line for line in out.splitlines() if MISMATCH_HEAD in line and not re.match(r"\[rank\d\]: ", line)]
     assert len(logged) <= 1, logged
-    assert all(line.startswith("[rank0] ") and "full report is in the error raised" in line for line in logged), logged
+    assert all(line.startswith("[rank0] ") and "the error raised here carries the full report" in line
+               for line in logged), logged
 
 
 def _check_configured(out: str, where: str) -> None:
