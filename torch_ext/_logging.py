@@ -21,11 +21,15 @@ rank and host: ``[rank5 local1@node-b]``.
 ``torch_ext`` logger has a handler of the application's, this handler stays
 silent and the record follows the application's configuration (one copy).
 
-An ERROR record is the report of an error that fails the group: every rank's
-pending and next collective on it raises that error with the same report,
-which the traceback prints. Here such a record is printed as its first line
-only, pointing to the raised error, so each rank prints the report once.
-Hang reports (WARNING, nothing raised yet) are printed in full.
+An ERROR record is the report of an error. When it is the report a guarded
+group failed with, as a mismatch, a timeout or a lost store, every pending and
+later collective of this rank on that group raises the error with exactly
+this report, which an uncaught error's traceback prints: here such a record is
+printed as its first line only, pointing to the raised error, so each rank
+prints the report once. Any other ERROR record is printed in full: a failure
+in the inner backend (a rank gone), whose own op may have raised before the
+cross-rank report was complete, or a record no group failed with. Hang reports
+(WARNING, nothing raised yet) are printed in full.
 """
 from __future__ import annotations
 
@@ -37,6 +41,12 @@ import sys
 import time
 
 LOGGER_NAME = "torch_ext"
+
+# Group failures whose report is raised, as is, by every op on the group afterwards.
+_RAISED_AS_IS = ("mismatch", "timeout", "store_lost")
+# The guard logs a report just before it fails the group with it: how long to
+# wait for the failure to show before printing the record in full.
+_FAILURE_WAIT_S = 1.0
 
 _POINTER = " (the error raised here carries the full report)"
 
@@ -58,6 +68,37 @@ def _rank_label() -> str:
     if local is not None and local_size and size and local_size != size:
         return f"[rank{rank} local{local}@{socket.gethostname()}] "
     return f"[rank{rank}] "
+
+
+def _failure_kind(text: str) -> str | None:
+    """The kind of the guarded group failure whose report is ``text``; None if no group failed with it."""
+    import torch
+
+    from torch_ext import _C, _compat
+
+    try:
+        groups = _compat.process_groups()
+    except Exception:  # noqa: BLE001 - not initialised, or torch changed: print in full
+        return None
+    for pg in groups:
+        try:
+            backend = _compat.group_backend(pg, torch.device("cpu"))
+        except Exception:  # noqa: BLE001 - a group without a CPU backend
+            continue
+        if _C._is_guard(backend):
+            failure = _C._failure(backend)
+            if failure is not None and failure[1] == text:
+                return failure[0]
+    return None
+
+
+def _raised_as_is(text: str) -> bool:
+    deadline = time.monotonic() + _FAILURE_WAIT_S
+    while True:
+        kind = _failure_kind(text)
+        if kind is not None or time.monotonic() >= deadline:
+            return kind in _RAISED_AS_IS
+        time.sleep(0.01)  # polls the group's state: the guard fails it right after logging
 
 
 def _app_configured(logger: logging.Logger, ours: logging.Handler) -> bool:
@@ -85,7 +126,7 @@ class DefaultHandler(logging.Handler):
 
     def format(self, record: logging.LogRecord) -> str:
         text = record.getMessage()
-        if record.levelno >= logging.ERROR and record.name == LOGGER_NAME and not record.exc_info:
+        if getattr(record, "torch_ext_raised", False):
             text = text.split("\n", 1)[0].rstrip(":") + _POINTER
         stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
         prefix = f"{_rank_label()}{stamp} {record.name} {record.levelname}: "
@@ -93,6 +134,8 @@ class DefaultHandler(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
+            if record.levelno >= logging.ERROR and record.name == LOGGER_NAME and not record.exc_info:
+                record.torch_ext_raised = _raised_as_is(record.getMessage())
             msg = self.format(record) + "\n"
             stream = sys.stderr
             # torch's excepthook (set by init_process_group) captures a traceback

@@ -70,6 +70,9 @@ def test_killed_rank_example_names_the_gone_rank(tmp_path):
     out = _example(os.path.join("bugs", "killed_rank.py"), tmp_path)
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveFailureError", out)) == ["0", "1"], out[-8000:]
     assert re.search(r"rank 2: no heartbeat for [\d.]+ s \(process gone or frozen\)", out), out[-8000:]
+    # Logged in full too, every line labelled: the op that saw the closed connection may have
+    # raised before the cross-rank report was complete (torch_ext/_logging.py).
+    assert re.search(r"\[rank\d\] \d\d:\d\d:\d\d torch_ext ERROR:   rank 2: no heartbeat", out), out[-8000:]
     assert "rank 2 exit code: -9" in out, out
 
 
