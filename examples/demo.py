@@ -8,7 +8,6 @@ what the guard makes of it. Every scene finishes in seconds; none hangs.
 """
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -80,14 +79,12 @@ def uneven_epoch() -> int:
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="[rank%(rank)s] %(name)s %(levelname)s: %(message)s")
-    logging.getLogger().handlers[0].addFilter(lambda r: setattr(r, "rank", RANK) or True)
     dist.init_process_group("guard")
     say(f"torch_ext {torch_ext.__version__}: {torch_ext.describe()}")
 
     scene("1. A rank calls a different collective",
           "rank 0 runs dist.reduce inside `if rank == 0:`; the others go on to the next all_reduce.\n"
-          "Plain gloo: data silently pairs with the wrong op, or hangs. guard (async check):")
+          "Plain gloo: data silently pairs with the wrong op, or hangs. guard (default check, verify):")
     g = dist.new_group(backend="guard", group_desc="scene1", pg_options=torch_ext.GuardOptions(interval=0.1))
     try:
         rank0_only_reduce(g)

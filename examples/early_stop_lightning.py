@@ -1,10 +1,13 @@
-"""Lightning: torch_ext.lightning.EarlyStopping, and an uneven IterableDataset that no longer hangs DDP.
+"""Lightning on the guard: torch_ext.lightning.EarlyStopping, and an uneven IterableDataset that no longer hangs DDP.
 
 ``EarlyStopping`` takes Lightning's arguments; its cross-rank decision is one
 fused collective, and with ``sync_metrics=["val_loss"]`` the monitored metric
 is averaged across ranks in that same collective (log it without
 ``sync_dist=True``). The train loader is an IterableDataset with a different
-length on each rank, wrapped in ``even_batches``.
+length on each rank, wrapped in ``even_batches``. The strategy is
+``"ddp_guard"`` (registered by ``import torch_ext.lightning``): Lightning's DDP
+on the ``guard`` backend, so a rank that calls a different collective or never
+arrives is reported, not a silent hang.
 
     torchrun --nproc-per-node 2 examples/early_stop_lightning.py
 """
@@ -18,7 +21,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import torch_ext
-from torch_ext.lightning import EarlyStopping
+from torch_ext.lightning import EarlyStopping  # also registers strategy "ddp_guard"
 
 
 class Stream(IterableDataset):
@@ -60,9 +63,15 @@ class Model(pl.LightningModule):
 
 
 if __name__ == "__main__":
-    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")  # tiny in-memory data: no workers needed
+    # Lightning recommends sync_dist=True for every epoch-level metric; here the
+    # EarlyStopping callback averages val_loss across ranks itself, in its one
+    # fused collective (sync_metrics), so a per-metric all_reduce would be redundant.
+    warnings.filterwarnings("ignore", r".*self\.log\('val_loss', \.\.\., sync_dist=True\).*")
+    # Lightning's own pytree helper uses a torch API that this torch deprecates: not about this script.
+    warnings.filterwarnings("ignore", r".*isinstance\(treespec, LeafSpec\)` is deprecated.*")
     es = EarlyStopping("val_loss", patience=2, min_delta=1e-3, sync_metrics=["val_loss"])
-    trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", 1)), strategy="ddp",
+    trainer = pl.Trainer(accelerator="cpu", devices=int(os.environ.get("WORLD_SIZE", 1)), strategy="ddp_guard",
                          max_epochs=50, callbacks=[es], logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Model())

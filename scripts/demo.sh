@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine and runs the demo: 4 CPU ranks on gloo under torchrun,
-# with the guard catching a rank-0-only reduce, a rank that has not arrived, a
-# rank that never arrives in time, and ranks that disagree on when to stop.
+# Sets up this machine for the demo (only what it uses: torch, the build tools,
+# the extension; scripts/setup.sh demo) and runs it: 4 CPU ranks on gloo under
+# torchrun, with the guard catching a rank-0-only reduce, a rank that has not
+# arrived, a rank that never arrives in time, and ranks that disagree on when to stop.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec "${PYTHON:-python3}" -m torch.distributed.run --nproc-per-node 4 examples/demo.py
+bash scripts/setup.sh demo
+echo "demo: 4 CPU ranks under torchrun, 4 scenes, about 15 s"
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} exec "${PYTHON:-python3}" -m torch.distributed.run --nproc-per-node 4 examples/demo.py

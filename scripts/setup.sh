@@ -1,57 +1,168 @@
 #!/usr/bin/env bash
-# Installs everything torch_ext needs on a fresh machine, then builds it in place.
-# Idempotent: re-running only rebuilds what changed (the objects stay in build/,
-# and ninja recompiles only sources whose inputs changed), in seconds.
+# Sets up a machine for torch_ext and builds it in place.
+#
+#   bash scripts/setup.sh demo      what scripts/demo.sh needs: a C++ compiler and Python headers
+#                                   (Debian packages, only if missing), torch 2.13.0 CPU, setuptools
+#                                   and ninja, then the extension build
+#   bash scripts/setup.sh [test]    the same, plus what the tests need (scripts/test.sh): GoogleTest,
+#                                   cmake, ccache and a headless Chromium (Debian packages), pytest,
+#                                   lightning, webdataset, accelerate
+#   --dry-run                       print the stages it would run, run none
+#
+# One progress line per stage, with its expected time; the installers' and the
+# build's output goes to a log file whose path is printed if a stage fails.
+# Debian packages need root or password-less sudo; without either, and with a
+# package missing, it stops at once with one line naming the packages and the
+# command that installs them. Idempotent: a re-run installs nothing new and the
+# build recompiles only what changed (objects stay in build/), in seconds.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PY=${PYTHON:-python3}
-pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+TORCH_VERSION=2.13.0
+DRY=""
+LOG=""
 
-# Debian packages (need root or sudo): GoogleTest and cmake for the C++ suite;
-# ccache, which torch's extension build uses when present: a build in another
-# folder (the packaging tests' sdist and wheels) reuses the objects compiled here;
-# and a headless Chromium that renders diagnose's HTML page in
-# tests/python/test_post_mortem.py (without it that test skips). Chromium is the
-# biggest download (about 30 s on a fresh machine) and nothing before the tests
-# needs it, so it installs in the background, while pip installs and the extension
-# compiles; the end of this script waits for it.
-SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-apt_updated=""
-apt_install() {
-  [ -n "$apt_updated" ] || { $SUDO apt-get update -qq && apt_updated=1; }
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
-}
-if [ ! -f /usr/lib/x86_64-linux-gnu/libgtest.a ] && [ ! -f /usr/lib/libgtest.a ] && [ ! -d /usr/include/gtest ]; then
-  apt_install libgtest-dev cmake $(command -v ccache >/dev/null || echo ccache)
-elif ! command -v ccache >/dev/null; then
-  apt_install ccache || echo "note: ccache could not be installed; builds in new folders compile from scratch"
-fi
-chromium_pid=""
-if ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
-  chromium_log=$(mktemp)
-  ( apt_install chromium ) >"$chromium_log" 2>&1 &
-  chromium_pid=$!
-fi
+say() { echo "setup: $*"; }
 
-# torch first, alone: 2.13.0 is the CPU build on this kind of machine (a bare
-# "torch" would pull a multi-GB CUDA build).
-"$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-  || pip_install "torch==2.13.0"
-# The setuptools floor is pyproject.toml's (the version the packaging tests build with).
-SETUPTOOLS=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
-pip_install "$SETUPTOOLS" build ninja packaging pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" "webdataset==1.0.2" \
-  "accelerate==1.15.0"
-
-# Build the extension against the installed torch (no build isolation: it would
-# download a CUDA torch).
-MAX_JOBS=${MAX_JOBS:-2} pip_install --no-build-isolation -e .
-
-if [ -n "$chromium_pid" ]; then
-  if ! wait "$chromium_pid"; then
-    cat "$chromium_log" >&2
-    echo "error: installing chromium failed (output above)" >&2
+# stage "WHAT (about N)" COMMAND...: one progress line; the command's output goes to the log.
+stage() {
+  local what=$1
+  shift
+  say "$what"
+  [ -z "$DRY" ] || return 0
+  [ -n "$LOG" ] || LOG=$(mktemp "${TMPDIR:-/tmp}/torch_ext_setup.XXXXXX.log")
+  echo "== $what" >>"$LOG"
+  if ! "$@" >>"$LOG" 2>&1; then
+    echo "setup: error: this stage failed: $what; its last lines:" >&2
+    tail -n 15 "$LOG" | sed 's/^/  | /' >&2
+    echo "setup: full log: $LOG" >&2
     exit 1
   fi
-  rm -f "$chromium_log"
+}
+
+# The prefix that installs Debian packages here: "" as root, "sudo" where sudo
+# works without a password (or can ask for one on a terminal); fails otherwise.
+admin_prefix() {
+  if [ "$(id -u)" = 0 ]; then
+    echo ""
+  elif command -v sudo >/dev/null 2>&1 && { sudo -n true 2>/dev/null || [ -t 0 ]; }; then
+    echo "sudo"
+  else
+    return 1
+  fi
+}
+
+gtest_present() {
+  [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/libgtest.a ] || [ -d /usr/include/gtest ]
+}
+
+have_chromium() {
+  command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1
+}
+
+# The Debian packages MODE (demo|test) needs that are missing here, space-separated.
+system_packages() {
+  local pkgs=()
+  command -v c++ >/dev/null 2>&1 || command -v g++ >/dev/null 2>&1 || pkgs+=(g++)
+  "$PY" -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
+  "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    2>/dev/null || pkgs+=(python3-dev)
+  if [ "$1" = test ]; then
+    gtest_present || pkgs+=(libgtest-dev)
+    command -v cmake >/dev/null 2>&1 || pkgs+=(cmake)
+    # ccache: torch's extension build uses it when present, so a build in another
+    # folder (the packaging tests' sdist and wheels) reuses the objects compiled here.
+    command -v ccache >/dev/null 2>&1 || pkgs+=(ccache)
+  fi
+  echo "${pkgs[*]}"
+}
+
+APT=""
+apt_update() { $APT apt-get update -qq; }
+apt_install() { DEBIAN_FRONTEND=noninteractive $APT apt-get install -y -qq --no-install-recommends "$@"; }
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+torch_ok() { "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
+
+main() {
+  local mode=test arg
+  for arg in "$@"; do
+    case $arg in
+      demo | test) mode=$arg ;;
+      --dry-run) DRY=1 ;;
+      *) echo "usage: bash scripts/setup.sh [demo|test] [--dry-run]" >&2; return 2 ;;
+    esac
+  done
+  local missing chromium=""
+  missing=$(system_packages "$mode")
+  if [ "$mode" = test ] && ! have_chromium; then chromium=1; fi
+  if [ -n "$missing" ] || [ -n "$chromium" ]; then
+    if ! APT=$(admin_prefix); then
+      if [ -n "$missing" ]; then
+        echo "setup: error: the $mode needs the Debian packages $missing, and installing them needs root:" \
+          "run 'sudo apt-get install -y $missing' (or ask an administrator), then run this again" >&2
+        return 1
+      fi
+      say "note: no Chromium and no root to install it: the HTML page test (test_post_mortem) will skip"
+      chromium=""
+    fi
+  fi
+
+  if [ -n "$missing" ]; then
+    stage "updating the Debian package lists (about 10 s)" apt_update
+    stage "installing Debian packages: $missing (about 30 s)" apt_install $missing
+  fi
+  # Chromium renders diagnose's HTML page in tests/python/test_post_mortem.py. It is
+  # the biggest download (about 30 s) and nothing before the tests needs it: it
+  # installs in the background while pip installs and the extension compiles.
+  local chromium_pid="" chromium_log=""
+  if [ -n "$chromium" ]; then
+    say "installing a headless Chromium in the background (for the HTML test, about 30 s)"
+    if [ -z "$DRY" ]; then
+      chromium_log=$(mktemp "${TMPDIR:-/tmp}/torch_ext_setup_chromium.XXXXXX.log")
+      ( { [ -z "$missing" ] && apt_update || true; } && apt_install chromium ) >"$chromium_log" 2>&1 &
+      chromium_pid=$!
+    fi
+  fi
+
+  # torch first, alone: the CPU build, pinned (a bare "torch" would pull a multi-GB CUDA build).
+  if torch_ok; then
+    say "torch $TORCH_VERSION: already installed"
+  else
+    stage "installing torch $TORCH_VERSION (CPU build, about 1 min)" pip_install "torch==$TORCH_VERSION"
+  fi
+  # The setuptools floor is pyproject.toml's (the version the packaging tests build with).
+  local setuptools
+  setuptools=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
+  stage "installing the build tools: $setuptools, ninja (a few seconds)" pip_install "$setuptools" ninja
+  if [ "$mode" = test ]; then
+    stage "installing the test packages: pytest, lightning, webdataset, accelerate, build (about 1 min)" \
+      pip_install build packaging pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" \
+      "webdataset==1.0.2" "accelerate==1.15.0"
+  fi
+
+  # Against the installed torch, without build isolation (it would download a CUDA torch).
+  local what="building the C++ extension (about 3.5 min on 2 cores)"
+  if compgen -G "torch_ext/_C*.so" >/dev/null; then
+    what="rebuilding the C++ extension (only what changed: seconds when nothing did)"
+  fi
+  export MAX_JOBS=${MAX_JOBS:-2}
+  stage "$what" pip_install --no-build-isolation -e .
+
+  if [ -n "$chromium_pid" ]; then
+    say "waiting for the Chromium install"
+    if ! wait "$chromium_pid"; then
+      tail -n 15 "$chromium_log" | sed 's/^/  | /' >&2
+      echo "setup: error: installing chromium failed; full log: $chromium_log" >&2
+      return 1
+    fi
+    rm -f "$chromium_log"
+  fi
+  [ -z "$LOG" ] || rm -f "$LOG"
+  say "ready for the $mode${DRY:+ (dry run: nothing was installed or built)}"
+}
+
+# Run, unless sourced (a test sources it to exercise its functions).
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
 fi

@@ -13,7 +13,7 @@
 # PYTEST_WORKERS=N: N tests at a time (default 2; 0: one at a time, in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh test  # everything the tests need, not only what the demo uses
 PY=${PYTHON:-python3}
 
 echo "== C++ (GoogleTest): built and run in the background, reported after the first pytest pass"

@@ -16,7 +16,7 @@ from torch_ext import _extension  # noqa: E402
 # Refuses, with one clear ImportError, a _C compiled against another torch.
 _C = _extension.load(__version__)
 
-from torch_ext import _runtime  # noqa: E402
+from torch_ext import _logging, _runtime  # noqa: E402
 from torch_ext.errors import (
     CollectiveFailureError,
     CollectiveMismatchError,
@@ -47,6 +47,7 @@ from torch_ext.samplers import __all__ as _samplers_all
 
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
                         StoreLostError)
+_logging.install()  # labelled reports on stderr while the application configures no logging
 _runtime.install()
 _register()
 

@@ -20,6 +20,11 @@ def default_group() -> dist.ProcessGroup:
     return dist.distributed_c10d._get_default_group()
 
 
+def process_groups() -> list[dist.ProcessGroup]:
+    """Wraps ``distributed_c10d._world.pg_map``: every process group of this process not destroyed yet."""
+    return list(dist.distributed_c10d._world.pg_map)
+
+
 def group_backend(pg: dist.ProcessGroup, device: torch.device) -> Any:
     """Wraps ``ProcessGroup._get_backend(device)``: the c10d Backend a group runs ``device`` tensors on.
 

@@ -25,9 +25,7 @@ import torch.distributed as dist
 def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, store: str, env: dict[str, str]) -> None:
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    import logging
-
-    logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s %(levelname)s: %(message)s")
+    # No logging set-up: torch_ext labels its own lines ("[rank0] 12:01:07 torch_ext WARNING: ...").
     import torch_ext  # noqa: F401  (registers "guard")
 
     if store == "parent":
@@ -41,6 +39,14 @@ def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, sto
     except Exception as e:  # noqa: BLE001 - show what each rank got
         print(f"[rank{rank}] raised {type(e).__name__}:\n{e}", flush=True)
         sys.exit(1)
+
+
+_STORE_NOTE = {
+    "parent": "launcher: the rendezvous store (a TCPStore) runs in this launcher process, as under torchrun; "
+              "it stays up when a rank dies",
+    "rank0": "launcher: the rendezvous store (a TCPStore) runs in rank 0's process, as under plain env:// "
+             "(srun, mpirun); it goes down with rank 0",
+}
 
 
 def _store_choice(default: str) -> str:
@@ -63,7 +69,7 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-    print(f"store hosted by {'this launcher' if store == 'parent' else 'rank 0'}", flush=True)
+    print(_STORE_NOTE[store], flush=True)
     procs = [ctx.Process(target=_child, args=(fn, r, world, port, store, env)) for r in range(world)]
     for p in procs:
         p.start()

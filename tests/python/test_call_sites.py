@@ -87,7 +87,8 @@ def test_lightning_hang_in_training_step(tmp_path):
     assert re.search(rf"waiting: ranks 0,2 at lightning_job\.py:{sync} in Model\.training_step \(via lightning ",
                      out), out[-6000:]
     # The stalled rank's main thread: its user frames, framework frames folded.
-    m = re.search(r"rank 1 has not arrived.*?main thread now at\n    (.*)", out)
+    # (Each line of the logged report carries torch_ext's label: the job configures no logging.)
+    m = re.search(r"rank 1 has not arrived.*?main thread now at\n(?:\[rank\d\] [\d:]+ torch_ext WARNING: )?    (.*)", out)
     assert m, out[-6000:]
     stack = m.group(1)
     assert "lightning_job.py:" in stack and "in load_slowly" in stack, stack

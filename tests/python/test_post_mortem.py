@@ -536,3 +536,22 @@ def test_html_page_stays_readable_at_1024_entries_by_32_ranks(tmp_path):
     assert "rank 31 has not issued #1024 (last issued #1023)" in dom
     assert ">main thread:</text>" in dom and ">eval.py:7 in slow_eval</text>" in dom
     assert re.search(r"columns 10\d\d-1024 of 1024", dom)  # the stuck op is the last column
+
+
+@pytest.mark.xdist_group("hang_dumps")  # pytest -n: one worker, one hang_dumps run
+def test_html_page_folds_library_frames_in_the_culprits_stack_as_the_text_report_does(hang_dumps, tmp_path):
+    page = tmp_path / "report.html"
+    out = _diagnose(hang_dumps, "--html", page)
+    assert out.returncode == 0, out.stderr
+    # The text report's stack of the culprit (rank 2), as it prints it.
+    text = re.search(r"rank 2 has not arrived:.*main thread now at\n +(.*)", out.stdout)
+    assert text, out.stdout
+    shown = text.group(1).split(" [")[0].split(" <- ")
+    model = json.loads(re.search(r"<script type='application/json' id='model'>(.*?)</script>",
+                                 page.read_text(), re.S).group(1).replace("<\\/", "</"))
+    lane = next(lane for lane in model["groups"][0]["lanes"] if lane["rank"] == 2)
+    assert lane["stack"] == shown, (lane["stack"], shown)
+    # Torch's own frames (and torch_ext's, the standard library's) are folded, never listed one by one.
+    assert any(re.fullmatch(r"\.\.\. \d+ .* frames? \.\.\.", s) for s in lane["stack"]), lane["stack"]
+    assert not any(s.startswith(("torch .../", "torch_ext .../", "stdlib .../")) for s in lane["stack"][1:]), lane
+    assert re.fullmatch(r"test_post_mortem\.py:\d+ in _slow_validation", lane["stack"][0]), lane["stack"]

@@ -163,6 +163,26 @@ def test_run_ranks_raises_one_error_holding_every_rank():
     assert multiprocessing.active_children() == []  # every rank joined
 
 
+def _mismatch(rank: int, world: int) -> None:
+    t = torch.ones(2)
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.broadcast(t, src=0)
+
+
+@pytest.mark.timeout(120)
+def test_a_multi_line_report_gets_a_summary_line_without_a_dangling_colon():
+    with pytest.raises(RanksFailedError) as info:
+        run_ranks(_mismatch, 2, timeout=60)
+    text = str(info.value)
+    for r in (0, 1):
+        assert (f'rank {r}: raised CollectiveMismatchError: collective #1 on group "default_pg" (2 ranks) differs '
+                "across ranks (exit 1, full report below)") in text, text
+    assert ": (exit" not in text, text
+    assert "broadcast(float32[2], src=0)" in text, text  # the report itself, below the summary
+
+
 def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
     monkeypatch.delenv("TORCH_EXT_WARN_AFTER", raising=False)
     monkeypatch.delenv("TORCH_EXT_ABORT_AFTER", raising=False)

@@ -36,6 +36,42 @@ def _where(frames: list[dict[str, Any]]) -> str:
     return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
 
 
+def _frame(f: dict[str, Any]) -> str:
+    """One frame as the text report writes it: a library frame names its library."""
+    name, lib = f["filename"], f.get("library", "")
+    base = os.path.basename(name)
+    where = f"{lib} .../{base}" if lib and base != name else f"{lib} {name}" if lib else base
+    return f"{where}:{f['line']}" + (f" in {f['name']}" if f.get("name") else "")
+
+
+def _stack(frames: list[dict[str, Any]], max_user: int = 4) -> list[str]:
+    """A main thread's stack, innermost first, as the text report shows it: where the
+    thread is now, then the user's frames, each run of library frames (torch's own,
+    torch_ext's, the standard library's) folded into one "... N torch frames ..."."""
+    if not frames:
+        return []
+    user = [not f.get("library") for f in frames]
+    parts, users, i = [_frame(frames[0])], int(user[0]), 1
+    while i < len(frames) and users < max_user:
+        if user[i]:
+            parts.append(_frame(frames[i]))
+            users, i = users + 1, i + 1
+            continue
+        j = i
+        while j < len(frames) and not user[j]:
+            j += 1
+        if j - i == 1 and j < len(frames):
+            parts.append(_frame(frames[i]))
+        else:
+            libs = list(dict.fromkeys(f.get("library", "") for f in frames[i:j]))
+            parts.append(f"... {j - i} {', '.join(libs)} frame{'s' if j - i > 1 else ''} ...")
+        i = j
+    if i < len(frames):
+        rest = len(frames) - i
+        parts.append(f"... {rest} outer frame{'s' if rest > 1 else ''}")
+    return parts
+
+
 def _group(d: Dump, name: str) -> dict[str, Any] | None:
     for g in d.data.get("groups", []):
         if g["name"] == name:
@@ -118,7 +154,7 @@ def page_model(a: Analysis) -> dict[str, Any]:
                 "rank": d.rank, "host": d.data.get("hostname", ""), "pid": d.data.get("pid"),
                 "dump_ms": round((int(d.data.get("time_ns", 0)) - (t0 or 0)) / 1e6, 3),
                 "last_seq": int(g["last_seq"]), "cells": cells,
-                "stack": [f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}" for f in main.get("frames", [])],
+                "stack": _stack(main.get("frames", [])),
                 "note": main.get("note", ""),
             }
         global_ranks = None

@@ -93,10 +93,13 @@ class RankResult:
         if self.timed_out:
             return "still running at the deadline: killed (its stack, dumped just before, is in its output)"
         if self.error_type:
-            first = (self.error or "").strip().splitlines()
-            line = first[0] if first else ""
+            lines = (self.error or "").strip().splitlines()
+            # A multi-line report's first line ends in ":" (e.g. "... differs across
+            # ranks:"); here it stands alone, pointing to the report below.
+            line = lines[0].rstrip().rstrip(":") if lines else ""
             line = line if len(line) <= 160 else line[:157] + "..."
-            return f"raised {self.error_type}" + (f": {line}" if line else "") + f" (exit {self.exitcode})"
+            more = ", full report below" if len(lines) > 1 else ""
+            return f"raised {self.error_type}" + (f": {line}" if line else "") + f" (exit {self.exitcode}{more})"
         if self.exitcode is not None and self.exitcode < 0:
             name = signal.Signals(-self.exitcode).name if -self.exitcode in signal.valid_signals() else "?"
             return f"killed by signal {-self.exitcode} ({name}) before reporting"
