@@ -324,6 +324,13 @@ class Helper {
     stopping_ = false;
   }
 
+  // Waits, at most `timeout`, until every task posted so far has run (the
+  // caller must not hold the GIL: the tasks need it). True if they all ran.
+  bool flush(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return idle_.wait_for(lock, timeout, [this] { return queue_.empty() && !busy_; });
+  }
+
   // Since when the helper has been waiting for the GIL (0: not waiting).
   int64_t waitingSinceNs() const {
     return waitingSince_.load();
@@ -343,13 +350,20 @@ class Helper {
         }
         task = std::move(queue_.front());
         queue_.pop_front();
+        busy_ = true;
       }
-      if (!Py_IsInitialized() || !g_installed.load()) continue;
-      waitingSince_ = steadyNs();
-      PyGILState_STATE gil = PyGILState_Ensure();
-      waitingSince_ = 0;
-      task();
-      PyGILState_Release(gil);
+      if (Py_IsInitialized() && g_installed.load()) {
+        waitingSince_ = steadyNs();
+        PyGILState_STATE gil = PyGILState_Ensure();
+        waitingSince_ = 0;
+        task();
+        PyGILState_Release(gil);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        busy_ = false;
+      }
+      idle_.notify_all();
     }
   }
 
@@ -358,6 +372,8 @@ class Helper {
   std::deque<std::function<void()>> queue_;
   std::thread thread_;
   bool stopping_ = false;
+  bool busy_ = false;  // a task is running
+  std::condition_variable idle_;
   std::atomic<int64_t> waitingSince_{0};
 };
 
@@ -550,6 +566,10 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
   g_installed = true;
   CallSites::instance().setProvider(&captureCallSite);
   Runtime::instance().install(&sampleMainStack, &logViaPython, [] { helper().stop(); });
+}
+
+bool flushLogs(std::chrono::milliseconds timeout) {
+  return helper().flush(timeout);
 }
 
 void uninstallRuntime() {

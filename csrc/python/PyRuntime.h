@@ -18,6 +18,7 @@
 //    `torch_ext` logger, so the watchdog never waits for the GIL.
 
 #include <cstdint>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
 // Call with the GIL held at interpreter exit: stops the helper thread and
 // detaches every hook.
 void uninstallRuntime();
+// Waits, at most `timeout` and without the GIL, until the log records handed to
+// Python's logging so far are written (interpreter exit: a report logged just
+// before an uncaught error must not be lost). True if they all were.
+bool flushLogs(std::chrono::milliseconds timeout);
 // Turns call-site capture on or off process-wide.
 void setCallSitesEnabled(bool enabled);
 // With the GIL held: (folder prefix, package name) of each package the user

@@ -286,6 +286,9 @@ PYBIND11_MODULE(_C, m) {
           // The watchdog never needs the GIL, but the runtime's helper may.
           py::gil_scoped_release release;
           mismatches = torch_ext::Watchdog::instance().atExit();
+          // Reports logged just before the error that ends the process (e.g.
+          // a mismatch) are written before the runtime detaches.
+          torch_ext::py::flushLogs(std::chrono::seconds(2));
         }
         torch_ext::py::uninstallRuntime();
         return mismatches;
