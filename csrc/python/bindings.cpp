@@ -10,6 +10,7 @@
 #include "guard/Errors.h"
 #include "guard/collective/GuardBackend.h"
 #include "guard/collective/Verifier.h"
+#include "guard/collective/WorkRetirement.h"
 #include "guard/report/DumpAnalysis.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
@@ -199,6 +200,11 @@ PYBIND11_MODULE(_C, m) {
         return torch_ext::toJson(torch_ext::groupView(st, maxEntries ? maxEntries : st.ledger().capacity())).dump();
       },
       py::arg("backend"), py::arg("max_entries") = 0, py::call_guard<py::gil_scoped_release>());
+  // Works kept until the issuing thread may free them (WorkRetirement), and the scans so far.
+  m.def("_retired_works", []() {
+    auto& r = torch_ext::WorkRetirement::instance();
+    return py::make_tuple(r.kept(), r.scans());
+  });
   // check="verify": the verifier's counters (None in other modes or at world size 1).
   m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     torch_ext::Verifier* v = asGuard(b).state()->verifier();

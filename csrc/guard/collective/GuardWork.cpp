@@ -273,7 +273,12 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
   // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
   // rather than return as if the data had arrived.
   if (!result && state_->failed()) state_->throwFailure("");
-  if (mode_ == Mode::Blocking) state_->ledger().complete(id_, true);
+  if (mode_ == Mode::Blocking) {
+    state_->ledger().complete(id_, true);
+    // The watchdog's poll has nothing left to learn from it; holding it until
+    // then kept each reduce_scatter's tensors (FSDP2) alive for a whole tick.
+    state_->ledger().forgetPolled(id_);
+  }
   return result;
 }
 

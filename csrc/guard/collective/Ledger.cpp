@@ -115,6 +115,19 @@ void Ledger::pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work) {
   polled_.emplace_back(id, std::move(work));
 }
 
+void Ledger::forgetPolled(uint64_t id) {
+  c10::intrusive_ptr<c10d::Work> dropped;  // released outside the lock
+  std::lock_guard<std::mutex> lock(mu_);
+  // Newest first: the caller has just waited for a recent one.
+  for (auto it = polled_.rbegin(); it != polled_.rend(); ++it) {
+    if (it->first == id) {
+      dropped = std::move(it->second);
+      polled_.erase(std::next(it).base());
+      break;
+    }
+  }
+}
+
 void Ledger::pollCompletions() {
   std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> polled;
   {

@@ -81,6 +81,9 @@ class Ledger {
   // Keeps `work` to be polled with isCompleted() by the watchdog (for works that
   // offer no completion callback, e.g. CUDA work or gloo's send/recv).
   void pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work);
+  // Drops the reference pollLater() kept for record `id` (its waiter saw it
+  // complete): the work and its tensors need not wait for the next poll.
+  void forgetPolled(uint64_t id);
   // Polls the works registered with pollLater(); completes the finished ones.
   void pollCompletions();
   // On group failure: every pending record fails; returns their futures (to be

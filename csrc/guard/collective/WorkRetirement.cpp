@@ -1,5 +1,6 @@
 #include "guard/collective/WorkRetirement.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace torch_ext {
@@ -19,24 +20,32 @@ void WorkRetirement::retire(c10::intrusive_ptr<c10::intrusive_ptr_target> ref) {
 }
 
 void WorkRetirement::sweepSlow() {
-  std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> last;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    scans_.fetch_add(1, std::memory_order_relaxed);
-    auto keep = refs_.begin();
-    for (auto it = refs_.begin(); it != refs_.end(); ++it) {
-      if (it->use_count() == 1) {
-        last.push_back(std::move(*it));
-      } else {
-        if (keep != it) *keep = std::move(*it);
-        ++keep;
+  // Freeing a Work can make its future's reference ours alone (a Work holds
+  // its future), so scan again while a scan freed something: otherwise the
+  // futures, and the tensors they hold, would wait for the count to double.
+  for (int pass = 0; pass < 4; ++pass) {
+    std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> last;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      scans_.fetch_add(1, std::memory_order_relaxed);
+      auto keep = refs_.begin();
+      for (auto it = refs_.begin(); it != refs_.end(); ++it) {
+        if (it->use_count() == 1) {
+          last.push_back(std::move(*it));
+        } else {
+          if (keep != it) *keep = std::move(*it);
+          ++keep;
+        }
       }
+      refs_.erase(keep, refs_.end());
+      kept_.store(refs_.size(), std::memory_order_relaxed);
+      // At least kMinKept, so that a few works held elsewhere do not make
+      // every issue scan; otherwise twice what is left (amortised O(1)).
+      sweepAbove_.store(std::max<size_t>(2 * refs_.size(), kMinKept), std::memory_order_relaxed);
     }
-    refs_.erase(keep, refs_.end());
-    kept_.store(refs_.size(), std::memory_order_relaxed);
-    sweepAbove_.store(2 * refs_.size(), std::memory_order_relaxed);
+    if (last.empty()) return;
+    last.clear();  // freed here, outside the lock, on the issuing thread
   }
-  // `last` is freed here, outside the lock, on the issuing thread.
 }
 
 } // namespace torch_ext

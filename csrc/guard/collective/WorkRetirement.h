@@ -59,6 +59,7 @@ class WorkRetirement {
  private:
   void sweepSlow();
 
+  static constexpr size_t kMinKept = 16;
   std::mutex mu_;
   std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> refs_;
   std::atomic<size_t> kept_{0};
