@@ -75,6 +75,7 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
     } else if (burstCount_ == burstLen_) {
       wantedSeq_ = std::max(wantedSeq_, seq);  // the predicted end of the burst
       burstCount_ = 0;
+      demands_ = 0;
       start = true;
     } else {
       start = wantedSeq_ > verifiedSeq_.load(std::memory_order_relaxed);
@@ -97,6 +98,13 @@ void Verifier::want(uint64_t seq) {
   if (verified(seq)) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // A program that waits inside its bursts (FSDP2 waits for each layer's
+    // all_gather) needs each round early, at issue: no prediction for it.
+    ++demands_;
+    if (predicting()) {
+      burstLen_ = 0;
+      repeats_ = 0;
+    }
     if (wantedSeq_ >= seq && inFlight_) return;  // the round in flight or the next one covers it
     wantedSeq_ = std::max(wantedSeq_, seq);
   }
@@ -117,13 +125,17 @@ std::chrono::microseconds Verifier::quietGap() const {
 
 void Verifier::endBurst() {
   if (burstCount_ == 0) return;
-  if (burstCount_ == burstLen_) {
+  if (demands_ > 0) {  // waited inside: does not count toward a prediction
+    burstLen_ = 0;
+    repeats_ = 0;
+  } else if (burstCount_ == burstLen_) {
     ++repeats_;
   } else {
     burstLen_ = burstCount_;
     repeats_ = 1;
   }
   burstCount_ = 0;
+  demands_ = 0;
 }
 
 void Verifier::pacerLoop() {
@@ -147,6 +159,7 @@ void Verifier::pacerLoop() {
     burstCount_ = 0;
     burstLen_ = 0;
     repeats_ = 0;
+    demands_ = 0;
     ++mispredictions_;
     wantedSeq_ = last;
     lock.unlock();

@@ -21,7 +21,9 @@
 //    Pacing: when the issuing comes in bursts of the same length, separated
 //    by quiet gaps, three bursts in a row (DDP's buckets of a step), the
 //    verifier predicts the last collective of the next burst and starts the
-//    round there (with the last bucket, overlapping it: one round per step);
+//    round there (with the last bucket, overlapping it: one round per step).
+//    Bursts inside which a result is asked for (FSDP2 waits for each layer's
+//    all_gather) are not predicted: their rounds start at issue, overlapping;
 //    results asked for still start one at once, and a burst that goes quiet
 //    before its predicted end gets its round from the pacer thread then and
 //    ends the prediction (a collective nobody waits for, e.g. one a mismatch
@@ -158,6 +160,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   uint64_t burstLen_ = 0;    // the length of the last bursts, while it repeats
   uint32_t repeats_ = 0;     // bursts in a row of length burstLen_
   uint64_t mispredictions_ = 0;  // bursts that went quiet before their predicted end
+  uint64_t demands_ = 0;     // results asked for (want()) in the current burst, not yet verified
   // Bursts of one collective are what the default does anyway.
   bool predicting() const { return repeats_ >= 3 && burstLen_ >= 2; }  // mu_ held
   std::condition_variable pacerCv_;
