@@ -46,6 +46,20 @@ def _run(tmp_path, script: str, args: list[str], nproc: int | None, timeout: flo
 LAUNCHERS = [pytest.param(None, id="lightning-launcher"), pytest.param(3, id="torchrun")]
 
 
+def _names_ranks_1_2_as_gone(out: str) -> bool:
+    """Rank 0's report names ranks 1 and 2 as gone without its collective. Both exit notices
+    in the store: "ranks 1,2 never issued before ending". Under load one of them may not be
+    there yet when the report is made: that rank is then named by its silence ("rank 2: no
+    heartbeat for 2.5 s (process gone or frozen)"), the other as having ended without it."""
+    if "ranks 1,2 never issued before ending" in out:
+        return True
+    for ended, silent in ((1, 2), (2, 1)):
+        if (f"rank {ended} never issued before ending" in out
+                and re.search(rf"rank {silent}: (exited|no heartbeat for [\d.]+ s \(process gone or frozen\))", out)):
+            return True
+    return False
+
+
 @pytest.mark.parametrize("nproc,case", [pytest.param(None, "log_rank0_step", id="lightning-launcher-step"),
                                         pytest.param(3, "log_rank0", id="torchrun-epoch")])
 def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
@@ -60,7 +74,7 @@ def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
         where = f"lightning_job.py:{_line('lightning_job.py', 'fit')} in main"
     # The user's line, then the Lightning frame it went through.
     assert re.search(re.escape(where) + r" \(via lightning \.\.\./distributed\.py:\d+ in _sync_ddp\)", out), out[-6000:]
-    assert "rank 0 issued collectives that ranks 1,2 never issued before ending:" in out, out[-6000:]
+    assert "rank 0 issued collectives that rank" in out and _names_ranks_1_2_as_gone(out), out[-6000:]
     # Ranks 1-2 finished fit; they did not run out of data.
     assert "ran out of data" not in out, out[-6000:]
     assert out.count("rank 1 finished fit") == 1 and out.count("rank 2 finished fit") == 1, out[-6000:]
@@ -74,7 +88,7 @@ def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
     proc, out = _run(tmp_path, "lightning_job.py", ["validate_rank0"], nproc)
     line = _line("lightning_job.py", "validate_rank0")
     assert f"lightning_job.py:{line} in Model.validation_step (via lightning " in out, out[-6000:]
-    assert "ranks 1,2 never issued before ending" in out, out[-6000:]
+    assert _names_ranks_1_2_as_gone(out), out[-6000:]
 
 
 def test_lightning_hang_in_training_step(tmp_path):

@@ -555,3 +555,25 @@ def test_html_page_folds_library_frames_in_the_culprits_stack_as_the_text_report
     assert any(re.fullmatch(r"\.\.\. \d+ .* frames? \.\.\.", s) for s in lane["stack"]), lane["stack"]
     assert not any(s.startswith(("torch .../", "torch_ext .../", "stdlib .../")) for s in lane["stack"][1:]), lane
     assert re.fullmatch(r"test_post_mortem\.py:\d+ in _slow_validation", lane["stack"][0]), lane["stack"]
+
+
+def test_diagnose_says_when_the_dumps_were_written_and_how_old_they_are(hang_dumps, tmp_path):
+    # Fresh dumps: written seconds ago.
+    out = _diagnose(hang_dumps)
+    assert out.returncode == 0, out.stderr
+    first = out.stdout.splitlines()[0]
+    assert re.fullmatch(r"dumps written \d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC \(\d+ s ago\): they show the job at "
+                        r"that moment; a job that recovered or ended since then is not in them", first), first
+    # The same dumps three hours later (their times moved back): the age says so, in text and JSON.
+    old = tmp_path / "old"
+    old.mkdir()
+    for name in os.listdir(hang_dumps):
+        with open(hang_dumps / name) as f:
+            data = json.load(f)
+        data["time_ns"] -= 3 * 3600 * 10**9 + 5 * 60 * 10**9
+        with open(old / name, "w") as f:
+            json.dump(data, f)
+    text = _diagnose(old).stdout.splitlines()[0]
+    assert "(3 h 5 min ago)" in text or "(3 h 6 min ago)" in text, text
+    got = json.loads(_diagnose(old, "--json").stdout)
+    assert 3 * 3600 + 5 * 60 <= got["age_s"] < 3 * 3600 + 7 * 60, got["age_s"]

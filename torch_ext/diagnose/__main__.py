@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
+import time
 
 from torch_ext.diagnose import analyze_dir, format_text, group_sizes
 from torch_ext.diagnose.flight_recorder import DEFAULT_PREFIX, ExportError, export
@@ -43,6 +45,30 @@ class _PrintVersion(argparse.Action):
         parser.exit()
 
 
+def _written(analysis) -> tuple[int, float] | None:
+    """When the newest dump was written (wall ns) and how long ago (s); None without times."""
+    times = [int(d.data["time_ns"]) for d in analysis.dumps if isinstance(d.data.get("time_ns"), int)]
+    if not times:
+        return None
+    newest = max(times)
+    return newest, max(0.0, time.time() - newest / 1e9)
+
+
+def _age_line(written_ns: int, age_s: float) -> str:
+    """Old dumps must not read like a live hang: say when they were written (issue 25)."""
+    stamp = datetime.datetime.fromtimestamp(written_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    if age_s < 120:
+        ago = f"{age_s:.0f} s"
+    elif age_s < 7200:
+        ago = f"{age_s / 60:.0f} min"
+    elif age_s < 2 * 86400:
+        ago = f"{int(age_s // 3600)} h {int(age_s % 3600 // 60)} min"
+    else:
+        ago = f"{age_s / 86400:.0f} days"
+    return (f"dumps written {stamp} ({ago} ago): they show the job at that moment; a job that recovered "
+            "or ended since then is not in them")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m torch_ext.diagnose",
@@ -66,13 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    written = _written(analysis)
     if args.json:
         print(json.dumps({
             "ranks": analysis.ranks,
             "bad_files": [{"path": b.path, "reason": b.reason} for b in analysis.bad],
             "groups": analysis.verdicts,
+            "written_ns": written[0] if written else None,
+            "age_s": round(written[1], 1) if written else None,
         }, indent=2))
     else:
+        if written:
+            print(_age_line(*written))
         print(format_text(analysis))
     if not analysis.dumps:
         print(f"error: no torch_ext dump in {args.dump_dir!r} (it should hold the rank<N>.json files a job wrote "
