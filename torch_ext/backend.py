@@ -122,6 +122,8 @@ def _inner_value(cfg: Mapping[str, Any]) -> tuple[str, str]:
 
 def _accepted_backends() -> list[str]:
     names = {"gloo"} if dist.is_gloo_available() else set()
+    if dist.is_gloo_available():
+        names.add("nccl_sim")  # torch_ext.testing.nccl_sim, imported on demand
     if dist.is_nccl_available():
         names.add("nccl")
     if dist.is_mpi_available():
@@ -160,6 +162,9 @@ def _make_inner(
         return pg
     if name == "ucc" and dist.is_ucc_available():
         return _compat.ucc_process_group(store, rank, size, timeout)
+    if name == "nccl_sim":
+        # The CPU stand-in for NCCL (torch_ext.testing.nccl_sim) registers itself on import.
+        import torch_ext.testing.nccl_sim  # noqa: F401
     plugin = _compat.backend_plugins().get(name.upper())
     if plugin is not None and name != BACKEND_NAME:
         if not plugin.extended_api:

@@ -16,6 +16,7 @@
 #include "guard/report/Snapshot.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/Watchdog.h"
+#include "nccl_sim/NcclSimBackend.h"
 #include "python/PyRuntime.h"
 
 #include <pybind11/chrono.h>
@@ -159,6 +160,55 @@ PYBIND11_MODULE(_C, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
       py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none(),
       py::arg("store_hosted_by") = "", py::arg("store_host_rank") = -1);
+  // --- nccl_sim (torch_ext.testing.nccl_sim) ---------------------------------
+  m.def(
+      "_nccl_sim_create",
+      [](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size, const std::string& label,
+         bool faultsApply) -> c10::intrusive_ptr<c10d::Backend> {
+        torch_ext::NcclSimSettings settings;
+        try {
+          settings = torch_ext::NcclSimSettings::fromEnv();
+        } catch (const torch_ext::ConfigError& e) {
+          throw py::value_error(e.what());
+        }
+        return c10::make_intrusive<torch_ext::nccl_sim::NcclSimBackend>(rank, size, label, faultsApply, transport,
+                                                                        settings);
+      },
+      py::arg("transport"), py::arg("rank"), py::arg("size"), py::arg("label"), py::arg("faults_apply"));
+  m.def("_is_nccl_sim", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    return dynamic_cast<torch_ext::nccl_sim::NcclSimBackend*>(b.get()) != nullptr;
+  });
+  m.def(
+      "_nccl_sim_synchronize",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        auto* sim = dynamic_cast<torch_ext::nccl_sim::NcclSimBackend*>(b.get());
+        if (sim == nullptr) throw py::type_error("expected an nccl_sim backend");
+        py::gil_scoped_release release;
+        sim->synchronizeStream();
+      },
+      "Blocks until the communicator's stream has run everything issued so far (no timeout).");
+  m.def(
+      "_nccl_sim_pending",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) -> size_t {
+        auto* sim = dynamic_cast<torch_ext::nccl_sim::NcclSimBackend*>(b.get());
+        if (sim == nullptr) throw py::type_error("expected an nccl_sim backend");
+        return sim->stream()->pending();
+      });
+  m.def(
+      "_raise_failure",
+      [](const c10::intrusive_ptr<c10d::Backend>& b, double waitS) {
+        // The group's typed error, once it has failed (waiting up to `waitS`
+        // for the verdict that is on its way); returns if it did not fail.
+        auto state = asGuard(b).state();
+        if (waitS > 0 && !state->failed()) {
+          py::gil_scoped_release release;
+          state->waitUntil([] { return false; }, std::chrono::milliseconds(static_cast<int64_t>(waitS * 1000.0)));
+        }
+        if (state->failed()) state->throwFailure("");
+      },
+      py::arg("backend"), py::arg("wait_s") = 0.0);
+  m.def("_stream_ordered", [](const c10::intrusive_ptr<c10d::Backend>& b) { return torch_ext::isStreamOrdered(*b); });
+
   m.def(
       "_store_address",
       [](const c10::intrusive_ptr<c10d::Store>& store) {

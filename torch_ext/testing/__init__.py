@@ -20,9 +20,14 @@ The pytest plugin (loaded through the ``pytest11`` entry point once torch_ext is
 installed; ``-p no:torch_ext`` disables it) runs whole test functions this way:
 ``@pytest.mark.world(4)`` / ``@pytest.mark.world(2, device="cuda")``, see
 ``docs/testing.md``.
+
+:mod:`torch_ext.testing.nccl_sim` (registered on import as the ``nccl_sim``
+backend) runs NCCL's host semantics on CPU tensors: a training loop written for
+NCCL, and the guard's device path, can be tested without a GPU.
 """
 from __future__ import annotations
 
+from torch_ext.testing import nccl_sim
 from torch_ext.testing._gpu import GPU_RUNNER_VAR, apply_gpu_rule, gpu_runner, gpu_shortfall, visible_gpus
 from torch_ext.testing._procs import ProcResult, launch_script
 from torch_ext.testing._ranks import (
@@ -50,6 +55,7 @@ __all__ = [
     "gpu_shortfall",
     "guard_deadlines",
     "launch_script",
+    "nccl_sim",
     "rank_env",
     "report",
     "run_ranks",

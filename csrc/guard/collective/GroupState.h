@@ -106,6 +106,16 @@ class GroupState {
     return verifier_;
   }
 
+  // Some inner backend completes its works on a stream (NCCL, nccl_sim): a
+  // failed operation leaves its communicator unusable, so a failure verdict
+  // fails the whole group. Set once, before the first collective.
+  void setStreamOrdered(bool v) {
+    streamOrdered_ = v;
+  }
+  bool streamOrdered() const {
+    return streamOrdered_;
+  }
+
   // Wakes threads blocked in waitUntil() (a work completed or the group failed).
   void notify();
   // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
@@ -127,6 +137,7 @@ class GroupState {
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
   std::shared_ptr<Verifier> verifier_;
+  bool streamOrdered_ = false;
 };
 
 } // namespace torch_ext

@@ -2,6 +2,7 @@
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
+#include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
 #include "guard/Runtime.h"
@@ -61,8 +62,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     : c10d::Backend(rank, size), inner_(std::move(inner)), helper_(std::move(helper)) {
   strict_ = config.check == CheckMode::Strict;
   TORCH_CHECK(!strict_ || helper_, "guard: strict mode needs a helper backend for its check collective");
-  for (const auto& kv : inner_) {
+  for (auto& kv : inner_) {
     TORCH_CHECK(kv.second.backend, "guard: inner backend for device '", kv.first, "' is null");
+    kv.second.streamOrdered = isStreamOrdered(*kv.second.backend);
     TORCH_CHECK(kv.second.name != "guard", "guard cannot wrap guard (device '", kv.first, "')");
     innerNames_ += (innerNames_.empty() ? "" : ",") + kv.first + ":" + kv.second.name;
     if (kv.first == "cpu") cpu_ = kv.second.backend;
@@ -78,6 +80,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->config().check);
+  for (const auto& kv : inner_) {
+    if (kv.second.streamOrdered) state_->setStreamOrdered(true);
+  }
   // A lone rank cannot disagree with itself: no verifier at world size 1.
   if (state_->config().check == CheckMode::Verify && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
@@ -163,6 +168,11 @@ c10::intrusive_ptr<c10d::Backend> GuardBackend::innerFor(c10::DeviceType device)
   return it == inner_.end() ? nullptr : it->second.backend;
 }
 
+bool GuardBackend::streamOrdered(c10::DeviceType device) const {
+  auto it = inner_.find(deviceName(device));
+  return it != inner_.end() && it->second.streamOrdered;
+}
+
 c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
   auto* b = device == c10::DeviceType::CPU ? cpu_.get() : device == c10::DeviceType::CUDA ? cuda_.get() : nullptr;
   if (b != nullptr) return *b;
@@ -237,6 +247,10 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
     }
   } catch (c10::Error& e) {
     state_->ledger().complete(id, false, e.what_without_backtrace());
+    // The inner backend refused because the group failed meanwhile (a
+    // stream-ordered backend aborted while the host waited for room in its
+    // queue): the group's typed error, not the abort's side effect.
+    if (state_->failed()) state_->throwFailure(opName(op));
     std::ostringstream os;
     os << "guard: inner backend '" << deviceName(device) << ":" << inner.getBackendName() << "' failed "
        << opName(op);
@@ -259,7 +273,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
     state_->ledger().complete(id, true);
     return work;
   }
-  auto wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, device);
+  auto wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device));
   if (coalescing_) coalescedWorks_.push_back(wrapped);
   return wrapped;
 }
@@ -470,7 +484,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::endCoalescing() {
     }
     for (size_t i = 0; i + 1 < ids.size(); ++i) state_->ledger().pollLater(ids[i], work);
     return GuardWork::wrap(state_, std::move(work), ids.empty() ? 0 : ids.back(), 0, Op::AllReduceCoalesced,
-                           coalescedDevice_);
+                           streamOrdered(coalescedDevice_));
   }
   auto works = std::move(coalescedWorks_);
   coalescedWorks_.clear();

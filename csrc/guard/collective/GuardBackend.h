@@ -36,6 +36,8 @@ namespace torch_ext {
 struct InnerBackend {
   std::string name;  // "gloo", "nccl", ...
   c10::intrusive_ptr<c10d::Backend> backend;
+  // Its works complete on a stream (NCCL, nccl_sim): see StreamOrdered.h.
+  bool streamOrdered = false;
 };
 
 class GuardBackend : public c10d::Backend {
@@ -148,6 +150,8 @@ class GuardBackend : public c10d::Backend {
   // Fast lookup for the two common device types.
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  // How works of each device's inner backend complete (StreamOrdered.h).
+  bool streamOrdered(c10::DeviceType device) const;
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;
   bool strict_;

@@ -12,10 +12,10 @@ namespace torch_ext {
 
 c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
                                               c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-                                              Op op, c10::DeviceType device) {
+                                              Op op, bool streamOrdered) {
   WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
-  if (device != c10::DeviceType::CPU) {
-    state->ledger().pollLater(id, inner);
+  if (streamOrdered) {
+    state->ledger().pollLater(id, inner, /*reportFailure=*/true);
     return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Device, nullptr);
   }
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture;

@@ -13,9 +13,11 @@
 //    wait() costs no future of ours (issue 11).
 //  - Blocking: CPU works without a future (gloo send/recv). wait() calls the inner
 //    wait(); a group failure aborts the inner work, which makes that wait return.
-//  - Device: accelerator works (NCCL). wait() keeps the inner semantics (stream
-//    ordering, no host block); the watchdog polls isCompleted() and aborts the
-//    inner backend on failure.
+//  - Device: works of a stream-ordered inner backend (NCCL; nccl_sim on CPU, see
+//    StreamOrdered.h), whatever the tensors' device. wait() keeps the inner
+//    semantics (stream ordering, no host block); the watchdog polls
+//    isCompleted(), reports a failed one to every rank and fails the group,
+//    which aborts the inner backend.
 
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
@@ -35,10 +37,11 @@ class GuardWork : public c10d::Work {
  public:
   enum class Mode : uint8_t { Future, Blocking, Device };
 
-  // Wraps `inner` (recorded as ledger record `id`) and starts tracking completion.
+  // Wraps `inner` (recorded as ledger record `id`) and starts tracking
+  // completion; `streamOrdered`: the inner backend completes works on a stream.
   static c10::intrusive_ptr<GuardWork> wrap(const std::shared_ptr<GroupState>& state,
                                             c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-                                            Op op, c10::DeviceType device);
+                                            Op op, bool streamOrdered);
 
   GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
             Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);

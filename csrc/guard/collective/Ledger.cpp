@@ -34,6 +34,9 @@ uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = nextId_++;
   Entry& e = ring_[id % ring_.size()];
+  if (e.id != 0 && e.state == EntryState::Scheduled && evicted_.size() < kMaxEvicted && stillPending(e, now)) {
+    evicted_.emplace(e.id, e);  // a pending record is about to be overwritten
+  }
   e.id = id;
   e.callSite = callSite;
   e.startNs = now;
@@ -63,6 +66,34 @@ uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint
   return id;
 }
 
+bool Ledger::stillPending(Entry& e, int64_t now) {
+  // Polled works complete in the ledger only at the watchdog's next poll: a
+  // host far ahead overwrites records whose work is done already. Ask the work
+  // now (polled_ is in record order), so that what is kept is really pending.
+  auto it = std::lower_bound(polled_.begin(), polled_.end(), e.id,
+                             [](const Polled& p, uint64_t id) { return p.id < id; });
+  if (it == polled_.end() || it->id != e.id) return true;
+  bool done = false, ok = true;
+  std::string err;
+  try {
+    done = it->work->isCompleted();
+    ok = !done || it->work->isSuccess();
+    if (done && !ok) err = "the operation failed";
+  } catch (const std::exception& ex) {
+    done = true;
+    ok = false;
+    err = ex.what();
+  }
+  if (!done) return true;
+  e.state = ok ? EntryState::Completed : EntryState::Failed;
+  e.endNs = now;
+  if (!ok) e.error = err;
+  if (e.seq > lastCompletedSeq_) lastCompletedSeq_ = e.seq;
+  if (!ok && it->reportFailure && polledFailures_.size() < kMaxPolledFailures) polledFailures_.emplace_back(e.id, err);
+  polled_.erase(it);
+  return false;
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, const std::string& error) {
   const int64_t now = wallNs();
   std::lock_guard<std::mutex> lock(mu_);
@@ -75,6 +106,23 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
     }
   }
   Entry* e = slot(id);
+  if (e == nullptr && !evicted_.empty()) {
+    auto it = evicted_.find(id);
+    if (it != evicted_.end()) {
+      if (it->second.state != EntryState::Scheduled) return fut;
+      if (it->second.seq > lastCompletedSeq_) lastCompletedSeq_ = it->second.seq;
+      lastCompletedNs_ = now;
+      if (ok) {
+        evicted_.erase(it);  // done: no longer kept outside the ring
+      } else {
+        // Kept, failed, for the failure's report (byId).
+        it->second.state = EntryState::Failed;
+        it->second.endNs = now;
+        it->second.error = error;
+      }
+      return fut;
+    }
+  }
   if (e == nullptr || e->state != EntryState::Scheduled) return fut;
   e->state = ok ? EntryState::Completed : EntryState::Failed;
   e->endNs = now;
@@ -100,7 +148,12 @@ void Ledger::failPending(const std::string& error, std::vector<c10::intrusive_pt
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& kv : futures_) futures->push_back(std::move(kv.second));
   futures_.clear();
-  for (auto& p : polled_) works->push_back(p.second);
+  for (auto& p : polled_) works->push_back(p.work);
+  for (auto& kv : evicted_) {
+    kv.second.state = EntryState::Failed;
+    kv.second.endNs = now;
+    kv.second.error = error;
+  }
   for (uint64_t id = minPendingId_; id < nextId_; ++id) {
     Entry* e = slot(id);
     if (e == nullptr || e->state != EntryState::Scheduled) continue;
@@ -110,9 +163,17 @@ void Ledger::failPending(const std::string& error, std::vector<c10::intrusive_pt
   }
 }
 
-void Ledger::pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work) {
-  std::lock_guard<std::mutex> lock(mu_);
-  polled_.emplace_back(id, std::move(work));
+void Ledger::pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work, bool reportFailure) {
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    polled_.push_back({id, std::move(work), reportFailure});
+    // Every kMaxPolled/4 works past the bound (amortised: a stream stuck with
+    // thousands queued is not rescanned at every issue).
+    full = polled_.size() >= kMaxPolled && polled_.size() % (kMaxPolled / 4) == 0;
+  }
+  // A host far ahead of its stream: completions are not left for the next tick.
+  if (full) pollCompletions();
 }
 
 void Ledger::forgetPolled(uint64_t id) {
@@ -120,8 +181,8 @@ void Ledger::forgetPolled(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   // Newest first: the caller has just waited for a recent one.
   for (auto it = polled_.rbegin(); it != polled_.rend(); ++it) {
-    if (it->first == id) {
-      dropped = std::move(it->second);
+    if (it->id == id) {
+      dropped = std::move(it->work);
       polled_.erase(std::next(it).base());
       break;
     }
@@ -129,22 +190,26 @@ void Ledger::forgetPolled(uint64_t id) {
 }
 
 void Ledger::pollCompletions() {
-  std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> polled;
+  // Polled outside the lock, on copies: polled_ stays in place meanwhile, so
+  // that record() can still ask an overwritten record's work (stillPending).
+  std::vector<Polled> polled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (polled_.empty()) return;
-    polled.swap(polled_);
+    polled = polled_;
   }
-  std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> still;
-  for (auto& [id, work] : polled) {
-    bool done = false;
+  std::vector<uint64_t> done;
+  std::vector<std::pair<uint64_t, std::string>> failures;
+  for (auto& p : polled) {
+    bool finished = false;
     bool ok = true;
     std::string err;
     try {
-      done = work->isCompleted();
-      if (done) ok = work->isSuccess();
-      if (done && !ok) {
-        if (auto ep = work->exception()) {
+      finished = p.work->isCompleted();
+      if (finished) ok = p.work->isSuccess();
+      if (finished && !ok) {
+        err = "the operation failed";
+        if (auto ep = p.work->exception()) {
           try {
             std::rethrow_exception(ep);
           } catch (const std::exception& inner) {
@@ -155,18 +220,36 @@ void Ledger::pollCompletions() {
         }
       }
     } catch (const std::exception& ex) {
-      done = true;
+      finished = true;
       ok = false;
       err = ex.what();
     }
-    if (done) {
-      complete(id, ok, err);
-    } else {
-      still.emplace_back(id, std::move(work));
-    }
+    if (!finished) continue;
+    complete(p.id, ok, err);
+    done.push_back(p.id);
+    if (!ok && p.reportFailure) failures.emplace_back(p.id, err);
   }
+  std::vector<Polled> dropped;  // released outside the lock
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& p : still) polled_.push_back(std::move(p));
+  if (!done.empty()) {
+    std::sort(done.begin(), done.end());
+    std::vector<Polled> still;
+    still.reserve(polled_.size());
+    for (auto& p : polled_) {
+      (std::binary_search(done.begin(), done.end(), p.id) ? dropped : still).push_back(std::move(p));
+    }
+    polled_.swap(still);
+  }
+  for (auto& f : failures) {
+    if (polledFailures_.size() < kMaxPolledFailures) polledFailures_.push_back(std::move(f));
+  }
+}
+
+std::vector<std::pair<uint64_t, std::string>> Ledger::takePolledFailures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<uint64_t, std::string>> out;
+  out.swap(polledFailures_);
+  return out;
 }
 
 Progress Ledger::progress() {
@@ -177,6 +260,12 @@ Progress Ledger::progress() {
   p.lastCompletedSeq = lastCompletedSeq_;
   p.lastCompletedNs = lastCompletedNs_;
   p.lastId = nextId_ - 1;
+  for (const auto& kv : evicted_) {
+    if (kv.second.state != EntryState::Scheduled) continue;  // failed with the group
+    p.hasPending = true;
+    p.oldestPending = kv.second;
+    return p;
+  }
   // Advance the watermark over finished records; amortised O(1) per record.
   while (minPendingId_ < nextId_) {
     Entry* e = slot(minPendingId_);
@@ -190,8 +279,20 @@ Progress Ledger::progress() {
   return p;
 }
 
+std::optional<Entry> Ledger::byId(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = evicted_.find(id); it != evicted_.end()) return it->second;
+  if (id == 0 || id >= nextId_) return std::nullopt;
+  const Entry& e = ring_[id % ring_.size()];
+  if (e.id == id) return e;
+  return std::nullopt;
+}
+
 std::optional<Entry> Ledger::bySeq(uint64_t seq) const {
   std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& kv : evicted_) {
+    if (seq != 0 && kv.second.seq == seq) return kv.second;
+  }
   for (const auto& e : ring_) {
     if (e.id != 0 && e.seq == seq) return e;
   }
@@ -216,8 +317,16 @@ std::vector<Entry> Ledger::entriesAfter(uint64_t afterId, size_t maxEntries) con
   const uint64_t keep = std::min<uint64_t>({maxEntries, ring_.size(), last});
   uint64_t first = std::max<uint64_t>(afterId + 1, last - keep + 1);
   std::vector<Entry> out;
+  // The oldest pending record goes first when the ring overwrote it: every
+  // report and dump names what the stream is stuck in.
+  for (const auto& kv : evicted_) {
+    if (maxEntries == 0) break;
+    if (kv.first <= afterId || kv.first >= first || kv.second.state != EntryState::Scheduled) continue;
+    out.push_back(kv.second);
+    break;
+  }
   if (first > last) return out;
-  out.reserve(last - first + 1);
+  out.reserve(out.size() + last - first + 1);
   for (uint64_t id = first; id <= last; ++id) {
     const Entry& e = ring_[id % ring_.size()];
     if (e.id == id) out.push_back(e);

@@ -59,6 +59,11 @@ struct Progress : SeqProgress {
 
 class Ledger {
  public:
+  // Works pollLater() holds before it polls on the caller's thread too.
+  static constexpr size_t kMaxPolled = 4096;
+  static constexpr size_t kMaxPolledFailures = 16;
+  static constexpr size_t kMaxEvicted = 4096;
+
   explicit Ledger(size_t capacity);
 
   size_t capacity() const {
@@ -80,29 +85,41 @@ class Ledger {
   bool track(uint64_t id, c10::intrusive_ptr<c10::ivalue::Future> future);
   // Keeps `work` to be polled with isCompleted() by the watchdog (for works that
   // offer no completion callback, e.g. CUDA work or gloo's send/recv).
-  void pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work);
+  // `reportFailure`: a failure found by polling is kept for takePolledFailures()
+  // (stream-ordered works: nobody waits on the host to see it). At most
+  // kMaxPolled works are held: beyond that, finished ones are dropped at once.
+  void pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work, bool reportFailure = false);
   // Drops the reference pollLater() kept for record `id` (its waiter saw it
   // complete): the work and its tensors need not wait for the next poll.
   void forgetPolled(uint64_t id);
   // Polls the works registered with pollLater(); completes the finished ones.
   void pollCompletions();
+  // Failures of reportFailure works found by polling since the last call (the
+  // first few), as (record id, error).
+  std::vector<std::pair<uint64_t, std::string>> takePolledFailures();
   // On group failure: every pending record fails; returns their futures (to be
   // errored) and polled works (to be aborted).
   void failPending(const std::string& error, std::vector<c10::intrusive_ptr<c10::ivalue::Future>>* futures,
                    std::vector<c10::intrusive_ptr<c10d::Work>>* works);
 
   Progress progress();
+  // Record `id`, if the ring still holds it (or kept it as the oldest pending).
+  std::optional<Entry> byId(uint64_t id) const;
   // The record of collective `seq`, if the ring still holds it.
   std::optional<Entry> bySeq(uint64_t seq) const;
   // Rolling hash after collective `seq`, if the ring still holds it.
   std::optional<uint64_t> rollingAt(uint64_t seq) const;
   // The most recent `maxEntries` records, oldest first.
   std::vector<Entry> entries(size_t maxEntries) const;
-  // Records with id > afterId (at most maxEntries, newest kept), oldest first.
+  // Records with id > afterId (at most maxEntries, newest kept), oldest first;
+  // preceded by the oldest pending record when the ring overwrote it.
   std::vector<Entry> entriesAfter(uint64_t afterId, size_t maxEntries) const;
 
  private:
   Entry* slot(uint64_t id);  // nullptr if overwritten; mu_ held
+  // For a record about to be overwritten: false (and it is marked finished)
+  // when its polled work has completed meanwhile. mu_ held.
+  bool stillPending(Entry& e, int64_t now);
 
   mutable std::mutex mu_;
   std::vector<Entry> ring_;
@@ -115,7 +132,18 @@ class Ledger {
   uint64_t minPendingId_ = 1;  // no record below this id is pending
   // (peer, tag, direction) -> ops issued so far; direction 0 send, 1 recv.
   std::map<std::tuple<int32_t, int32_t, int>, uint64_t> p2pCounts_;
-  std::vector<std::pair<uint64_t, c10::intrusive_ptr<c10d::Work>>> polled_;
+  struct Polled {
+    uint64_t id;
+    c10::intrusive_ptr<c10d::Work> work;
+    bool reportFailure;
+  };
+  std::vector<Polled> polled_;
+  std::vector<std::pair<uint64_t, std::string>> polledFailures_;
+  // Records the ring overwrote while they were still pending, by id: a host
+  // that runs thousands of operations ahead of its stream (NCCL) must still
+  // be able to say which one the stream is stuck in. At most kMaxEvicted
+  // (the oldest are kept); each leaves when it completes.
+  std::map<uint64_t, Entry> evicted_;
   std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_;
 };
 

@@ -94,6 +94,9 @@ std::shared_ptr<Watchdog::GroupCtx> Watchdog::find(const GroupState* state) {
 }
 
 void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
+  if (!exiting() && state->failed()) {
+    if (auto watched = find(state.get())) lingerForPeers(*watched);  // destroy_process_group() of a failed group
+  }
   std::shared_ptr<GroupCtx> ctx;
   std::thread toJoin;
   {
@@ -178,6 +181,7 @@ std::vector<std::string> Watchdog::atExit() {
     auto f = st.failure();
     if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) mismatches.push_back(f->report);
   }
+  for (auto& g : groups) lingerForPeers(*g);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (exiting()) return mismatches;
@@ -210,6 +214,35 @@ std::vector<std::string> Watchdog::atExit() {
     toStop.detach();  // stuck somewhere it should not be: never block the exit on it
   }
   return mismatches;
+}
+
+void Watchdog::lingerForPeers(GroupCtx& ctx) {
+  // Under plain env:// this process hosts the store. Leaving a failed group at
+  // once would take the verdict's keys with it, and peers that have not read
+  // them yet (they poll each tick) would report a lost store instead of the
+  // failure. Stay, bounded, until every peer has left or exited.
+  GroupState& st = *ctx.state;
+  if (!st.failed() || st.store().health() != StoreHealth::Healthy) return;
+  if (st.store().channel().address().hostRank != st.id().globalRank(st.id().rank)) return;
+  const int size = st.id().size;
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) {
+    if (r != st.id().rank) keys.push_back(keys::status(r));
+  }
+  if (keys.empty()) return;
+  const double boundS = std::min(5.0, std::max(1.0, 10 * st.exchangeIntervalS()));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(boundS * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto values = st.store().multiGet(keys);
+    if (!values.ok()) return;
+    bool allGone = true;
+    for (const auto& v : values.value) {
+      auto rec = StatusRecord::decode(v);
+      allGone = allGone && rec && (rec->phase == RankPhase::Left || rec->phase == RankPhase::Exited);
+    }
+    if (allGone) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a bounded poll of the peers' statuses
+  }
 }
 
 Watchdog::Stats Watchdog::stats() const {
@@ -286,6 +319,7 @@ int64_t Watchdog::GroupCtx::exchangePeriodNs(bool incidentOpen) const {
 void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
   GroupState& st = *ctx->state;
   st.ledger().pollCompletions();
+  reportPolledFailures(*ctx);
   const Progress p = st.ledger().progress();
   if (!checkStore(*ctx, p)) {
     ctx->open = false;
@@ -304,6 +338,31 @@ void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
       ctx->exchangeQueued = false;
     });
     if (!queued) ctx->exchangeQueued = false;
+  }
+}
+
+void Watchdog::reportPolledFailures(GroupCtx& ctx) {
+  GroupState& st = *ctx.state;
+  for (const auto& [id, error] : st.ledger().takePolledFailures()) {
+    if (st.failed()) return;
+    // A stream-ordered work failed (NCCL's asynchronous error): nobody waits
+    // on the host to see it, so the watchdog raises it for every rank; the
+    // verdict fails the group (GroupState::streamOrdered), which aborts the
+    // inner backend and releases every host blocked on its stream.
+    auto e = st.ledger().byId(id);
+    const std::string shortError = error.substr(0, error.find("\nException raised from"));
+    if (!e) {
+      if (st.fail(GuardErrorKind::Failure, "an operation on group \"" + st.label() + "\" failed in the inner backend "
+                                           "(rank " + std::to_string(st.id().globalRank(st.id().rank)) + " saw: " +
+                                           shortError + ")")) {
+        logMessage(LogLevel::Error, st.failure()->report);
+      }
+      return;
+    }
+    const IncidentSubject subject =
+        e->seq ? IncidentSubject::collective(e->seq) : IncidentSubject::p2p(st.id().rank, e->id);
+    std::lock_guard<std::mutex> lock(mu_);
+    ctx.requests.push_back(Incident{IncidentKind::Failure, subject, st.id().rank, shortError});
   }
 }
 
@@ -498,8 +557,9 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
     case Verdict::Kind::Failure:
       if (reporter) logMessage(LogLevel::Error, text);
       // With a rank gone the group cannot recover: fail it on every rank, so
-      // ranks that have not reached the collective yet fail fast too.
-      if (!v.gone.empty()) st.fail(GuardErrorKind::Failure, text);
+      // ranks that have not reached the collective yet fail fast too. Nor can
+      // a stream-ordered communicator after one of its operations failed.
+      if (!v.gone.empty() || st.streamOrdered()) st.fail(GuardErrorKind::Failure, text);
       break;
     case Verdict::Kind::None:
       logMessage(LogLevel::Debug, text);
@@ -539,10 +599,9 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
   auto ctx = find(state.get());
   std::optional<IncidentSubject> subject;
   std::string opText = "operation";
-  for (const auto& e : state->ledger().entriesAfter(entryId ? entryId - 1 : 0, 1)) {
-    if (e.id != entryId) continue;
-    subject = e.seq ? IncidentSubject::collective(e.seq) : IncidentSubject::p2p(state->id().rank, e.id);
-    opText = e.seq ? "collective #" + std::to_string(e.seq) + " " + e.fp.describe() : e.fp.describe();
+  if (auto e = state->ledger().byId(entryId)) {
+    subject = e->seq ? IncidentSubject::collective(e->seq) : IncidentSubject::p2p(state->id().rank, e->id);
+    opText = e->seq ? "collective #" + std::to_string(e->seq) + " " + e->fp.describe() : e->fp.describe();
   }
   // Inner errors carry a C++ backtrace after this marker: keep the message only.
   std::string shortError = error.substr(0, error.find("\nException raised from"));

@@ -132,6 +132,11 @@ class Watchdog {
   // A tick threw: a rate-limited warning (watchdog thread only).
   void tickFailed(const GroupState& st, const std::exception& e);
   // Fails the group when its store is lost; false then.
+  // At exit from a failed group whose store this process hosts: waits
+  // (bounded) until the peers have left, so they can still read the verdict.
+  void lingerForPeers(GroupCtx& ctx);
+  // Raises an incident for each stream-ordered work found failed by polling.
+  void reportPolledFailures(GroupCtx& ctx);
   bool checkStore(GroupCtx& ctx, const Progress& p);
   // Deadlines of the oldest pending op: incidents to raise, local fallbacks.
   void checkDeadlines(GroupCtx& ctx, const Progress& p);

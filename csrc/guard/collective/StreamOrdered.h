@@ -1,0 +1,35 @@
+#pragma once
+
+// StreamOrdered: how an inner backend's works complete, as the guard needs to
+// know it to observe them (GuardWork's modes).
+//
+// NCCL-like backends complete works on a device stream: a collective returns
+// at once, wait() only orders the caller's stream after it and does not block
+// the host, completion is seen by polling isCompleted(), and a stuck operation
+// is released only by the backend's abort(). The guard must then never block
+// the host where the inner backend would not (GuardWork::Mode::Device).
+// Host backends (gloo, mpi, ucc on CPU, and gloo on CUDA tensors) complete a
+// work when its data is ready, and wait() blocks until then.
+//
+// The guard asks the backend, not the tensors' device: ProcessGroupNCCL is
+// recognised by its name, and any backend of ours that runs on a stream
+// (nccl_sim, the CPU stand-in that runs this path in CI) says so by deriving
+// from this interface.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace torch_ext {
+
+class StreamOrdered {
+ public:
+  virtual ~StreamOrdered() = default;
+};
+
+// True when `backend` completes its works on a stream (see above).
+inline bool isStreamOrdered(const c10d::Backend& backend) {
+  if (dynamic_cast<const StreamOrdered*>(&backend) != nullptr) return true;
+  const std::string name = backend.getBackendName();
+  return name == "nccl" || name == "xccl";
+}
+
+} // namespace torch_ext
