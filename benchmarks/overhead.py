@@ -8,6 +8,11 @@ both alike. Prints the median latency of each and the ratio guard/gloo.
     python benchmarks/overhead.py                       # worlds 2 and 4, 4 B / 4 KB / 4 MB
     python benchmarks/overhead.py --world 4 --check strict
     python benchmarks/overhead.py --added --rounds 31   # the guard's own cost per collective (world 1)
+    python benchmarks/overhead.py --device cuda --rounds 31  # host cost per collective over NCCL (one GPU, world 1)
+
+With ``--device cuda`` (a GPU machine; ``scripts/gpu.sh`` runs it) it measures the
+host cost per collective instead: guard over ``nccl`` against plain ``nccl``, 4 B and
+4 MB all_reduce, one process on one GPU (world 1), see ``_cuda_cost``.
 
 Goals: at most 1.05x at 4 B and 1.01x at 4 MB in the default (async) mode (issue 2);
 the guard's own cost at most 0.5 us over torch's no-op ``fake`` backend, and at most
@@ -151,6 +156,88 @@ def _print_added(added: Added, rounds: int, iters: int) -> None:
     print(f"    voluntary context switches per call: gloo {sw['gloo']:.2f}, guard(gloo) {sw['guard(gloo)']:.2f}")
 
 
+CUDA_SIZES = {"4 B": 1, "4 MB": 1024 * 1024}
+CUDA_METRICS = {  # name -> heading
+    "issue": "host wall",    # the calling thread's wall time to issue one call (what the training loop waits)
+    "main": "host CPU",      # the calling thread's CPU time per call
+    "cpu": "all threads",    # CPU time of every thread of the process per call (watchdogs, NCCL's threads)
+    "done": "to completion",  # wall time per call up to torch.cuda.synchronize() at the end of the round
+}
+
+
+def _cuda_cost(rounds: int, iters: int) -> dict[tuple[str, str, str], list[float]]:
+    """Host cost per all_reduce over NCCL, guard against plain ``nccl``, one process on GPU 0 (world 1).
+
+    NCCL returns as soon as the collective is enqueued on its stream, so what the
+    guard adds on the host (fingerprint, ledger, call site, its work object, the
+    watchdog's polling) is not hidden behind the data's movement as it is on gloo.
+    Each round times ``iters`` calls of every (size, group), in a shuffled order,
+    with the GPU idle at the start (``torch.cuda.synchronize()``); returns the
+    per-round figures keyed by (group, size, metric), in seconds per call."""
+    import random
+
+    import torch_ext
+
+    torch.cuda.set_device(0)
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    groups = {
+        "nccl": dist.new_group([0], backend="nccl"),
+        "guard(nccl)": dist.new_group([0], backend="guard", pg_options=torch_ext.GuardOptions(inner="cuda:nccl")),
+    }
+    tensors = {label: torch.ones(numel, device="cuda") for label, numel in CUDA_SIZES.items()}
+    for g in groups.values():  # NCCL's communicator is created by the first collective
+        for t in tensors.values():
+            for _ in range(max(50, iters // 4)):
+                dist.all_reduce(t, group=g)
+    torch.cuda.synchronize()
+    out: dict[tuple[str, str, str], list[float]] = {}
+    rng = random.Random(0)
+    for _ in range(rounds):
+        order = [(name, label) for name in groups for label in CUDA_SIZES]
+        rng.shuffle(order)
+        for name, label in order:
+            g, t = groups[name], tensors[label]
+            torch.cuda.synchronize()
+            w0, m0, c0 = time.perf_counter(), time.thread_time(), time.process_time()
+            for _ in range(iters):
+                dist.all_reduce(t, group=g)
+            w1, m1, c1 = time.perf_counter(), time.thread_time(), time.process_time()
+            torch.cuda.synchronize()
+            w2 = time.perf_counter()
+            for metric, value in (("issue", w1 - w0), ("main", m1 - m0), ("cpu", c1 - c0), ("done", w2 - w0)):
+                out.setdefault((name, label, metric), []).append(value / iters)
+    dist.destroy_process_group()
+    return out
+
+
+def _print_cuda(res: dict[tuple[str, str, str], list[float]], rounds: int, iters: int) -> None:
+    print(f"world 1, all_reduce (SUM, float32) over NCCL on GPU 0: {rounds} shuffled rounds x {iters} calls per "
+          "group and size;")
+    print("median [quartiles] over rounds, per call. host wall / host CPU: the calling thread's wall and CPU time "
+          "to issue")
+    print("a call (NCCL returns once the collective is enqueued); all threads: CPU time of the whole process;")
+    print("to completion: wall time up to torch.cuda.synchronize() at the end of the round. The ratio is taken per")
+    print("round, against nccl in the same round, then its median [quartiles] over rounds")
+    print(f"{'size':>5} {'group':<12}" + "".join(f" {h:>24}" for h in CUDA_METRICS.values()))
+    for label in CUDA_SIZES:
+        for name in ("nccl", "guard(nccl)"):
+            cells = []
+            for metric in CUDA_METRICS:
+                q1, m, q3 = _quartiles(res[(name, label, metric)])
+                cells.append(f"{m * 1e6:.2f} us [{q1 * 1e6:.2f}, {q3 * 1e6:.2f}]")
+            print(f"{label:>5} {name:<12}" + "".join(f" {c:>24}" for c in cells))
+        cells = []
+        for metric in CUDA_METRICS:
+            q1, m, q3 = _quartiles([g / b for g, b in zip(res[("guard(nccl)", label, metric)],
+                                                          res[("nccl", label, metric)])])
+            cells.append(f"{m:.3f}x [{q1:.3f}, {q3:.3f}]")
+        print(f"{label:>5} {'guard/nccl':<12}" + "".join(f" {c:>24}" for c in cells))
+        q1, m, q3 = _quartiles([(g - b) * 1e6 for g, b in zip(res[("guard(nccl)", label, "issue")],
+                                                             res[("nccl", label, "issue")])])
+        print(f"{label:>5} guard adds {m:+.2f} us [{q1:+.2f}, {q3:+.2f}] of host wall time per collective")
+
+
 def _free_port() -> int:
     s = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
     port = s.port
@@ -160,26 +247,45 @@ def _free_port() -> int:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--world", type=int, nargs="+", default=None, help="worlds to measure (default 2 4)")
     ap.add_argument("--check", default="async", choices=["off", "async", "strict"])
     ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per size (median taken)")
     ap.add_argument("--budget", type=float, default=0.25, help="seconds per timing round")
     ap.add_argument("--added", action="store_true",
                     help="measure only the guard's own added cost per collective at world 1 (no network)")
-    ap.add_argument("--iters", type=int, default=4000, help="--added: calls per group per round")
+    ap.add_argument("--iters", type=int, default=None,
+                    help="--added: calls per group per round (default 4000); --device cuda: per group and size "
+                         "(default 500)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the host cost per collective of guard over nccl against plain nccl, 4 B and 4 MB, "
+                         "world 1 on GPU 0 (needs a GPU and a CUDA build of torch)")
     args = ap.parse_args()
 
     names = ["gloo", "guard"]
+    if args.device == "cuda":
+        if args.added:
+            ap.error("--added measures on CPU; --device cuda measures the host cost over NCCL: pick one")
+        if args.world not in (None, [1]):
+            ap.error("--device cuda measures world 1 (one process, one GPU)")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import _cuda
+
+        _cuda.require("--device cuda")
+        os.environ["TORCH_EXT_CHECK"] = args.check
+        print(f"{_cuda.banner()}, guard check={args.check}, {os.cpu_count()} CPUs")
+        iters = args.iters or 500
+        _print_cuda(_cuda_cost(args.rounds, iters), args.rounds, iters)
+        return
     print(f"torch {torch.__version__}, guard check={args.check}, {os.cpu_count()} CPUs, gloo over loopback")
     if args.added:
         os.environ["TORCH_EXT_CHECK"] = args.check
-        iters = args.iters
+        iters = args.iters or 4000
         _print_added(_added_cost(args.rounds, iters), args.rounds, iters)
         return
     print("median latency per backend; ratio = median of the per-round guard/gloo ratios (rounds interleave")
     print("the two backends, so each ratio compares measurements taken moments apart), with its quartiles")
     print(f"{'world':>5} {'size':>6} {'gloo':>12} {'guard':>12} {'ratio':>7} {'quartiles':>15}")
-    for world in args.world:
+    for world in args.world or [2, 4]:
         manager = mp.Manager()
         out = manager.dict()
         mp.spawn(_worker, args=(world, _free_port(), args.check, args.rounds, args.budget, out, names),

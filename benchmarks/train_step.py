@@ -32,6 +32,13 @@ at the default width 512.
     python benchmarks/train_step.py --world 2 --model ddp --rounds 40 --steps 20  # the DDP goal, more rounds (~3 min)
     python benchmarks/train_step.py --world 4 --model ddp --rounds 30 --steps 7   # the DDP goal, more rounds (~3 min)
     python benchmarks/train_step.py --quick --world 2                             # tiny sizes: the smoke test
+    python benchmarks/train_step.py --device cuda --model ddp --rounds 21 --steps 20  # one GPU, world 1, nccl
+
+``--device cuda`` (a GPU machine; ``scripts/gpu.sh`` runs it): model and data on GPU
+``rank``, DDP with ``device_ids=[rank]``, the baseline is plain ``nccl`` and the guard
+wraps it (inner ``cuda:nccl``); world 1 by default (NCCL needs one GPU per rank), and
+a round's clock stops after ``torch.cuda.synchronize()``. There the guard's host cost
+per bucket is what it can add to a step: NCCL's collectives return at once.
 
 Goal: verify <= 1.01x gloo (DDP step time), issue 23; strict and async are printed
 for reference.
@@ -60,6 +67,12 @@ VARIANTS = {  # name -> check mode of the guard group (None: plain gloo)
     "guard async": "async",
 }
 GOAL = 1.01  # verify / gloo, DDP step time
+BASE = {"cpu": "gloo", "cuda": "nccl"}  # the baseline's label per --device (CPU with --inner fake: still "gloo")
+
+
+def _variants(device: str) -> dict[str, str | None]:
+    """VARIANTS with the baseline named after the device's backend."""
+    return {BASE[device] if check is None else name: check for name, check in VARIANTS.items()}
 
 
 def _model(layers: int, width: int) -> nn.Module:
@@ -86,8 +99,13 @@ def _bucket_count(ddp: nn.Module) -> int:
 
 
 def _rank(rank: int, world: int, store, models: list[str], layers: int, width: int, batch: int,
-          rounds: int, steps: int, warmup: int, inner: str) -> dict:
+          rounds: int, steps: int, warmup: int, inner: str, device: str = "cpu") -> dict:
     import torch_ext
+
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.set_device(rank)
+    variants = _variants(device)
 
     if inner == "fake":
         importlib.import_module("torch.testing._internal.distributed.fake_pg")  # registers "fake"
@@ -97,14 +115,24 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     ranks = list(range(world))
     groups = {}
-    for name, check in VARIANTS.items():
+    for name, check in variants.items():
         if check is None:
             groups[name] = dist.new_group(ranks, backend=inner)
         else:
             groups[name] = dist.new_group(ranks, backend="guard",
-                                          pg_options=torch_ext.GuardOptions(check=check, inner=f"cpu:{inner}"))
+                                          pg_options=torch_ext.GuardOptions(check=check, inner=f"{device}:{inner}"))
     torch.manual_seed(1 + rank)
     x = torch.randn(batch, width)
+    if cuda:
+        x = x.cuda()
+
+    def model() -> nn.Module:
+        m = _model(layers, width)
+        return m.cuda() if cuda else m
+
+    def sync() -> None:  # a step's GPU work is done (CPU: nothing to wait for)
+        if cuda:
+            torch.cuda.synchronize()
     cap_mb = width * width * 4 / 2**20  # one layer's weight: each layer is a bucket
 
     runs = {}  # (model, variant) -> (module, optimizer)
@@ -112,7 +140,8 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
     fsdp_error = ""
     if "ddp" in models:
         for name, g in groups.items():
-            ddp = nn.parallel.DistributedDataParallel(_model(layers, width), process_group=g, bucket_cap_mb=cap_mb)
+            ddp = nn.parallel.DistributedDataParallel(model(), process_group=g, bucket_cap_mb=cap_mb,
+                                                      device_ids=[rank] if cuda else None)
             if inner == "fake":
                 # fake's futures carry no value, which DDP's built-in hook needs: the
                 # same all_reduce from a Python hook that hands back the bucket.
@@ -129,8 +158,8 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
             from torch.distributed.fsdp import fully_shard
 
             for name, g in groups.items():
-                m = _model(layers, width)
-                mesh = DeviceMesh.from_group(g, "cpu")
+                m = model()
+                mesh = DeviceMesh.from_group(g, device)
                 for layer in m:
                     fully_shard(layer, mesh=mesh)
                 fully_shard(m, mesh=mesh)
@@ -149,7 +178,7 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
             fsdp_error = "failed on another rank"
 
     def check_rounds(name: str) -> tuple[int, int]:  # the verifier's gathers on that group so far, and their us
-        v = torch_ext.group_state(groups[name]).get("verifier", {}) if VARIANTS[name] else {}
+        v = torch_ext.group_state(groups[name]).get("verifier", {}) if variants[name] else {}
         return v.get("rounds", 0), v.get("gather_us", 0)
 
     times: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
@@ -158,12 +187,14 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
     for _ in range(rounds):
         order = list(runs.items())
         rng.shuffle(order)
-        for key, (model, opt) in order:
+        for key, (module, opt) in order:
+            sync()
             dist.barrier()
             before = check_rounds(key[1])
             start = time.perf_counter()
             for _ in range(steps):
-                _ddp_step(model, opt, x)
+                _ddp_step(module, opt, x)
+            sync()
             times[key].append((time.perf_counter() - start) / steps)
             after = check_rounds(key[1])
             checks[key][0] += after[0] - before[0]
@@ -187,9 +218,11 @@ def _verdict(q1: float, q3: float, goal: float) -> str:
 
 def _report(world: int, res: list[dict], args: argparse.Namespace) -> None:
     first = res[0]
+    base = BASE[args.device]
+    variants = _variants(args.device)
     print(f"world {world}, {first['threads']} torch thread(s) per rank")
     if first["buckets"]:
-        counts = {r["buckets"][v] for r in res for v in VARIANTS}
+        counts = {r["buckets"][v] for r in res for v in variants}
         count = min(counts)
         note = "" if count >= 20 else "  (fewer than the 20 wanted)"
         print(f"DDP buckets: {count} per step (DDP's own count after {args.warmup} warm-up steps, "
@@ -197,40 +230,42 @@ def _report(world: int, res: list[dict], args: argparse.Namespace) -> None:
     if "fsdp2" in args.models:
         errors = {r["fsdp_error"] for r in res if r["fsdp_error"]}
         if errors:
-            print(f"FSDP2: skipped, fully_shard on CPU with gloo does not work here: {'; '.join(sorted(errors))}")
+            print(f"FSDP2: skipped, fully_shard on {args.device.upper()} with {base} does not work here: "
+                  f"{'; '.join(sorted(errors))}")
         else:
-            print("FSDP2: fully_shard on CPU with gloo and guard: works")
+            print(f"FSDP2: fully_shard on {args.device.upper()} with {base} and guard: works")
     # A round's step time is the slowest rank's.
     keys = list(first["times"])
     times = {k: [max(r["times"][k][i] for r in res) for i in range(args.rounds)] for k in keys}
     for model in ("DDP", "FSDP2"):
-        if (model, "gloo") not in times:
+        if (model, base) not in times:
             continue
-        base = times[(model, "gloo")]
-        for name in VARIANTS:
+        base_times = times[(model, base)]
+        for name in variants:
             q1, m, q3 = _quartiles(times[(model, name)])
             line = f"  {model:<5} {name:<13} {m * 1e3:8.2f} ms [{q1 * 1e3:.2f}, {q3 * 1e3:.2f}]"
-            if name != "gloo":
-                r1, rm, r3 = _quartiles([t / b for t, b in zip(times[(model, name)], base)])
-                line += f"   {rm:.3f}x gloo [{r1:.3f}, {r3:.3f}]"
-            if VARIANTS[name] == "verify":
+            if name != base:
+                r1, rm, r3 = _quartiles([t / b for t, b in zip(times[(model, name)], base_times)])
+                line += f"   {rm:.3f}x {base} [{r1:.3f}, {r3:.3f}]"
+            if variants[name] == "verify":
                 per_step = max(r["checks"][(model, name)][0] for r in res)
                 took = max(r["checks"][(model, name)][1] for r in res)
                 line += f"   {per_step:.1f} check gathers/step, {took:.0f} us each"
             print(line)
-        q1, m, q3 = _quartiles(base)
-        print(f"  {model:<5} noise: gloo's own rounds span [{q1 / m:.3f}, {q3 / m:.3f}] of their median "
+        q1, m, q3 = _quartiles(base_times)
+        print(f"  {model:<5} noise: {base}'s own rounds span [{q1 / m:.3f}, {q3 / m:.3f}] of their median "
               f"(IQR {(q3 - q1) / m * 100:.1f}%)")
-    if ("DDP", "gloo") in times:
-        r1, rm, r3 = _quartiles([t / b for t, b in zip(times[("DDP", "guard verify")], times[("DDP", "gloo")])])
-        print(f"goal: verify <= {GOAL:.2f}x gloo (DDP) at world {world}: {rm:.3f}x [{r1:.3f}, {r3:.3f}]: "
+    if ("DDP", base) in times:
+        r1, rm, r3 = _quartiles([t / b for t, b in zip(times[("DDP", "guard verify")], times[("DDP", base)])])
+        print(f"goal: verify <= {GOAL:.2f}x {base} (DDP) at world {world}: {rm:.3f}x [{r1:.3f}, {r3:.3f}]: "
               f"{_verdict(r1, r3, GOAL)}")
     sys.stdout.flush()
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--world", type=int, nargs="+", default=None,
+                    help="worlds to measure (default 2 4; --device cuda: 1)")
     ap.add_argument("--model", default="both", choices=["ddp", "fsdp2", "both"])
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 11; --quick 3)")
     ap.add_argument("--steps", type=int, default=None,
@@ -241,9 +276,13 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=None,
                     help="features per layer (default 512: 1 MB a layer; --quick 32)")
     ap.add_argument("--batch", type=int, default=None, help="samples per rank per step (default 32; --quick 4)")
-    ap.add_argument("--inner", default="gloo", choices=["gloo", "fake"],
-                    help="the baseline and the guard's inner backend: gloo, or torch's no-op 'fake' (collectives "
-                         "move no data: the guard's own cost against the compute; the check still runs on gloo)")
+    ap.add_argument("--inner", default=None, choices=["gloo", "fake", "nccl"],
+                    help="the baseline and the guard's inner backend: gloo (the default on CPU), or torch's no-op "
+                         "'fake' (collectives move no data: the guard's own cost against the compute; the check "
+                         "still runs on gloo); nccl with --device cuda (its default and only choice)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: model and data on GPU rank, DDP over nccl, one GPU per rank (needs a GPU and a CUDA "
+                         "build of torch)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few rounds: checks the script runs")
     args = ap.parse_args()
     quick = args.quick
@@ -254,20 +293,36 @@ def main() -> None:
     args.models = ["ddp", "fsdp2"] if args.model == "both" else [args.model]
     if args.warmup < 3:
         ap.error("--warmup must be at least 3: DDP times its first steps on one bucket, then rebuilds them")
+    cuda = args.device == "cuda"
+    args.inner = args.inner or ("nccl" if cuda else "gloo")
+    args.world = args.world or ([1] if cuda else [2, 4])
+    if cuda and args.inner != "nccl":
+        ap.error(f"--device cuda runs over nccl (--inner nccl), not {args.inner}")
+    if not cuda and args.inner == "nccl":
+        ap.error("--inner nccl needs --device cuda (NCCL runs on GPUs)")
+    if cuda:
+        import _cuda
+
+        _cuda.require("--device cuda" + (f" --world {max(args.world)}" if max(args.world) > 1 else ""),
+                      gpus=max(args.world))
 
     layer = (args.width * args.width + args.width) * 4
     size = f"{layer / 2**20:.2f} MB" if layer >= 2**20 else f"{layer / 2**10:.1f} KB"
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, " +
-          ("gloo over loopback" if args.inner == "gloo" else
-           "inner backend torch's no-op 'fake' (the rows named gloo are plain 'fake'; the guard's check runs on gloo)"))
+    if cuda:
+        print(f"{_cuda.banner()}, {os.cpu_count()} CPUs, nccl, one GPU per rank")
+    else:
+        print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, " +
+              ("gloo over loopback" if args.inner == "gloo" else
+               "inner backend torch's no-op 'fake' (the rows named gloo are plain 'fake'; the guard's check runs "
+               "on gloo)"))
     print(f"model: {args.layers} x Linear({args.width}, {args.width}) ({size} of parameters each), "
           f"batch {args.batch} per rank, SGD; DDP bucket_cap_mb={args.width * args.width * 4 / 2**20:.4g}")
     print(f"{args.rounds} rounds; each runs {args.steps} steps of every (model, group) in a shuffled order;")
     print("step time: median [quartiles] over rounds of the slowest rank's mean step; ratio: per round,")
-    print("against gloo's step time in the same round, median [quartiles] over rounds")
+    print(f"against {BASE[args.device]}'s step time in the same round, median [quartiles] over rounds")
     for world in args.world:
         res = _ranks.run(_rank, world, args.models, args.layers, args.width, args.batch, args.rounds,
-                         args.steps, args.warmup, args.inner)
+                         args.steps, args.warmup, args.inner, args.device)
         _report(world, res, args)
 
 

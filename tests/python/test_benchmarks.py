@@ -48,3 +48,57 @@ def test_train_step_quick_prints_every_figure():
             assert " ms [" in line and "x gloo [" in line, text
         assert f"  {model:<5} noise: gloo's own rounds span [" in text, text
     assert "goal: verify <= 1.01x gloo (DDP) at world 2: " in text, text
+
+
+# scripts/gpu.sh and the benchmarks' --device cuda: on a machine without a GPU they
+# stop at once with one line that says why (a GPU machine runs them for real).
+no_gpu_here = pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="this machine has a GPU: scripts/gpu.sh runs for real here")
+
+
+def test_gpu_script_parses():
+    out = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu.sh")], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+
+
+@no_gpu_here
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("nvidia_smi", [False, True], ids=["no-nvidia-smi", "driver-but-no-cuda-torch"])
+def test_gpu_script_without_a_gpu_stops_at_once_with_one_line(tmp_path, nvidia_smi):
+    import os
+    import shutil
+    import time
+
+    env = dict(os.environ, OUT=str(tmp_path / "report"), PYTHON=sys.executable)
+    env.pop("TORCH_EXT_GPU_RUNNER", None)
+    if nvidia_smi:  # a driver that answers, and a torch that sees no GPU: the torch check speaks
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: stand-in (UUID: GPU-0)'\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    elif shutil.which("nvidia-smi"):
+        pytest.skip("nvidia-smi is installed here: the no-driver case is not this machine's")
+    start = time.monotonic()
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu.sh")], capture_output=True, text=True, timeout=100,
+                         cwd=tmp_path, env=env)
+    took = time.monotonic() - start
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode != 0, (out.stdout, out.stderr)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("gpu.sh: no GPU here: "), lines
+    assert ("torch" if nvidia_smi else "nvidia-smi is not on PATH") in lines[0], lines
+    assert took < 60, took  # nothing ran: no tests, no benchmarks
+    assert not (tmp_path / "report").exists()  # and no report was started
+
+
+@no_gpu_here
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script", ["overhead.py", "train_step.py"])
+def test_benchmark_device_cuda_without_a_gpu_says_so(script):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--device", "cuda"],
+                         capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --device cuda needs 1 CUDA device(s): "), out.stderr
+    assert "Traceback" not in out.stdout + out.stderr
