@@ -37,7 +37,9 @@ def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, sto
     try:
         fn(rank, world)
     except Exception as e:  # noqa: BLE001 - show what each rank got
-        print(f"[rank{rank}] raised {type(e).__name__}:\n{e}", flush=True)
+        # One write: the ranks share the terminal, and print() may write the end of line apart.
+        sys.stdout.write(f"[rank{rank}] raised {type(e).__name__}:\n{e}\n")
+        sys.stdout.flush()
         sys.exit(1)
 
 

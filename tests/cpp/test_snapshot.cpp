@@ -11,8 +11,13 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace torch_ext;
@@ -398,4 +403,95 @@ TEST(Snapshot, ValidationNamesTheProblem) {
     EXPECT_EQ(err("-1"), "rolling_hash must be a hex string of up to 16 digits, got '-1'");
     EXPECT_EQ(err(" 1"), "rolling_hash must be a hex string of up to 16 digits, got ' 1'");
   }
+}
+
+namespace {
+
+std::string readText(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+DumpStatus statusIn(const std::string& path) {
+  const RankSnapshot s = snapshotFromJson(Json::parse(readText(path)));
+  EXPECT_TRUE(s.status.has_value()) << path;
+  return s.status.value_or(DumpStatus{});
+}
+
+} // namespace
+
+TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
+  char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto st = makeGroup(GroupIdentity{"0", 0, 2, {}});
+  uint64_t seq = 0;
+  st->ledger().complete(st->ledger().record(allReduce(1), 0, &seq), true);  // #1
+  const uint64_t c2 = st->ledger().record(allReduce(8), 0, &seq);         // #2: waits
+  RankSnapshot snap;
+  snap.rank = 0;
+  snap.timeNs = wallNs();
+  snap.groups.push_back(groupView(*st, 16));
+  DumpFile file;
+  std::string error;
+  const std::string path = file.write(dir, snap, DumpCause::WarnAfter, {DumpWatch{st, 2, 0}}, false, &error);
+  ASSERT_EQ(path, dir + "/rank0.json") << error;
+  DumpStatus s = statusIn(path);
+  EXPECT_EQ(s.cause, DumpCause::WarnAfter);
+  EXPECT_EQ(s.state, DumpState::Waiting);
+  EXPECT_EQ(s.stateNs, snap.timeNs);
+  EXPECT_EQ(s.recoveredNs, 0);
+  ASSERT_EQ(s.awaited.size(), 1u);
+  EXPECT_EQ(s.awaited[0].group, "0");
+  EXPECT_EQ(s.awaited[0].seq, 2u);
+  const std::string waitingText = readText(path);
+  EXPECT_NE(waitingText.find(R"("written_at":"warn_after","state":"waiting")"), std::string::npos) << waitingText;
+
+  file.update();  // #2 still pending: nothing changes
+  EXPECT_EQ(readText(path), waitingText);
+  file.finish();  // a waiting dump is never finished
+  EXPECT_EQ(statusIn(path).state, DumpState::Waiting);
+
+  st->ledger().complete(c2, true);  // the hang resolves
+  file.update();
+  s = statusIn(path);
+  EXPECT_EQ(s.state, DumpState::Recovered);
+  EXPECT_GE(s.recoveredNs, snap.timeNs);
+  EXPECT_EQ(s.stateNs, s.recoveredNs);
+  // The ledgers still show the moment of the report.
+  const RankSnapshot kept = snapshotFromJson(Json::parse(readText(path)));
+  ASSERT_EQ(kept.groups.at(0).entries.size(), 2u);
+  EXPECT_EQ(kept.groups[0].entries[1].state, EntryState::Scheduled);
+
+  file.finish();
+  const DumpStatus done = statusIn(path);
+  EXPECT_EQ(done.state, DumpState::Finished);
+  EXPECT_EQ(done.recoveredNs, s.recoveredNs);
+  EXPECT_GE(done.stateNs, s.recoveredNs);
+  // Round trip of the whole status, and a state that is not one.
+  const std::string text = readText(path);
+  EXPECT_EQ(toJson(snapshotFromJson(Json::parse(text))).dump() + "\n", text);
+  EXPECT_EQ(loadError(edited(text, R"("state":"finished")", R"("state":"done")")),
+            "state must be running, waiting, failed, recovered or finished, got 'done'");
+
+  // A watched group that fails turns a waiting dump into a failed one; a failure
+  // cause is failed from the start, and nothing pending is "running".
+  auto other = makeGroup(GroupIdentity{"1", 0, 2, {}});
+  other->ledger().record(allReduce(2), 0, &seq);
+  ASSERT_FALSE(file.write(dir, snap, DumpCause::Manual, {DumpWatch{other, 0, 1}}, false, &error).empty());
+  EXPECT_EQ(statusIn(path).state, DumpState::Waiting);
+  EXPECT_EQ(statusIn(path).cause, DumpCause::Manual);
+  other->fail(GuardErrorKind::Timeout, "timeout");
+  file.update();
+  EXPECT_EQ(statusIn(path).state, DumpState::Failed);
+  file.finish();
+  EXPECT_EQ(statusIn(path).state, DumpState::Failed);
+  ASSERT_FALSE(file.write(dir, snap, DumpCause::AbortAfter, {DumpWatch{st, 2, 0}}, false, &error).empty());
+  EXPECT_EQ(statusIn(path).state, DumpState::Failed);
+  ASSERT_FALSE(file.write(dir, snap, DumpCause::Manual, {}, false, &error).empty());
+  EXPECT_EQ(statusIn(path).state, DumpState::Running);
+  file.finish();
+  EXPECT_EQ(statusIn(path).state, DumpState::Finished);
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
 }

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 import pytest
 
 from harness import ROOT, run_script
 
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import doc_samples  # noqa: E402
+
 EXAMPLES = os.path.join(ROOT, "examples")
+
+
+def _source(name: str, cwd) -> str:
+    """Runs doc_samples' source ``name`` in ``cwd``: the run whose output the docs show (cleaned)."""
+    return doc_samples.run_source(name, cwd)
 
 
 def _run(args: list[str], cwd, timeout: float = 180, nproc: int | None = None, warnings: str = "ignore") -> str:
@@ -45,40 +54,44 @@ def _per_rank(pattern: str, out: str) -> dict[int, tuple[str, ...]]:
 # ---------------------------------------------------------------------------
 
 def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
-    out = _torchrun("demo.py", 4, tmp_path, timeout=240)
+    out = _source("demo", tmp_path)
     assert "CollectiveMismatchError" in out, out[-8000:]
     assert "rank 2 has not arrived" in out, out[-8000:]
     assert re.search(r"\[rank 0\] CollectiveTimeoutError", out), out[-8000:]
     assert sorted(_per_rank(r"\[rank (\d)\] stopped after (\d+) steps", out).items()) == [
         (r, ("3",)) for r in range(4)], out[-8000:]
     assert "All scenes done" in out, out[-8000:]
+    doc_samples.check_source("demo", out)  # the README's samples are this run's output
 
 
 # ---------------------------------------------------------------------------
 # examples/bugs: each classic bug becomes an error on every rank
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["rank0_only_reduce.py", "mismatched_shapes.py", "rank0_validation.py"])
+@pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation"])
 def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
-    out = _example(os.path.join("bugs", name), tmp_path)
+    out = _source(name, tmp_path)  # python examples/bugs/<name>.py
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1", "2"], out[-8000:]
     assert "differs across ranks" in out, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
+    doc_samples.check_source(name, out)
 
 
 def test_killed_rank_example_names_the_gone_rank(tmp_path):
-    out = _example(os.path.join("bugs", "killed_rank.py"), tmp_path)
+    out = _source("killed_rank", tmp_path)
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveFailureError", out)) == ["0", "1"], out[-8000:]
     assert re.search(r"rank 2: no heartbeat for [\d.]+ s \(process gone or frozen\)", out), out[-8000:]
     # Logged in full too, every line labelled: the op that saw the closed connection may have
     # raised before the cross-rank report was complete (torch_ext/_logging.py).
     assert re.search(r"\[rank\d\] \d\d:\d\d:\d\d torch_ext ERROR:   rank 2: no heartbeat", out), out[-8000:]
     assert "rank 2 exit code: -9" in out, out
+    doc_samples.check_source("killed_rank", out)
 
 
 @pytest.mark.parametrize("fault", ["raise", "stop"])
 def test_rank0_dies_example_names_the_lost_store_and_every_survivor_ends(tmp_path, fault):
-    out = _run([os.path.join(EXAMPLES, "bugs", "rank0_dies.py"), fault], tmp_path)
+    source = "rank0_dies" if fault == "raise" else "rank0_dies_stop"
+    out = _source(source, tmp_path)  # python examples/bugs/rank0_dies.py [stop]
     assert "the rendezvous store (a TCPStore) runs in rank 0's process" in out, out[-8000:]
     assert sorted(re.findall(r"\[rank(\d)\] raised StoreLostError", out)) == ["1", "2"], out[-8000:]
     state = "is gone" if fault == "raise" else "does not answer"
@@ -88,20 +101,32 @@ def test_rank0_dies_example_names_the_lost_store_and_every_survivor_ends(tmp_pat
     codes = dict(re.findall(r"rank (\d) exit code: (-?\d+)", out))
     assert codes["1"] == codes["2"] == "1", out[-3000:]  # the survivors ended by themselves
     assert codes["0"] == ("1" if fault == "raise" else "-9"), out[-3000:]
+    doc_samples.check_source(source, out)
 
 
 def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
-    out = _example(os.path.join("bugs", "slow_rank.py"), tmp_path)
-    assert re.search(r"torch_ext WARNING: collective #2 all_reduce\(float32\[4\], SUM\) .* has waited", out), out
-    assert "rank 2 has not arrived" in out and "in validate" in out, out[-8000:]
-    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError", out)) == ["0", "1", "2"], out[-8000:]
-    # The dumps it wrote tell the same story post-mortem.
+    # python examples/bugs/slow_rank.py, then python -m torch_ext.diagnose torch_ext_dumps --html report.html
+    out = _source("slow_rank", tmp_path)
+    run, post = out.split("$ python -m torch_ext.diagnose")
+    assert re.search(r"torch_ext WARNING: collective #2 all_reduce\(float32\[4\], SUM\) .* has waited", run), run
+    assert "rank 2 has not arrived" in run and "in validate" in run, run[-8000:]
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError", run)) == ["0", "1", "2"], run[-8000:]
+    # The dumps it wrote tell the same story post-mortem, and say the group failed (at abort_after).
     dumps = tmp_path / "torch_ext_dumps"
     assert len(list(dumps.glob("*.json"))) >= 3, sorted(p.name for p in dumps.iterdir())
-    html = tmp_path / "report.html"
-    post = _run(["-m", "torch_ext.diagnose", str(dumps), "--html", str(html)], tmp_path, 60)
-    assert "rank 2 has not arrived" in post, post
-    assert html.stat().st_size > 0
+    assert "rank 2 has not arrived" in post and "state: failed on rank(s) 0,1,2" in post, post
+    assert (tmp_path / "report.html").stat().st_size > 0
+    doc_samples.check_source("slow_rank", out)
+
+
+def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished(tmp_path):
+    # python examples/bugs/slow_rank.py recovers, then python -m torch_ext.diagnose torch_ext_dumps
+    out = _source("slow_rank_recovers", tmp_path)
+    run, post = out.split("$ python -m torch_ext.diagnose")
+    assert "rank 2 has not arrived" in run and "CollectiveTimeoutError" not in run, run[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "0"), ("1", "0"), ("2", "0")], run
+    assert "at warn_after\nstate: finished: the job recovered" in post and "no hang now" in post, post
+    doc_samples.check_source("slow_rank_recovers", out)
 
 
 # ---------------------------------------------------------------------------
@@ -195,7 +220,7 @@ def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(
 
 
 def test_post_mortem_example_writes_the_three_outputs_and_torchfrtrace_names_the_stuck_rank(tmp_path):
-    out = _example("post_mortem.py", tmp_path, timeout=240)
+    out = _source("post_mortem", tmp_path)
     assert 'collective #29 all_reduce(float32[256], SUM) on group "default_pg" has waited' in out, out[-8000:]
     assert "rank 3 has not arrived" in out and "in load_batch" in out, out[-8000:]
     # torchfrtrace, on the exported files, names the same collective and rank.
@@ -204,3 +229,4 @@ def test_post_mortem_example_writes_the_three_outputs_and_torchfrtrace_names_the
     assert sorted(os.listdir(outputs / "fr")) == [f"torch_ext_fr_rank_{r}" for r in range(4)]
     assert (outputs / "trace.json").read_text().startswith('{"traceEvents":[')
     assert "id='model'" in (outputs / "report.html").read_text()
+    doc_samples.check_source("post_mortem", out)

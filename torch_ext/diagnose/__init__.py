@@ -18,7 +18,8 @@ from typing import Any
 
 from torch_ext import _C
 
-__all__ = ["Dump", "BadFile", "Analysis", "load_dir", "analyze_dir", "format_text", "culprits", "group_sizes"]
+__all__ = ["Dump", "BadFile", "Analysis", "JobState", "load_dir", "analyze_dir", "format_text", "culprits",
+           "group_sizes", "job_state"]
 
 
 @dataclasses.dataclass
@@ -103,6 +104,51 @@ def analyze_dir(path: str | os.PathLike[str]) -> Analysis:
     return Analysis(dumps, bad, verdicts)
 
 
+@dataclasses.dataclass
+class JobState:
+    """What the dumps' states say about the job (each rank's dump follows it: docs/diagnostics.md, "Dump states").
+
+    ``state`` is the job's: "failed" if any rank's dump says so, else "waiting"
+    if any still waits, else "finished" if every rank that recovered (or had
+    nothing pending) also ended cleanly, else "recovered"; "running" for dumps
+    with nothing pending (manual); None when no dump carries a state (written
+    by an older torch_ext).
+    """
+
+    state: str | None
+    ranks: dict[int, dict[str, Any]]  # rank -> written_at, state, state_ns, recovered_ns
+    written_at: list[str]  # the causes, in rank order, without repeats
+    recovered_ns: int | None  # the last rank's recovery (wall ns)
+    finished_ns: int | None  # the last rank's clean end (wall ns)
+
+
+def job_state(dumps: list[Dump]) -> JobState:
+    ranks: dict[int, dict[str, Any]] = {}
+    for d in sorted(dumps, key=lambda d: d.rank):
+        if isinstance(d.data.get("state"), str):
+            ranks[d.rank] = {k: d.data.get(k) for k in ("written_at", "state", "state_ns", "recovered_ns")}
+    states = {r["state"] for r in ranks.values()}
+    if not states:
+        state = None
+    elif "failed" in states:
+        state = "failed"
+    elif "waiting" in states:
+        state = "waiting"
+    elif states == {"running"}:
+        state = "running"
+    elif states <= {"finished", "running"} and "finished" in states:
+        state = "finished"
+    else:
+        state = "recovered"
+    causes: list[str] = []
+    for r in ranks.values():
+        if r["written_at"] not in causes:
+            causes.append(r["written_at"])
+    recovered = [int(r["recovered_ns"]) for r in ranks.values() if r.get("recovered_ns")]
+    finished = [int(r["state_ns"]) for r in ranks.values() if r["state"] == "finished" and r.get("state_ns")]
+    return JobState(state, ranks, causes, max(recovered) if recovered else None, max(finished) if finished else None)
+
+
 def group_sizes(dumps: list[Dump]) -> dict[str, int]:
     """Group name -> size, from whichever dumps hold the group."""
     sizes: dict[str, int] = {}
@@ -146,7 +192,8 @@ def culprits(verdict: dict[str, Any]) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def format_text(a: Analysis) -> str:
+def format_text(a: Analysis, past: bool = False) -> str:
+    """The text report; ``past``: the job recovered since the dumps, so each verdict is headed as history."""
     lines: list[str] = []
     world = max(group_sizes(a.dumps).values(), default=0)
     lines.append(f"torch_ext diagnose: {len(a.dumps)} dump(s) from rank(s) {_ranks(a.ranks)}")
@@ -161,6 +208,8 @@ def format_text(a: Analysis) -> str:
         if v["kind"] == "none" and not v.get("pending"):
             lines.append(f'group "{label}": nothing pending, no mismatch found')
             continue
+        if past:
+            lines.append("when the dumps were written (resolved since):")
         lines.append(v["text"])
     return "\n".join(lines)
 

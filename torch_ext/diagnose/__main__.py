@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from torch_ext.diagnose import analyze_dir, format_text, group_sizes
+from torch_ext.diagnose import JobState, analyze_dir, format_text, group_sizes, job_state
 from torch_ext.diagnose.flight_recorder import DEFAULT_PREFIX, ExportError, export
 from torch_ext.diagnose.html import render
 from torch_ext.diagnose.trace import render_trace
@@ -54,19 +54,52 @@ def _written(analysis) -> tuple[int, float] | None:
     return newest, max(0.0, time.time() - newest / 1e9)
 
 
-def _age_line(written_ns: int, age_s: float) -> str:
-    """Old dumps must not read like a live hang: say when they were written (issue 25)."""
-    stamp = datetime.datetime.fromtimestamp(written_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+def _utc(ns: int, date: bool = True) -> str:
+    fmt = "%Y-%m-%d %H:%M:%S UTC" if date else "%H:%M:%S UTC"
+    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime(fmt)
+
+
+def _ago(age_s: float) -> str:
     if age_s < 120:
-        ago = f"{age_s:.0f} s"
-    elif age_s < 7200:
-        ago = f"{age_s / 60:.0f} min"
-    elif age_s < 2 * 86400:
-        ago = f"{int(age_s // 3600)} h {int(age_s % 3600 // 60)} min"
-    else:
-        ago = f"{age_s / 86400:.0f} days"
-    return (f"dumps written {stamp} ({ago} ago): they show the job at that moment; a job that recovered "
-            "or ended since then is not in them")
+        return f"{age_s:.0f} s"
+    if age_s < 7200:
+        return f"{age_s / 60:.0f} min"
+    if age_s < 2 * 86400:
+        return f"{int(age_s // 3600)} h {int(age_s % 3600 // 60)} min"
+    return f"{age_s / 86400:.0f} days"
+
+
+def _age_line(written_ns: int, age_s: float, job: JobState | None = None) -> str:
+    """Old dumps must not read like a live hang: say when they were written (issue 25)."""
+    head = f"dumps written {_utc(written_ns)} ({_ago(age_s)} ago)"
+    if job is None or job.state is None:  # dumps of a torch_ext that wrote no state
+        return head + ": they show the job at that moment; a job that recovered or ended since then is not in them"
+    return head + " at " + ", ".join(job.written_at)
+
+
+def _state_line(job: JobState, written_ns: int) -> str:
+    """The job's state as the dumps' states tell it, in plain words."""
+    def after(ns: int | None) -> str:
+        return f"{_utc(ns, date=False)}, {max(0.0, (ns - written_ns) / 1e9):.1f} s after the dumps" if ns else "?"
+
+    def ranks_in(state: str) -> str:
+        return ",".join(str(r) for r, s in job.ranks.items() if s["state"] == state)
+
+    if job.state == "finished":
+        recovered = (f"recovered (every rank got past what it waited in by {after(job.recovered_ns)}) and "
+                     if job.recovered_ns else "")
+        return (f"state: finished: the job {recovered}ended cleanly by {after(job.finished_ns)}; no hang now. "
+                "Below: the moment of the dumps")
+    if job.state == "recovered":
+        return (f"state: recovered: every rank got past what it waited in by {after(job.recovered_ns)}; no hang now "
+                "(the job is still running, or ended without destroying its groups). Below: the moment of the dumps")
+    if job.state == "failed":
+        return f"state: failed on rank(s) {ranks_in('failed')}: the group failed (timeout, mismatch or a rank gone)"
+    if job.state == "waiting":
+        others = [f"rank(s) {ranks_in(s)} {s}" for s in ("recovered", "finished", "running") if ranks_in(s)]
+        return (f"state: waiting on rank(s) {ranks_in('waiting')}: not past the operation they waited in when their dumps "
+                "were last written (a live hang, or a job that ended in it)" + (f"; {', '.join(others)}" if others else ""))
+    return "state: running: nothing was pending when the dumps were written"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -93,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     written = _written(analysis)
+    job = job_state(analysis.dumps)
     if args.json:
         print(json.dumps({
             "ranks": analysis.ranks,
@@ -100,11 +134,18 @@ def main(argv: list[str] | None = None) -> int:
             "groups": analysis.verdicts,
             "written_ns": written[0] if written else None,
             "age_s": round(written[1], 1) if written else None,
+            "state": job.state,
+            "written_at": job.written_at,
+            "recovered_ns": job.recovered_ns,
+            "finished_ns": job.finished_ns,
+            "dump_states": {str(r): s for r, s in job.ranks.items()},
         }, indent=2))
     else:
         if written:
-            print(_age_line(*written))
-        print(format_text(analysis))
+            print(_age_line(*written, job))
+            if job.state is not None:
+                print(_state_line(job, written[0]))
+        print(format_text(analysis, past=job.state in ("recovered", "finished")))
     if not analysis.dumps:
         print(f"error: no torch_ext dump in {args.dump_dir!r} (it should hold the rank<N>.json files a job wrote "
               "to TORCH_EXT_DUMP_DIR, or that torch_ext.dump() wrote)", file=sys.stderr)

@@ -412,7 +412,7 @@ void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& r
   // the group's rank 0), then the group fails and every wait raises it.
   if (!st.config().dumpDir.empty()) {
     Watchdog::instance().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
-                                   st.config().dumpDir);
+                                   st.config().dumpDir, &st);
   }
   if (st.id().rank == 0) logMessage(LogLevel::Error, report);
   st.fail(GuardErrorKind::Mismatch, report);

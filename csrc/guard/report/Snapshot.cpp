@@ -193,6 +193,22 @@ Json toJson(const RankSnapshot& s) {
   }
   j.set("pg_config", pgConfig);
   j.set("groups", groups);
+  if (s.status) {
+    const DumpStatus& st = *s.status;
+    j.set("written_at", std::string(enumName(st.cause)));
+    j.set("state", std::string(enumName(st.state)));
+    j.set("state_ns", st.stateNs);
+    j.set("recovered_ns", st.recoveredNs);
+    Json awaited = Json::array();
+    for (const auto& a : st.awaited) {
+      Json w = Json::object();
+      w.set("group", a.group);
+      w.set("collective_seq_id", a.seq);
+      w.set("record_id", a.recordId);
+      awaited.push(w);
+    }
+    j.set("awaited", awaited);
+  }
   return j;
 }
 
@@ -274,6 +290,35 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.main.note = optString(main, "note");
   s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
   for (const auto& g : j.at("groups").asArray("groups")) s.groups.push_back(groupFromJson(g));
+  // The dump's state (absent before torch_ext wrote one).
+  if (j.get("state") != nullptr) {
+    DumpStatus st;
+    const std::string cause = j.at("written_at").asString("written_at");
+    const auto parsedCause = enumFromName<DumpCause>(cause);
+    if (!parsedCause) {
+      throw JsonError("written_at must be warn_after, abort_after, mismatch, p2p_check, failure or manual, got '" +
+                      cause + "'");
+    }
+    st.cause = *parsedCause;
+    const std::string state = j.at("state").asString("state");
+    const auto parsedState = enumFromName<DumpState>(state);
+    if (!parsedState) {
+      throw JsonError("state must be running, waiting, failed, recovered or finished, got '" + state + "'");
+    }
+    st.state = *parsedState;
+    st.stateNs = optInt(j, "state_ns");
+    st.recoveredNs = optInt(j, "recovered_ns");
+    if (const Json* awaited = j.get("awaited")) {
+      for (const auto& w : awaited->asArray("awaited")) {
+        DumpAwaited a;
+        a.group = w.at("group").asString("awaited group");
+        a.seq = static_cast<uint64_t>(optInt(w, "collective_seq_id"));
+        a.recordId = static_cast<uint64_t>(optInt(w, "record_id"));
+        st.awaited.push_back(std::move(a));
+      }
+    }
+    s.status = std::move(st);
+  }
   return s;
 }
 

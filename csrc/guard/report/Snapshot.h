@@ -15,6 +15,7 @@
 #include "guard/report/Op.h"
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,62 @@ struct GroupView {
   }
 };
 
+// What made a rank write its dump file: the deadline or event behind it.
+enum class DumpCause : uint8_t {
+  WarnAfter,   // a collective waited past warn_after (a "hang" incident)
+  AbortAfter,  // ... past abort_after: the group failed
+  Mismatch,    // the ranks' collectives differ
+  P2PCheck,    // a send/recv waited long: checked whether it can pair
+  Failure,     // the inner backend failed an op (a peer died?)
+  Manual,      // torch_ext.dump()
+};
+
+template <>
+struct EnumTable<DumpCause> {
+  static constexpr NamedValue<DumpCause> kEntries[] = {
+      {DumpCause::WarnAfter, "warn_after"}, {DumpCause::AbortAfter, "abort_after"},
+      {DumpCause::Mismatch, "mismatch"},    {DumpCause::P2PCheck, "p2p_check"},
+      {DumpCause::Failure, "failure"},      {DumpCause::Manual, "manual"},
+  };
+};
+
+// Where the job stood for this rank, as of `stateNs`. A dump file is written
+// once per report and rewritten when its state changes (Dumps.h, DumpFile), so
+// old dumps of a job that recovered do not read like a live hang.
+enum class DumpState : uint8_t {
+  Running,    // nothing pending on a group the dump is about (a manual dump)
+  Waiting,    // an operation was waiting when the dump was written, and still is
+  Failed,     // the group failed (timeout, mismatch, a rank gone)
+  Recovered,  // what the rank waited in has completed since (the hang resolved)
+  Finished,   // recovered (or running), then the groups were destroyed or the process exited cleanly
+};
+
+template <>
+struct EnumTable<DumpState> {
+  static constexpr NamedValue<DumpState> kEntries[] = {
+      {DumpState::Running, "running"},     {DumpState::Waiting, "waiting"},   {DumpState::Failed, "failed"},
+      {DumpState::Recovered, "recovered"}, {DumpState::Finished, "finished"},
+  };
+};
+
+// What a dump waited for in one group, so that its recovery can be told: the
+// collective `seq` (0: none) and/or the record `recordId` (0: none) completing.
+struct DumpAwaited {
+  std::string group;  // group name
+  uint64_t seq = 0;
+  uint64_t recordId = 0;
+};
+
+// The state part of a dump file; absent from snapshots exchanged through the
+// store during an incident (and from dumps of torch_ext before it existed).
+struct DumpStatus {
+  DumpCause cause = DumpCause::Manual;
+  DumpState state = DumpState::Running;
+  int64_t stateNs = 0;      // wall clock when `state` was set
+  int64_t recoveredNs = 0;  // wall clock when the rank went past what it waited in (0: never)
+  std::vector<DumpAwaited> awaited;
+};
+
 struct RankSnapshot {
   std::string version = kSnapshotVersion;
   int64_t rank = 0;  // global rank
@@ -83,6 +140,7 @@ struct RankSnapshot {
   std::string config;
   MainThreadStack main;
   std::vector<GroupView> groups;
+  std::optional<DumpStatus> status;  // dump files only
 
   const GroupView* group(const std::string& name) const;
 };

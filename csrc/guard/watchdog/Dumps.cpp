@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -120,6 +121,82 @@ std::string writeDumpFile(const std::string& dir, const RankSnapshot& snap, std:
     return "";
   }
   return path;
+}
+
+namespace {
+
+// Whether `w`'s group went past what the dump waited in; nullopt when the
+// group is gone (it cannot be told any more).
+std::optional<bool> pastIt(const DumpWatch& w, bool* failed) {
+  auto g = w.group.lock();
+  if (!g) return std::nullopt;
+  if (g->failed()) *failed = true;
+  const Progress p = g->ledger().progress();
+  const bool seqDone = w.seq == 0 || p.lastCompletedSeq >= w.seq;
+  const bool recordDone = w.recordId == 0 || !p.hasPending || p.oldestPending.id > w.recordId;
+  return seqDone && recordDone;
+}
+
+} // namespace
+
+std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause cause, std::vector<DumpWatch> watches,
+                            bool failed, std::string* error) {
+  DumpStatus st;
+  st.cause = cause;
+  st.stateNs = snap.timeNs;
+  for (const auto& w : watches) {
+    if (auto g = w.group.lock()) st.awaited.push_back(DumpAwaited{g->id().name, w.seq, w.recordId});
+  }
+  const bool failure = failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch ||
+                       cause == DumpCause::Failure;
+  st.state = failure ? DumpState::Failed : (watches.empty() ? DumpState::Running : DumpState::Waiting);
+  snap.status = std::move(st);
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string path = writeDumpFile(dir, snap, error);
+  if (path.empty()) return path;
+  have_ = true;
+  dir_ = dir;
+  waiting_ = snap.status->state == DumpState::Waiting;
+  snap_ = std::move(snap);
+  watches_ = std::move(watches);
+  return path;
+}
+
+void DumpFile::update() {
+  if (!waiting_.load(std::memory_order_acquire)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!have_ || snap_.status->state != DumpState::Waiting) return;
+  bool failed = false, all = true;
+  for (const auto& w : watches_) {
+    const auto past = pastIt(w, &failed);
+    all = all && past.value_or(false);
+  }
+  if (failed) {
+    rewriteLocked(DumpState::Failed, wallNs());
+  } else if (all) {
+    const int64_t now = wallNs();
+    snap_.status->recoveredNs = now;
+    rewriteLocked(DumpState::Recovered, now);
+  }
+}
+
+void DumpFile::finish() {
+  update();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!have_) return;
+  const DumpState s = snap_.status->state;
+  if (s == DumpState::Recovered || s == DumpState::Running) rewriteLocked(DumpState::Finished, wallNs());
+}
+
+void DumpFile::rewriteLocked(DumpState state, int64_t nowNs) {
+  snap_.status->state = state;
+  snap_.status->stateNs = nowNs;
+  waiting_ = state == DumpState::Waiting;
+  std::string error;
+  if (writeDumpFile(dir_, snap_, &error).empty()) {
+    logMessage(LogLevel::Debug, "torch_ext: cannot mark the dump in '" + dir_ + "' " + enumName(state) + " (" +
+                                    error + ")");
+  }
 }
 
 } // namespace torch_ext

@@ -9,7 +9,9 @@
 #include "guard/collective/GroupState.h"
 #include "guard/report/Snapshot.h"
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -27,5 +29,48 @@ RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shar
 // Writes `snap` to <dir>/rank<r>.json atomically (temp file + rename); returns
 // the path, or "" with `*error` saying why.
 std::string writeDumpFile(const std::string& dir, const RankSnapshot& snap, std::string* error);
+
+// What a dump waits for in one live group: the collective `seq` (0: none)
+// and/or the record `recordId` (0: none) completing there.
+struct DumpWatch {
+  std::weak_ptr<GroupState> group;
+  uint64_t seq = 0;
+  uint64_t recordId = 0;
+};
+
+// The dump file this process wrote last, kept so that its state follows the
+// job (docs/diagnostics.md, "Dump states"):
+//   waiting   -> recovered  every watched group went past what it waited in
+//   waiting   -> failed     a watched group failed (e.g. a local abort)
+//   recovered -> finished   a clean end: the last guarded group destroyed
+//   running   -> finished   without a failure, or the interpreter exits
+// Each change rewrites the file (the same snapshot, the new state), so the
+// ledgers keep showing the moment of the report. Thread-safe. Only the last
+// dump is followed: a later one (another report, torch_ext.dump()) replaces it.
+class DumpFile {
+ public:
+  // Writes `snap` to <dir>/rank<r>.json with its status: `cause`, `awaited`
+  // (what the watches wait for), and the state: failed when `failed` is set
+  // (or the cause is a failure), else waiting while something is watched, else
+  // running. Returns the path, or "" with `*error` saying why.
+  std::string write(const std::string& dir, RankSnapshot snap, DumpCause cause, std::vector<DumpWatch> watches,
+                    bool failed, std::string* error);
+  // Re-evaluates a waiting dump's watches (cheap otherwise); rewrites the file
+  // when the state changes. Called every watchdog tick and before a group is
+  // removed (it may have recovered since the last tick).
+  void update();
+  // A clean end of the job on this rank: recovered or running -> finished.
+  void finish();
+
+ private:
+  void rewriteLocked(DumpState state, int64_t nowNs);
+
+  std::mutex mu_;
+  std::atomic<bool> waiting_{false};  // lock-free check for update()
+  bool have_ = false;
+  std::string dir_;
+  RankSnapshot snap_;
+  std::vector<DumpWatch> watches_;
+};
 
 } // namespace torch_ext

@@ -57,7 +57,7 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                    [&dog, st = state.get()](const Incident& inc) {
                      const size_t window = inc.kind == IncidentKind::Mismatch ? st->ledger().capacity() : kHangWindow;
                      RankSnapshot snap = dog.snapshot(inc.id(), st, window);
-                     dog.writeDump(inc.id());
+                     dog.writeDump(inc.id(), std::string(), st);
                      return toJson(snap).dump();
                    },
                    [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); }}) {}
@@ -115,6 +115,17 @@ void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
   }
   cv_.notify_all();
   if (ctx) ctx->removed = true;
+  // The group may have gone past what a dump waited in since the last tick;
+  // a clean end of the last group finishes the dump (a failed group never does).
+  dumpFile_.update();
+  if (ctx && !exiting() && !state->failed()) {
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      last = groups_.empty();
+    }
+    if (last) dumpFile_.finish();
+  }
   if (toJoin.joinable()) {
     toJoin.join();  // the watchdog thread never waits on the store: this is quick
     Runtime::instance().idle();
@@ -182,6 +193,11 @@ std::vector<std::string> Watchdog::atExit() {
     if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) mismatches.push_back(f->report);
   }
   for (auto& g : groups) lingerForPeers(*g);
+  // A clean exit (no group failed) finishes a dump that recovered.
+  dumpFile_.update();
+  if (std::none_of(groups.begin(), groups.end(), [](const auto& g) { return g->state->failed(); })) {
+    dumpFile_.finish();
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (exiting()) return mismatches;
@@ -285,6 +301,7 @@ void Watchdog::loop() {
         tickFailed(*g->state, e);
       }
     }
+    dumpFile_.update();  // a waiting dump whose hang resolved becomes "recovered"
   }
 }
 
@@ -646,20 +663,49 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   return takeSnapshot(reason, states, maxEntries);
 }
 
-std::string Watchdog::writeDump(const std::string& reason, const std::string& dirOverride) {
+std::string Watchdog::writeDump(const std::string& reason, const std::string& dirOverride, const GroupState* about) {
   std::string dir = dirOverride;
-  if (dir.empty()) {
+  std::vector<std::shared_ptr<GroupState>> states;
+  {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& g : groups_) {
-      if (!g->state->config().dumpDir.empty()) {
-        dir = g->state->config().dumpDir;
-        break;
-      }
+      states.push_back(g->state);
+      if (dir.empty() && !g->state->config().dumpDir.empty()) dir = g->state->config().dumpDir;
     }
   }
   if (dir.empty()) return "";
+  // What the dump waits for: the incident's collective in its group, or the
+  // oldest pending op of each group concerned (a send/recv, a manual dump).
+  const auto inc = Incident::fromId(reason);
+  DumpCause cause = DumpCause::Manual;
+  if (inc) {
+    switch (inc->kind) {
+      case IncidentKind::Hang: cause = DumpCause::WarnAfter; break;
+      case IncidentKind::Abort: cause = DumpCause::AbortAfter; break;
+      case IncidentKind::Mismatch: cause = DumpCause::Mismatch; break;
+      case IncidentKind::P2P: cause = DumpCause::P2PCheck; break;
+      case IncidentKind::Failure: cause = DumpCause::Failure; break;
+    }
+  }
+  std::vector<DumpWatch> watches;
+  bool failed = false;
+  for (const auto& st : states) {
+    if (inc && about != nullptr && st.get() != about) continue;
+    failed = failed || st->failed();
+    DumpWatch w{st};
+    const Progress p = st->ledger().progress();
+    if (inc && inc->subject.kind == IncidentSubject::Kind::Collective) {
+      w.seq = inc->subject.seq;
+    } else if (p.hasPending) {
+      w.recordId = p.oldestPending.id;
+    } else {
+      continue;  // nothing waits here
+    }
+    watches.push_back(std::move(w));
+  }
   std::string error;
-  const std::string path = writeDumpFile(dir, snapshot(reason), &error);
+  const std::string path =
+      dumpFile_.write(dir, takeSnapshot(reason, states, 0), cause, std::move(watches), failed, &error);
   if (path.empty() && !dumpWarned_.exchange(true)) {
     logMessage(LogLevel::Warning, "torch_ext: cannot write dumps to TORCH_EXT_DUMP_DIR='" + dir + "' (" + error +
                                       "); training goes on without dump files");

@@ -28,6 +28,7 @@
 // alive (their teardown could block on a dead peer).
 
 #include "guard/watchdog/Deadlines.h"
+#include "guard/watchdog/Dumps.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
 #include "guard/watchdog/IncidentProtocol.h"
@@ -78,8 +79,13 @@ class Watchdog {
   // This process's view of all its groups (or one), with the main thread's stack.
   RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
-  // ("" without a dump dir). An unwritable dir is warned about once.
-  std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string());
+  // ("" without a dump dir). An unwritable dir is warned about once. `reason`
+  // is an incident id ("hang:57": the dump's cause, and what it waits for in
+  // `about`, the incident's group) or anything else for a manual dump (which
+  // waits for the oldest pending op of every group). The file then follows
+  // the job's state (DumpFile): recovered, failed, finished.
+  std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string(),
+                        const GroupState* about = nullptr);
 
   // Interpreter exit: waits (bounded) for the verdict on what check="verify"
   // has not verified yet, says "exited" for every group where the store
@@ -171,6 +177,7 @@ class Watchdog {
   std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
   std::atomic<bool> dumpWarned_{false};
+  DumpFile dumpFile_;  // the last dump written, whose state follows the job
 };
 
 } // namespace torch_ext

@@ -1,0 +1,393 @@
+"""The sample outputs in README.md and docs/*.md, made from real runs, so they cannot go stale.
+
+A sample is a fenced block right after a line ``<!-- sample: NAME -->``. Each
+NAME is cut out of the output of a *source*: a real run of an example, as its
+docstring tells users to run it (``python examples/bugs/slow_rank.py``, the
+demo under torchrun, ``python -m torch_ext.diagnose ...`` on the dumps it
+wrote), in a fresh temporary folder. Several samples share one run.
+
+    python scripts/doc_samples.py --write [NAME ...]   run the sources, rewrite the blocks
+    python scripts/doc_samples.py --check [NAME ...]   run them, fail naming each block that differs
+    python scripts/doc_samples.py --list               the samples, their sources and files
+
+What varies between runs (clock times, durations, ports, pids, dates, gloo's
+own error text) is masked when comparing, never when writing: the docs show the
+real output of one run. What would leak the machine (the repository's and the
+temporary folder's absolute paths, torch's build paths in gloo's messages) is
+rewritten before anything is written or compared, so samples hold
+repository-relative paths only.
+
+The tests run the same sources (tests/python/test_examples.py runs each example
+once and checks its samples with ``check_source``; test_docs.py checks that
+every sample is marked and that a block edited by hand fails ``--check``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))
+                              if n.endswith(".md"))
+MARKER = re.compile(r"^<!-- sample: ([a-z0-9-]+) -->\s*$")
+
+
+# --- running the sources ------------------------------------------------------
+
+def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONWARNINGS"] = "ignore"
+    env.update(extra or {})
+    return env
+
+
+def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> str:
+    """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given."""
+    # One stream, as in a terminal: the ranks' log lines (stderr) where they came.
+    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    out = proc.stdout
+    if proc.returncode != 0:
+        raise RuntimeError(f"`python {' '.join(argv)}` exited {proc.returncode}:\n{out[-6000:]}")
+    return (f"$ {echo}\n" if echo else "") + out
+
+
+def _example(path: str, *args: str) -> Callable[[str], str]:
+    return lambda cwd: _run([os.path.join(ROOT, path), *args], cwd, 180)
+
+
+def _demo(cwd: str) -> str:
+    # As scripts/demo.sh runs it: 4 CPU ranks under torchrun.
+    return _run(["-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "0", "--rdzv-backend", "c10d",
+                 "--rdzv-endpoint", "127.0.0.1:0", os.path.join(ROOT, "examples", "demo.py")], cwd, 240)
+
+
+def _slow_rank(*args: str, diagnose: str) -> Callable[[str], str]:
+    """examples/bugs/slow_rank.py ARGS, then ``python -m torch_ext.diagnose DIAGNOSE`` on the dumps it wrote."""
+    def run(cwd: str) -> str:
+        out = _run([os.path.join(ROOT, "examples", "bugs", "slow_rank.py"), *args], cwd, 180)
+        cmd = f"python -m torch_ext.diagnose {diagnose}"
+        return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+    return run
+
+
+_FR_ENTRY = ("import pickle, pprint; d = pickle.load(open('post_mortem/fr/torch_ext_fr_rank_0', 'rb')); "
+             "pprint.pprint(d['entries'][-1], width=110, sort_dicts=False)")
+
+
+def _post_mortem(cwd: str) -> str:
+    out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
+    # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
+    return out + "\n" + _run(["-c", _FR_ENTRY], cwd, 60, echo="python -c \"" + _FR_ENTRY + "\"")
+
+
+# name -> what runs it (in a fresh temporary folder, which it may fill).
+SOURCES: dict[str, Callable[[str], str]] = {
+    "demo": _demo,
+    "rank0_only_reduce": _example("examples/bugs/rank0_only_reduce.py"),
+    "mismatched_shapes": _example("examples/bugs/mismatched_shapes.py"),
+    "rank0_validation": _example("examples/bugs/rank0_validation.py"),
+    "killed_rank": _example("examples/bugs/killed_rank.py"),
+    "slow_rank": _slow_rank(diagnose="torch_ext_dumps --html report.html"),
+    "slow_rank_recovers": _slow_rank("recovers", diagnose="torch_ext_dumps"),
+    "rank0_dies": _example("examples/bugs/rank0_dies.py"),
+    "rank0_dies_stop": _example("examples/bugs/rank0_dies.py", "stop"),
+    "post_mortem": _post_mortem,
+}
+
+
+def run_source(name: str, cwd: str | None = None) -> str:
+    """The cleaned output of source ``name``, run in ``cwd`` (a new temporary folder if None)."""
+    if cwd is not None:
+        return clean(SOURCES[name](os.fspath(cwd)), os.fspath(cwd))
+    with tempfile.TemporaryDirectory(prefix="doc_samples_") as tmp:
+        return clean(SOURCES[name](tmp), tmp)
+
+
+# --- cleaning (always) and masking (to compare) --------------------------------
+
+def clean(text: str, cwd: str) -> str:
+    """Machine-independent output: repository-relative paths, torch's build paths folded."""
+    for folder in {cwd, os.path.realpath(cwd)}:
+        text = text.replace(folder + os.sep, "")
+    for folder in {ROOT, os.path.realpath(ROOT)}:
+        text = text.replace(folder + os.sep, "")
+    # gloo's messages name the folder torch was built in (/__w/pytorch/pytorch/third_party/gloo/...).
+    text = re.sub(r"\[[^\[\]]*/third_party/gloo/(gloo/[^\]]*)\]", r"[.../\1]", text)
+    # ... and go on for two more sentences of advice; the first says what happened.
+    text = re.sub(r"(\[\.\.\./gloo/[^\]]*\] [^\n]*?\.) [^)\n]*\)", r"\1 ...)", text)
+    # torch's Flight Recorder analyzer says this where the optional tabulate package is missing.
+    text = text.replace("tabulate is not installed. Proceeding without it.\n", "")
+    return text
+
+
+_MASKS = [
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<date>"),
+    (re.compile(r"\b\d\d:\d\d:\d\d\b"), "<time>"),
+    (re.compile(r"\b\d+(?:\.\d+)? (s|min|h|days)\b"), r"<n> \1"),
+    (re.compile(r"\d+ h \d+ min"), "<n> h"),
+    (re.compile(r"(127\.0\.0\.1\]?:|MASTER_PORT=)\d+"), r"\1<port>"),
+    (re.compile(r"\[\.\.\./gloo/[^\]]*\][^)\n]*"), "<gloo error>"),
+    # Which rank's gloo saw a closed connection first is a race.
+    (re.compile(r"rank \d+ saw: <gloo error>"), "rank <r> saw: <gloo error>"),
+    (re.compile(r"\bpid \d+"), "pid <n>"),
+    (re.compile(r"\b\d{16,}\b"), "<ns>"),
+]
+
+
+def mask(text: str) -> str:
+    """``text`` with what varies between runs replaced by placeholders."""
+    lines = [line.rstrip() for line in text.strip("\n").splitlines()]
+    out = "\n".join(lines)
+    for pattern, repl in _MASKS:
+        out = pattern.sub(repl, out)
+    return out
+
+
+# --- cutting samples out of an output -------------------------------------------
+
+_NEW_RANK_LINE = re.compile(r"^(\[rank\d+\] (raised |\d\d:\d\d:\d\d )|rank \d+ exit code|launcher: |\$ )")
+
+
+def _raised(rank: int, error: str, header: bool = True) -> Callable[[str], str]:
+    """The report rank ``rank`` printed for the error it raised (examples/bugs/_launch.py prints it)."""
+    def cut(out: str) -> str:
+        lines = out.splitlines()
+        start = lines.index(f"[rank{rank}] raised {error}:")
+        end = start + 1
+        while end < len(lines) and lines[end] and not _NEW_RANK_LINE.match(lines[end]):
+            end += 1
+        return "\n".join(lines[start if header else start + 1:end])
+    return cut
+
+
+def _logged(rank: int, first: int | None = None) -> Callable[[str], str]:
+    """Rank ``rank``'s labelled torch_ext log lines (the first ``first`` only, if given)."""
+    def cut(out: str) -> str:
+        lines = [line for line in out.splitlines() if re.match(rf"\[rank{rank}\] \d\d:\d\d:\d\d torch_ext ", line)]
+        return "\n".join(lines[:first])
+    return cut
+
+
+def _both(*cuts: Callable[[str], str]) -> Callable[[str], str]:
+    return lambda out: "\n".join(cut(out) for cut in cuts)
+
+
+def _command(prefix: str) -> Callable[[str], str]:
+    """From the line ``$ PREFIX...`` to the next ``$ `` line (or the end), trailing blank lines dropped."""
+    def cut(out: str) -> str:
+        lines = out.splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("$ " + prefix))
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("$ ")), len(lines))
+        return "\n".join(lines[start:end]).rstrip("\n")
+    return cut
+
+
+def _demo_error(error: str) -> Callable[[str], str]:
+    """The report the demo prints for the first ``[rank N] ERROR:`` (the others say "same report")."""
+    def cut(out: str) -> str:
+        lines = out.splitlines()
+        start = next(i for i, line in enumerate(lines) if re.fullmatch(rf"\[rank \d+\] {error}:", line))
+        end = next(i for i in range(start + 1, len(lines)) if not lines[i] or lines[i].startswith("[rank"))
+        return "\n".join(lines[start:end])
+    return cut
+
+
+def _demo_hang(out: str) -> str:
+    """Rank 0's report of scene 2 (the group "scene2")."""
+    lines = _logged(0)(out).splitlines()
+    start = next(i for i, line in enumerate(lines) if 'on group "scene2" has waited' in line)
+    end = start + 1
+    while end < len(lines) and re.match(r"\[rank0\] \S+ torch_ext WARNING:   ", lines[end]):
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def _after(prefix: str) -> Callable[[str], str]:
+    """What the command ``$ PREFIX...`` printed, without the command line."""
+    return lambda out: "\n".join(_command(prefix)(out).splitlines()[1:])
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    source: str
+    cut: Callable[[str], str]
+
+
+SAMPLES: dict[str, Sample] = {
+    "demo-mismatch": Sample("demo", _demo_error("CollectiveMismatchError")),
+    "demo-hang": Sample("demo", _demo_hang),
+    "rank0-only-reduce": Sample("rank0_only_reduce", _raised(1, "CollectiveMismatchError")),
+    "mismatched-shapes": Sample("mismatched_shapes", _raised(0, "CollectiveMismatchError", header=False)),
+    "rank0-validation": Sample("rank0_validation", _raised(0, "CollectiveMismatchError", header=False)),
+    "slow-rank": Sample("slow_rank", _both(_logged(0), _raised(0, "CollectiveTimeoutError"))),
+    "slow-rank-labels": Sample("slow_rank", _logged(0, first=2)),
+    "slow-rank-diagnose": Sample("slow_rank", _command("python -m torch_ext.diagnose")),
+    "slow-rank-recovered-diagnose": Sample("slow_rank_recovers", _command("python -m torch_ext.diagnose")),
+    "killed-rank": Sample("killed_rank", _raised(0, "CollectiveFailureError")),
+    "rank0-dies": Sample("rank0_dies", _raised(1, "StoreLostError")),
+    "rank0-dies-stop": Sample("rank0_dies_stop", _raised(2, "StoreLostError")),
+    "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
+    "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
+    "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
+}
+
+
+# --- the blocks in the docs --------------------------------------------------------
+
+@dataclasses.dataclass
+class Block:
+    name: str
+    path: str  # repository-relative
+    start: int  # index of the first line inside the fence
+    end: int  # index of the closing fence
+    text: str
+
+
+def blocks(root: str = ROOT) -> list[Block]:
+    """Every marked block of README.md and docs/*.md under ``root``."""
+    found: list[Block] = []
+    for rel in DOCS:
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        for i, line in enumerate(lines):
+            m = MARKER.match(line)
+            if not m:
+                continue
+            if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
+                raise ValueError(f"{rel}:{i + 1}: '<!-- sample: {m.group(1)} -->' must be followed by a ``` fence")
+            end = next((j for j in range(i + 2, len(lines)) if lines[j].startswith("```")), None)
+            if end is None:
+                raise ValueError(f"{rel}:{i + 2}: the fence of sample {m.group(1)} is never closed")
+            found.append(Block(m.group(1), rel, i + 2, end, "\n".join(lines[i + 2:end])))
+    return found
+
+
+def check_names(root: str = ROOT) -> list[str]:
+    """Problems with the markers: unknown names, samples marked twice or not at all."""
+    problems = []
+    seen: dict[str, str] = {}
+    for b in blocks(root):
+        if b.name not in SAMPLES:
+            problems.append(f"{b.path}:{b.start}: unknown sample '{b.name}' (add it to SAMPLES in scripts/doc_samples.py)")
+        elif b.name in seen:
+            problems.append(f"{b.path}:{b.start}: sample '{b.name}' also marked in {seen[b.name]}")
+        seen.setdefault(b.name, f"{b.path}:{b.start}")
+    for name in SAMPLES:
+        if name not in seen:
+            problems.append(f"sample '{name}' is marked nowhere in README.md or docs/")
+    return problems
+
+
+def differences(outputs: dict[str, str], root: str = ROOT, names: list[str] | None = None) -> list[str]:
+    """One message per marked block (of the sources in ``outputs``) that differs from its real output."""
+    problems = []
+    for b in blocks(root):
+        sample = SAMPLES.get(b.name)
+        if sample is None or sample.source not in outputs or (names and b.name not in names):
+            continue
+        try:
+            want = sample.cut(outputs[sample.source])
+        except (ValueError, StopIteration):
+            problems.append(f"{b.path}:{b.start}: sample '{b.name}' is not in the output of its source "
+                            f"'{sample.source}' (the output changed shape? its cut in scripts/doc_samples.py):\n"
+                            + outputs[sample.source][-3000:])
+            continue
+        if mask(want) != mask(b.text):
+            diff = "\n".join(difflib.unified_diff(mask(b.text).splitlines(), mask(want).splitlines(),
+                                                  f"{b.path} (sample {b.name})", "real output", lineterm=""))
+            problems.append(f"{b.path}:{b.start}: sample '{b.name}' differs from the output of its source "
+                            f"'{sample.source}' (run `python scripts/doc_samples.py --write {b.name}`):\n{diff}")
+    return problems
+
+
+def check_source(source: str, output: str, root: str = ROOT) -> None:
+    """Raises AssertionError when a sample cut from ``output`` (source ``source``, cleaned) differs from the docs."""
+    problems = differences({source: output}, root)
+    assert not problems, "\n\n".join(problems)
+
+
+def write(outputs: dict[str, str], root: str = ROOT, names: list[str] | None = None) -> list[str]:
+    """Rewrites the blocks of the sources in ``outputs``; returns the files changed."""
+    changed = []
+    for rel in DOCS:
+        path = os.path.join(root, rel)
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+        mine = [b for b in blocks(root) if b.path == rel and b.name in SAMPLES
+                and SAMPLES[b.name].source in outputs and (not names or b.name in names)]
+        for b in sorted(mine, key=lambda b: -b.start):
+            new = [line.rstrip() for line in SAMPLES[b.name].cut(outputs[SAMPLES[b.name].source]).split("\n")]
+            lines[b.start:b.end] = new
+        text = "\n".join(lines)
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                continue
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        changed.append(rel)
+    return changed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--check", action="store_true", help="fail naming each sample that differs from a real run")
+    mode.add_argument("--write", action="store_true", help="rewrite the samples from real runs")
+    mode.add_argument("--list", action="store_true", help="list the samples, their sources and where they are")
+    ap.add_argument("names", nargs="*", help="samples or sources to run (default: all)")
+    ap.add_argument("--root", default=ROOT, help="the checkout whose docs to check or write (default: this one)")
+    ap.add_argument("--jobs", type=int, default=2, help="sources run at a time (default 2)")
+    ap.add_argument("--keep", metavar="DIR", help="also save each source's output to DIR/<source>.txt")
+    ap.add_argument("--reuse", metavar="DIR", help="use the outputs --keep saved in DIR instead of running the "
+                    "sources (to work on the cuts; a check must run them)")
+    args = ap.parse_args(argv)
+    problems = check_names(args.root)
+    if args.list:
+        where = {b.name: f"{b.path}:{b.start}" for b in blocks(args.root)}
+        for name, s in SAMPLES.items():
+            print(f"{name:26} {s.source:18} {where.get(name, '(not marked)')}")
+        return 0
+    unknown = [n for n in args.names if n not in SAMPLES and n not in SOURCES]
+    if unknown:
+        print(f"error: unknown sample or source: {', '.join(unknown)} (see --list)", file=sys.stderr)
+        return 2
+    names = [n for n in SAMPLES if not args.names or n in args.names or SAMPLES[n].source in args.names]
+    sources = sorted({SAMPLES[n].source for n in names})
+    if args.reuse:
+        outputs = {}
+        for src in sources:
+            with open(os.path.join(args.reuse, f"{src}.txt"), encoding="utf-8") as f:
+                outputs[src] = clean(f.read(), args.reuse)
+    else:
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            outputs = dict(zip(sources, pool.map(run_source, sources)))
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=True)
+        for src, text in outputs.items():
+            with open(os.path.join(args.keep, f"{src}.txt"), "w", encoding="utf-8") as f:
+                f.write(text)
+    if args.write:
+        for rel in write(outputs, args.root, names):
+            print(f"rewrote samples in {rel}")
+    else:
+        problems += differences(outputs, args.root, names)
+    for p in problems:
+        print(p, file=sys.stderr)
+    if not problems and args.check:
+        print(f"{len(names)} sample(s) from {len(sources)} run(s) match the docs")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
