@@ -101,6 +101,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "slow_rank": _slow_rank(diagnose="torch_ext_dumps --html report.html"),
     "slow_rank_recovers": _slow_rank("recovers", diagnose="torch_ext_dumps"),
     "rank0_dies": _example("examples/bugs/rank0_dies.py"),
+    "stalled_stream": _example("examples/bugs/stalled_stream.py"),
     "rank0_dies_stop": _example("examples/bugs/rank0_dies.py", "stop"),
     "post_mortem": _post_mortem,
 }
@@ -235,6 +236,7 @@ SAMPLES: dict[str, Sample] = {
     "slow-rank-diagnose": Sample("slow_rank", _command("python -m torch_ext.diagnose")),
     "slow-rank-recovered-diagnose": Sample("slow_rank_recovers", _command("python -m torch_ext.diagnose")),
     "killed-rank": Sample("killed_rank", _raised(0, "CollectiveFailureError")),
+    "stalled-stream": Sample("stalled_stream", _raised(0, "CollectiveTimeoutError")),
     "rank0-dies": Sample("rank0_dies", _raised(1, "StoreLostError")),
     "rank0-dies-stop": Sample("rank0_dies_stop", _raised(2, "StoreLostError")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),

@@ -110,8 +110,8 @@ struct Setting {
 };
 const std::vector<Setting>& settings();
 
-// The switches of the nccl_sim test backend (csrc/nccl_sim): testing settings,
-// read from the environment only (TORCH_EXT_NCCL_SIM_*), listed in the README's
+// The switches of the nccl_sim test backend (csrc/nccl_sim): testing settings
+// (variables TORCH_EXT_NCCL_SIM_*, no GuardOptions field), listed in the README's
 // testing table. A switch names one rank and one operation of the default group.
 struct NcclSimSettings {
   struct Fault {

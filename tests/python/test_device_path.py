@@ -22,7 +22,8 @@ from torch_ext.testing import nccl_sim
 INNER = os.environ.get("TORCH_EXT_DEVICE_PATH_INNER", "cpu:nccl_sim")
 DEVICE, INNER_NAME = INNER.split(":")
 SIM = INNER_NAME == "nccl_sim"
-ENV = {"TORCH_EXT_INNER": INNER}
+# CPU tensors keep gloo when the device path runs on CUDA.
+ENV = {"TORCH_EXT_INNER": INNER if DEVICE == "cpu" else f"cpu:gloo,{INNER}"}
 # Fast deadlines for the fault cases: a report at 1 s, every rank aborted at 4 s.
 FAST = {**ENV, "TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
 
@@ -41,6 +42,27 @@ def _sync() -> None:
 
 def _dev() -> torch.device:
     return torch.device(DEVICE, 0) if DEVICE == "cuda" else torch.device("cpu")
+
+
+# --- the device path at world 1 (real NCCL too) --------------------------------
+
+def _world_one(rank: int, world: int) -> dict:
+    dev = _dev()
+    t = torch.ones(4, device=dev)
+    works = [dist.all_reduce(t, async_op=True) for _ in range(10)]
+    for w in works:
+        w.wait()
+    _sync()
+    inner = torch_ext._C._inner(dist.group.WORLD._get_backend(dev), DEVICE)
+    return {"value": t.cpu().tolist(), "done": all(w.is_completed() for w in works),
+            "stream_ordered": torch_ext._C._stream_ordered(inner)}
+
+
+def test_world_one_runs_on_the_device_path():
+    v = assert_all_ok(run_ranks(_world_one, 1, env=ENV, timeout=60))[0]
+    assert v["value"] == [1.0] * 4 and v["done"]
+    # The guard chose its completion mode from the inner backend, not the device.
+    assert v["stream_ordered"] == (INNER_NAME in ("nccl", "nccl_sim"))
 
 
 # --- what nccl_sim itself does toward the host --------------------------------

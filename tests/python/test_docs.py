@@ -170,3 +170,11 @@ def test_a_sample_edited_by_hand_fails_the_check_and_write_restores_it(tmp_path)
     assert doc_samples.mask(path.read_text()) == doc_samples.mask(original)
     out = run("--check", "rank0-only-reduce", "--reuse", str(outputs))
     assert out.returncode == 0 and "1 sample(s) from 1 run(s) match the docs" in out.stdout, out.stdout + out.stderr
+
+
+def test_readme_lists_every_nccl_sim_switch():
+    with open(os.path.join(ROOT, "csrc", "guard", "Config.cpp"), encoding="utf-8") as f:
+        parsed = set(re.findall(r'"(TORCH_EXT_NCCL_SIM_[A-Z]+)"', f.read()))
+    assert parsed, "Config.cpp reads the nccl_sim switches"
+    listed = set(re.findall(r"^\| `(TORCH_EXT_NCCL_SIM_[A-Z]+)` \|", _readme(), flags=re.M))
+    assert listed == parsed

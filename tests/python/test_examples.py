@@ -77,6 +77,15 @@ def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
     doc_samples.check_source(name, out)
 
 
+def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(tmp_path):
+    out = _source("stalled_stream", tmp_path)  # python examples/bugs/stalled_stream.py (nccl_sim)
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError", out)) == ["0", "1", "2"], out[-8000:]
+    assert out.count('collective #10 all_reduce(float32[4], SUM) on group "default_pg" has waited') >= 3, out
+    assert "sum" not in out.replace("SUM", ""), out  # no rank read the result of the aborted stream
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
+    doc_samples.check_source("stalled_stream", out)
+
+
 def test_killed_rank_example_names_the_gone_rank(tmp_path):
     out = _source("killed_rank", tmp_path)
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveFailureError", out)) == ["0", "1"], out[-8000:]

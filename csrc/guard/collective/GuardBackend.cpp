@@ -67,8 +67,14 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     kv.second.streamOrdered = isStreamOrdered(*kv.second.backend);
     TORCH_CHECK(kv.second.name != "guard", "guard cannot wrap guard (device '", kv.first, "')");
     innerNames_ += (innerNames_.empty() ? "" : ",") + kv.first + ":" + kv.second.name;
-    if (kv.first == "cpu") cpu_ = kv.second.backend;
-    if (kv.first == "cuda") cuda_ = kv.second.backend;
+    if (kv.first == "cpu") {
+      cpu_ = kv.second.backend;
+      cpuStreamOrdered_ = kv.second.streamOrdered;
+    }
+    if (kv.first == "cuda") {
+      cuda_ = kv.second.backend;
+      cudaStreamOrdered_ = kv.second.streamOrdered;
+    }
   }
   GroupIdentity id;
   id.name = std::move(groupName);
@@ -169,6 +175,9 @@ c10::intrusive_ptr<c10d::Backend> GuardBackend::innerFor(c10::DeviceType device)
 }
 
 bool GuardBackend::streamOrdered(c10::DeviceType device) const {
+  // Per collective: the common devices without a string or a map lookup.
+  if (device == c10::DeviceType::CPU) return cpuStreamOrdered_;
+  if (device == c10::DeviceType::CUDA) return cudaStreamOrdered_;
   auto it = inner_.find(deviceName(device));
   return it != inner_.end() && it->second.streamOrdered;
 }

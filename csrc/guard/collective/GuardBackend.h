@@ -152,6 +152,8 @@ class GuardBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;
   // How works of each device's inner backend complete (StreamOrdered.h).
   bool streamOrdered(c10::DeviceType device) const;
+  bool cpuStreamOrdered_ = false;
+  bool cudaStreamOrdered_ = false;
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;
   bool strict_;
