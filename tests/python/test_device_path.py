@@ -106,6 +106,43 @@ def test_issue_and_wait_return_before_the_peer_arrives(backend):
         assert v["backend"] == backend
 
 
+def _abort_releases(rank: int, world: int, how: str) -> dict:
+    import threading
+
+    t = torch.ones(2)
+    for _ in range(3):
+        dist.all_reduce(t)  # rank 1's stream stalls at the 2nd: every stream is stuck there
+    outcome: dict = {}
+
+    def sync() -> None:
+        try:
+            nccl_sim.synchronize()  # no timeout of its own
+            outcome["error"] = None
+        except Exception as e:  # noqa: BLE001 - what the host gets
+            outcome["error"] = f"{type(e).__name__}: {e}"
+
+    waiter = threading.Thread(target=sync, daemon=True)
+    waiter.start()
+    waiter.join(timeout=1.0)
+    blocked = waiter.is_alive()  # the stall never ends by itself: still blocked after 1 s
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    backend.abort() if how == "abort" else backend.shutdown()
+    waiter.join(timeout=30)
+    return {"blocked": blocked, "released": not waiter.is_alive(), "error": outcome.get("error"),
+            "completed": nccl_sim.pending() == 0}
+
+
+@needs_sim
+@pytest.mark.parametrize("how", ["abort", "shutdown"])
+def test_abort_and_shutdown_release_a_stuck_stream(how):
+    env = {**ENV, "TORCH_EXT_NCCL_SIM_STALL": "1:2"}
+    values = assert_all_ok(run_ranks(_abort_releases, 2, how, backend="nccl_sim", env=env, timeout=90))
+    for v in values:
+        assert v["blocked"] and v["released"], v
+        assert v["error"] and "was aborted" in v["error"], v  # the pending operations failed: no data
+        assert v["completed"], v
+
+
 def _ops(rank: int, world: int, inner_group: bool) -> list[torch.Tensor]:
     """One of each collective (and p2p), results as CPU tensors."""
     dev = _dev()
