@@ -207,6 +207,14 @@ PYBIND11_MODULE(_C, m) {
         if (state->failed()) state->throwFailure("");
       },
       py::arg("backend"), py::arg("wait_s") = 0.0);
+  m.def(
+      "_await_verdicts",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        auto& g = asGuard(b);
+        py::gil_scoped_release release;
+        g.awaitVerdicts();
+      },
+      "check=verify: waits until what this rank issued is verified; raises the group's typed error if it failed.");
   m.def("_stream_ordered", [](const c10::intrusive_ptr<c10d::Backend>& b) { return torch_ext::isStreamOrdered(*b); });
 
   m.def(

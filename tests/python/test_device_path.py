@@ -322,6 +322,28 @@ def test_mismatch_is_found_with_enqueue_and_return(check):
         assert "#21" in v["text"] and "float32[5]" in v["text"] and "float32[4]" in v["text"], v["text"]
 
 
+def _verify_read(rank: int, world: int) -> dict:
+    t = torch.full((4,), float(rank + 1))
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM)
+        nccl_sim.synchronize()  # the sync point: after it, t would be read
+        return {"read": t.tolist()}
+    except torch_ext.GuardError as e:
+        return {"error": type(e).__name__, "text": str(e)}
+
+
+@needs_sim
+@pytest.mark.parametrize("wait", ["stream", "data"])
+def test_verify_never_hands_a_mismatched_result_to_the_host(wait):
+    # Same shapes, different reduce ops: the data moves and is wrong. check=verify
+    # (the default) gates the sync point (stream mode) or wait() (data mode).
+    env = {**FAST, "TORCH_EXT_NCCL_SIM_WAIT": wait}
+    values = assert_all_ok(run_ranks(_verify_read, 3, env=env, timeout=60, natural_exit=True))
+    for v in values:
+        assert v.get("error") == "CollectiveMismatchError", v
+        assert "MAX" in v["text"] and "SUM" in v["text"], v["text"]
+
+
 def _stream_failure(rank: int, world: int) -> dict:
     t = torch.ones(4)
     try:

@@ -125,7 +125,10 @@ def synchronize(group: dist.ProcessGroup | None = None) -> None:
     timeout of its own.
 
     Raises once the communicator was aborted or one of its operations failed.
-    Under the guard the error is the guard's own (``CollectiveTimeoutError``,
+    Under the guard with ``check="verify"`` (the default) it also waits until
+    what was issued is known to agree across ranks, and raises
+    ``CollectiveMismatchError`` instead of returning over a difference. Under
+    the guard the error is the guard's own (``CollectiveTimeoutError``,
     ``CollectiveMismatchError``, ``CollectiveFailureError`` ...) with its
     report, naming the collective the stream was stuck in.
     """
@@ -139,6 +142,11 @@ def synchronize(group: dist.ProcessGroup | None = None) -> None:
             # the failure the stream saw): raise its typed error and report.
             _C._raise_failure(guard, _VERDICT_WAIT_S)
             raise
+        if guard is not None:
+            # check="verify" gates the sync point, as it would gate the compute
+            # stream on a GPU: what synchronize() makes readable is released only
+            # once every rank is known to have issued the same collectives.
+            _C._await_verdicts(guard)
 
 
 def pending(group: dist.ProcessGroup | None = None) -> int:

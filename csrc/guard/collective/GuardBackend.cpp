@@ -552,6 +552,21 @@ void GuardBackend::abort() {
   stopWatchdog();
 }
 
+void GuardBackend::drainVerifier() {
+  Verifier* verifier = state_->verifier();
+  if (verifier == nullptr || state_->failed()) return;
+  const auto bound = std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0));
+  if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
+    state_->waitUntil([] { return false; }, bound);  // the report is on its way
+  }
+}
+
+void GuardBackend::awaitVerdicts() {
+  if (state_->failed()) state_->throwFailure("");
+  drainVerifier();
+  if (state_->failed()) state_->throwFailure("");
+}
+
 void GuardBackend::shutdown() {
   if (shutdown_) return;
   shutdown_ = true;
@@ -561,10 +576,7 @@ void GuardBackend::shutdown() {
   // destroy_process_group() raises it below.
   const bool failedBefore = state_->failed();
   if (Verifier* verifier = state_->verifier(); verifier != nullptr && !failedBefore) {
-    const auto bound = std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0));
-    if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
-      state_->waitUntil([] { return false; }, bound);  // the report is on its way
-    }
+    drainVerifier();
     verifier->stop();
   }
   // A mismatch the program never saw raised (found during the drain, or on a

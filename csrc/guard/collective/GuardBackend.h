@@ -63,6 +63,11 @@ class GuardBackend : public c10d::Backend {
   const std::map<std::string, InnerBackend>& inners() const {
     return inner_;
   }
+  // check="verify": waits (bounded by the store timeout) until what this rank
+  // issued is known to agree across ranks; throws the group's typed error if
+  // it failed (a difference found meanwhile). A sync point's gate
+  // (nccl_sim.synchronize()): results issued before it may be read after it.
+  void awaitVerdicts();
   std::string repr() const;
 
   // --- collectives -------------------------------------------------------
@@ -153,6 +158,7 @@ class GuardBackend : public c10d::Backend {
   // How works of each device's inner backend complete (StreamOrdered.h).
   bool streamOrdered(c10::DeviceType device) const;
   bool cpuStreamOrdered_ = false;
+  void drainVerifier();
   bool cudaStreamOrdered_ = false;
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;

@@ -133,7 +133,16 @@ bool GuardWork::isCompleted() {
     }
     return false;
   }
-  return state_->failed() || inner_->isCompleted();
+  if (state_->failed()) {
+    if (mode_ == Mode::Device && seq_ > 0 && state_->verifier() != nullptr) state_->throwFailure("");
+    return true;
+  }
+  if (!inner_->isCompleted()) return false;
+  if (Verifier* v = hostGate()) {
+    v->want(seq_);  // asked for: check it now; not done until released
+    return false;
+  }
+  return true;
 }
 
 bool GuardWork::isSuccess() const {
@@ -209,12 +218,11 @@ void GuardWork::failFromInner(const std::string& err) {
   throw CollectiveFailureError(report);
 }
 
-void GuardWork::awaitVerdict(bool waited, std::chrono::milliseconds timeout) {
+void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeout) {
   // The collective completed, but its result is not released: the check found
   // a difference (or could not run), and the group's failure follows at once
   // (the verifier fails it with the cross-rank report); or the caller's own
   // timeout expired first.
-  Verifier* verifier = gate();
   if (state_->failed()) state_->throwFailure("");
   if (verifier->blocked(seq_)) {
     constexpr auto kReportBound = std::chrono::seconds(30);
@@ -228,8 +236,14 @@ void GuardWork::awaitVerdict(bool waited, std::chrono::milliseconds timeout) {
   std::ostringstream os;
   os << describe() << ": wait(timeout=" << timeout.count()
      << " ms) expired before every rank was known to have issued the same collectives (check=verify)";
-  (void)waited;
   throw c10::DistBackendError(os.str());
+}
+
+Verifier* GuardWork::hostGate() {
+  if (mode_ != Mode::Device || seq_ == 0) return nullptr;
+  Verifier* v = state_->verifier();
+  if (v == nullptr || v->verified(seq_) || !inner_->isCompleted()) return nullptr;
+  return v;
 }
 
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
@@ -254,7 +268,7 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
       if (state_->failed()) state_->throwFailure("");
       failFromInner(innerFuture_->tryRetrieveErrorMessage());
     }
-    if (!released()) awaitVerdict(done, timeout);
+    if (!released()) awaitVerdict(gate(), timeout);
     // Completed: the inner wait() returns at once and finishes its bookkeeping
     // (e.g. stream sync for CUDA tensors on gloo).
     inner_->wait(timeout);
@@ -273,6 +287,16 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
   // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
   // rather than return as if the data had arrived.
   if (!result && state_->failed()) state_->throwFailure("");
+  if (Verifier* v = result ? hostGate() : nullptr) {
+    // A stream backend whose wait() waited for the data (nccl_sim with
+    // TORCH_EXT_NCCL_SIM_WAIT=data: on CPU the host is the compute stream):
+    // released only once every rank is known to have issued the same
+    // collectives, as on gloo. On NCCL wait() returns before completion and
+    // nothing is held here (docs/architecture.md, the device path).
+    v->want(seq_);
+    state_->waitUntil([this, v] { return v->verified(seq_) || v->blocked(seq_); }, timeout);
+    if (!v->verified(seq_)) awaitVerdict(v, timeout);
+  }
   if (mode_ == Mode::Blocking) {
     state_->ledger().complete(id_, true);
     // The watchdog's poll has nothing left to learn from it; holding it until

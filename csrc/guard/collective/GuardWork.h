@@ -87,7 +87,11 @@ class GuardWork : public c10d::Work {
   bool released() const;
   // The collective completed but is not released: throws the group's failure
   // once a found difference has failed it, or the caller's timeout.
-  [[noreturn]] void awaitVerdict(bool waited, std::chrono::milliseconds timeout);
+  [[noreturn]] void awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeout);
+  // Device mode: the verifier that gates a result already on the host (the
+  // inner work has completed), or null (not gated, or the data is still on
+  // its way: a stream backend orders, the host does not wait).
+  Verifier* hostGate();
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
 
   std::shared_ptr<GroupState> state_;
