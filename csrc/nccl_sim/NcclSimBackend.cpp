@@ -268,6 +268,14 @@ void NcclSimBackend::setTimeout(std::chrono::milliseconds timeout) {
   transport_->setTimeout(timeout);
 }
 
+void NcclSimBackend::setSequenceNumberForGroup() {
+  transport_->setSequenceNumberForGroup();
+}
+
+uint64_t NcclSimBackend::getSequenceNumberForGroup() {
+  return transport_->getSequenceNumberForGroup();
+}
+
 c10d::ErrorType NcclSimBackend::getError() {
   if (stream_->aborted() || !stream_->error().empty()) return c10d::ErrorType::COMM_ERROR;
   return c10d::ErrorType::SUCCESS;

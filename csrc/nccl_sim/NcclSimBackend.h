@@ -108,6 +108,9 @@ class NcclSimBackend : public c10d::Backend, public StreamOrdered {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void setTimeout(std::chrono::milliseconds timeout) override;
+  // Sequence numbers for torch's group bookkeeping: the transport's.
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
   c10d::ErrorType getError() override;
   void abort() override;
   void shutdown() override;
