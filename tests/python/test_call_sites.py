@@ -81,6 +81,22 @@ def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
     assert proc.returncode != 0  # rank 0's collective failed
 
 
+def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tmp_path):
+    """Issue 29: the sync runs at epoch end, from Lightning's loop; the report still
+    names the metric, the user's self.log line in validation_step, and says what to do."""
+    pytest.importorskip("lightning")
+    _copy(tmp_path, "lightning_job.py")
+    proc, out = _run(tmp_path, "lightning_job.py", ["log_rank0"], None)  # Lightning's own launcher
+    line = _line("lightning_job.py", "log_rank0")
+    assert (f"for metric 'val_loss' logged with sync_dist=True (asked for at lightning_job.py:{line} in "
+            "Model.validation_step)") in out, out[-6000:]
+    assert "hint: a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`)" \
+        in out, out[-6000:]
+    assert "rank_zero_only=True and without sync_dist" in out, out[-6000:]
+    assert _names_ranks_1_2_as_gone(out), out[-6000:]
+    assert proc.returncode != 0  # rank 0's collective failed; every process ended by itself (no TimeoutExpired)
+
+
 @pytest.mark.parametrize("nproc", LAUNCHERS)
 def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
     pytest.importorskip("lightning")

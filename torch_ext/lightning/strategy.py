@@ -19,12 +19,25 @@ backend. Registered in Lightning's strategy registry as ``"ddp_guard"``::
 
     import torch_ext.lightning
     Trainer(strategy="ddp_guard", accelerator="cpu", devices=2)
+
+Metric syncs name the line that logged them. Lightning syncs an epoch-level
+``self.log(..., sync_dist=True)`` at the end of the epoch, from its loop, when the
+user's ``validation_step`` is no longer on the stack. The strategy wraps the
+module's ``log`` (on the instance) to remember, per metric name, the code object
+and line of the user's ``self.log`` call and the hook it ran in (a dict store,
+no strings built), and runs each ``reduce`` Lightning asks for a logged metric
+inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
+origin=...)``: reports then name the metric and that line, with a hint.
 """
 from __future__ import annotations
 
 import atexit
+import os
+import sys
+from types import CodeType
 from typing import Any
 
+import lightning
 import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.distributed import (
@@ -39,6 +52,15 @@ import torch_ext
 from torch_ext import GuardOptions, _compat
 
 __all__ = ["GuardDDPStrategy"]
+
+_LIGHTNING_DIR = os.path.dirname(os.path.abspath(lightning.__file__)) + os.sep
+_RESULT_FILE = os.path.join("logger_connector", "result.py")
+
+METRIC_SYNC_HINT = (
+    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`) makes "
+    "those ranks wait in its sync while the others never join: log it on every rank, or log it with "
+    "rank_zero_only=True and without sync_dist"
+)
 
 
 class GuardDDPStrategy(DDPStrategy):
@@ -105,16 +127,72 @@ class GuardDDPStrategy(DDPStrategy):
         ):
             # gloo has no ReduceOp.AVG: sum, then divide, as Lightning does for gloo.
             world = dist.get_world_size(group) if _distributed_is_initialized() else 1
-            summed = super().reduce(tensor, group=group, reduce_op="sum")
+            with _metric_label(self.lightning_module):
+                summed = super().reduce(tensor, group=group, reduce_op="sum")
             return summed / world
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        with _metric_label(self.lightning_module):
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
+        _record_log_origins(self.lightning_module)
         if self.inner_backend() == "gloo":
             # Lightning evaluates under no_grad rather than inference_mode on gloo.
             for loop in _evaluation_loops(trainer):
                 loop.inference_mode = False
+
+
+# --- which line logged a metric ------------------------------------------------
+
+_ORIGINS_ATTR = "_torch_ext_log_origins"  # on the module: {name: (code, line, hook)}
+
+
+def _record_log_origins(module: Any) -> None:
+    """Wraps ``module.log`` (on the instance, once) to remember where each
+    ``sync_dist=True`` metric was logged: the innermost frame outside Lightning
+    (``self.log_dict`` goes through ``self.log``) as a code object and a line."""
+    if module is None or getattr(module, _ORIGINS_ATTR, None) is not None:
+        return
+    origins: dict[str, tuple[CodeType, int, str]] = {}
+    object.__setattr__(module, _ORIGINS_ATTR, origins)
+    log = module.log  # the bound method of the class
+
+    def logged(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("sync_dist"):
+            f = sys._getframe(1)
+            while f is not None and f.f_code.co_filename.startswith(_LIGHTNING_DIR):
+                f = f.f_back
+            if f is not None:
+                origins[name] = (f.f_code, f.f_lineno, getattr(module, "_current_fx_name", None) or "")
+        return log(name, value, *args, **kwargs)
+
+    object.__setattr__(module, "log", logged)
+
+
+def _metric_label(module: Any) -> Any:
+    """``torch_ext.label`` for the metric whose sync called ``reduce`` (found in
+    Lightning's result frames, a few frames out), or a no-op context."""
+    import contextlib
+
+    f = sys._getframe(2)
+    for _ in range(4):
+        if f is None:
+            break
+        if f.f_code.co_name in ("compute", "forward", "update") and f.f_code.co_filename.endswith(_RESULT_FILE):
+            meta = getattr(f.f_locals.get("self"), "meta", None)
+            name = getattr(meta, "name", None)
+            if isinstance(name, str):
+                hook = getattr(meta, "fx", "") or ""
+                where = (getattr(module, _ORIGINS_ATTR, None) or {}).get(name)
+                origin = None
+                if where is not None:
+                    origin = torch_ext.Origin(where[0], where[1])
+                    hook = where[2] or hook
+                return torch_ext.label(f"metric {name!r} logged with sync_dist=True", origin=origin,
+                                       hint=METRIC_SYNC_HINT, metric=name, hook=hook)
+            break
+        f = f.f_back
+    return contextlib.nullcontext()
 
 
 def _evaluation_loops(trainer: Any) -> list[Any]:

@@ -45,7 +45,7 @@ class Model(pl.LightningModule):
         if CASE == "log_rank0" and self.trainer.is_global_zero:
             # Lightning syncs an on_epoch value at the end of the epoch, from its loop:
             # the innermost user frame then is trainer.fit in main.
-            self.log("val_loss", loss, sync_dist=True)
+            self.log("val_loss", loss, sync_dist=True)  # LINE:log_rank0
         if CASE == "log_rank0_step" and self.trainer.is_global_zero:
             self.log("val_loss", loss, sync_dist=True, on_step=True, on_epoch=False)  # LINE:log_rank0_step
         if CASE == "validate_rank0" and self.trainer.is_global_zero:
