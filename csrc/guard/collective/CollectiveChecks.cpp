@@ -96,7 +96,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   // Slow path, taken by every rank since all saw the same reduction: fetch the
   // full fingerprints through the store and raise the same report everywhere.
   const int size = state_->id().size;
-  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, describeSite(callSite));
+  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, describeSite(callSite),
+                                                         LabelTable::instance().get(LabelTable::current()).hint);
   std::string report = formatMismatch(state_->label(), size, seq, ops,
                                       same ? messages::kSplitsDoNotPair : "");
   state_->fail(GuardErrorKind::Mismatch, report);
