@@ -177,3 +177,7 @@ def test_hang_dumps_report_fr_and_trace_carry_the_label(tmp_path):
     assert args[0]["label"] == "metric 'val_loss'"
     assert args[0]["label origin"] == f"test_labels.py:{line} in _asked_here"
     assert args[0]["label.metric"] == "val_loss"
+    # The HTML page's op table.
+    page = tmp_path / "page.html"
+    _diagnose(str(dumps), "--html", str(page))
+    assert f"for metric 'val_loss' (asked for at test_labels.py:{line} in _asked_here)" in page.read_text()
