@@ -153,7 +153,7 @@ TEST(Labels, ReportsNameTheLabelAndSayItsHintOnce) {
         << v.text;
     const auto hint = v.text.find("\n  hint: log it on every rank");
     EXPECT_NE(hint, std::string::npos) << v.text;
-    EXPECT_EQ(v.text.find("hint:", hint + 3), std::string::npos) << v.text;  // once
+    EXPECT_EQ(v.text.find("hint:", hint + 8), std::string::npos) << v.text;  // once
     Verdict back = Verdict::fromJson(Json::parse(v.toJson().dump()));
     ASSERT_EQ(back.ops.size(), 2u);
     EXPECT_EQ(back.ops[0].hint, "log it on every rank");
