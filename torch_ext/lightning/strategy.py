@@ -23,15 +23,17 @@ backend. Registered in Lightning's strategy registry as ``"ddp_guard"``::
 Metric syncs name the line that logged them. Lightning syncs an epoch-level
 ``self.log(..., sync_dist=True)`` at the end of the epoch, from its loop, when the
 user's ``validation_step`` is no longer on the stack. The strategy wraps the
-module's ``log`` (on the instance) to remember, per metric name, the code object
-and line of the user's ``self.log`` call and the hook it ran in (a dict store,
-no strings built), and runs each ``reduce`` Lightning asks for a logged metric
+``LightningModule.log`` (once, on the class; it records only for modules trained
+by this strategy) to remember, per metric name, the code object and line of the
+user's ``self.log`` call and the hook it ran in (a dict store, no strings built), and runs each ``reduce`` Lightning asks for a logged metric
 inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
 origin=...)``: reports then name the metric and that line, with a hint.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import sys
 from types import CodeType
@@ -46,6 +48,7 @@ from lightning.fabric.utilities.distributed import (
     _init_dist_connection,
 )
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import torch_ext
@@ -82,6 +85,8 @@ class GuardDDPStrategy(DDPStrategy):
         super().__init__(*args, process_group_backend="guard", **kwargs)
         self._guard_options = guard_options
         self._destroy_registered = False
+        # Where each sync_dist metric was last logged: {name: (code, line, hook)}.
+        self._log_origins: dict[str, tuple[CodeType, int, str]] = {}
 
     # --- what does guard wrap here? -------------------------------------------
     def inner_backend(self, device: torch.device | str | None = None) -> str | None:
@@ -91,6 +96,13 @@ class GuardDDPStrategy(DDPStrategy):
         dev = torch.device(device) if device is not None else self.root_device
         names = torch_ext._C._inner_names(_compat.group_backend(_compat.default_group(), torch.device("cpu")))
         return names.get(dev.type)
+
+    def _remember_log_origin(self, name: str, hook: str) -> None:
+        """Called by LightningModule.log for sync_dist=True: the user's line, kept as a
+        code object and a line number (``self.log_dict`` goes through ``self.log``)."""
+        f = _first_frame_outside_lightning()
+        if f is not None:
+            self._log_origins[name] = (f.f_code, f.f_lineno, hook)
 
     # --- the four branches ------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -127,15 +139,15 @@ class GuardDDPStrategy(DDPStrategy):
         ):
             # gloo has no ReduceOp.AVG: sum, then divide, as Lightning does for gloo.
             world = dist.get_world_size(group) if _distributed_is_initialized() else 1
-            with _metric_label(self.lightning_module):
+            with _metric_label(self):
                 summed = super().reduce(tensor, group=group, reduce_op="sum")
             return summed / world
-        with _metric_label(self.lightning_module):
+        with _metric_label(self):
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
-        _record_log_origins(self.lightning_module)
+        _install_log_wrapper()
         if self.inner_backend() == "gloo":
             # Lightning evaluates under no_grad rather than inference_mode on gloo.
             for loop in _evaluation_loops(trainer):
@@ -143,37 +155,41 @@ class GuardDDPStrategy(DDPStrategy):
 
 
 # --- which line logged a metric ------------------------------------------------
+#
+# LightningModule.log is wrapped once, on the class, by a module-level function:
+# nothing lands in the module's __dict__ (torch.save(model) pickles it, EMA/SWA
+# callbacks deepcopy it), and the wrapper records only when the module's trainer
+# runs a GuardDDPStrategy. The origins live on that strategy.
 
-_ORIGINS_ATTR = "_torch_ext_log_origins"  # on the module: {name: (code, line, hook)}
 
-
-def _record_log_origins(module: Any) -> None:
-    """Wraps ``module.log`` (on the instance, once) to remember where each
-    ``sync_dist=True`` metric was logged: the innermost frame outside Lightning
-    (``self.log_dict`` goes through ``self.log``) as a code object and a line."""
-    if module is None or getattr(module, _ORIGINS_ATTR, None) is not None:
+def _install_log_wrapper() -> None:
+    if getattr(LightningModule.log, "_torch_ext_wrapped", False):
         return
-    origins: dict[str, tuple[CodeType, int, str]] = {}
-    object.__setattr__(module, _ORIGINS_ATTR, origins)
-    log = module.log  # the bound method of the class
+    log = LightningModule.log
 
-    def logged(name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(log)
+    def logged(self: Any, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("sync_dist"):
-            f = sys._getframe(1)
-            while f is not None and f.f_code.co_filename.startswith(_LIGHTNING_DIR):
-                f = f.f_back
-            if f is not None:
-                origins[name] = (f.f_code, f.f_lineno, getattr(module, "_current_fx_name", None) or "")
-        return log(name, value, *args, **kwargs)
+            trainer = getattr(self, "_trainer", None)
+            strategy = getattr(trainer, "strategy", None)
+            if isinstance(strategy, GuardDDPStrategy):
+                strategy._remember_log_origin(name, getattr(self, "_current_fx_name", None) or "")
+        return log(self, name, value, *args, **kwargs)
 
-    object.__setattr__(module, "log", logged)
+    logged._torch_ext_wrapped = True  # type: ignore[attr-defined]
+    LightningModule.log = logged  # type: ignore[method-assign]
 
 
-def _metric_label(module: Any) -> Any:
+def _first_frame_outside_lightning() -> Any:
+    f = sys._getframe(2)
+    while f is not None and (f.f_code.co_filename.startswith(_LIGHTNING_DIR) or f.f_code.co_filename == __file__):
+        f = f.f_back
+    return f
+
+
+def _metric_label(strategy: "GuardDDPStrategy") -> Any:
     """``torch_ext.label`` for the metric whose sync called ``reduce`` (found in
     Lightning's result frames, a few frames out), or a no-op context."""
-    import contextlib
-
     f = sys._getframe(2)
     for _ in range(4):
         if f is None:
@@ -183,7 +199,7 @@ def _metric_label(module: Any) -> Any:
             name = getattr(meta, "name", None)
             if isinstance(name, str):
                 hook = getattr(meta, "fx", "") or ""
-                where = (getattr(module, _ORIGINS_ATTR, None) or {}).get(name)
+                where = strategy._log_origins.get(name)
                 origin = None
                 if where is not None:
                     origin = torch_ext.Origin(where[0], where[1])
