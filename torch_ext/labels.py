@@ -107,7 +107,9 @@ class label:
     captured earlier (:func:`here`, a frame, or a ``(code, line)`` pair) that the
     reports name; ``hint`` is said once in a report about a collective with this
     label (what likely went wrong, in plain words). The innermost label wins;
-    leaving it restores the one outside.
+    leaving it restores the one outside. A ``label`` object entered with ``with``
+    keeps the ids it replaced on a small stack, so enter one object on one thread
+    at a time; a decorated function may run on several threads at once.
     """
 
     __slots__ = ("text", "fields", "hint", "_origin", "_id", "_saved")
