@@ -6,10 +6,10 @@
 // registers); guard-specific calls take that object and check that it is ours.
 // This keeps us off torch's private pybind holder type.
 
-#include "guard/collective/LabelTable.h"
 #include "guard/Config.h"
 #include "guard/Errors.h"
 #include "guard/collective/GuardBackend.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 #include "guard/report/DumpAnalysis.h"
@@ -377,7 +377,6 @@ PYBIND11_MODULE(_C, m) {
       "table is full.");
   m.def("_set_label", &torch_ext::LabelTable::setCurrent, py::arg("id"),
         "Sets the calling thread's current label id (0: none); returns the previous one.");
-  m.def("_label_json", [](uint32_t id) { return torch_ext::toJson(torch_ext::LabelTable::instance().get(id)).dump(); });
   m.def("_set_listed_libraries", &torch_ext::py::setListedLibraries,
         "Folders of the packages named in TORCH_EXT_LIBRARY_PACKAGES, as (folder prefix, package name) pairs.");
 }

@@ -1,8 +1,8 @@
 #include "guard/collective/GuardBackend.h"
 
 #include "guard/collective/CallSite.h"
-#include "guard/collective/LabelTable.h"
 #include "guard/collective/GuardWork.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
