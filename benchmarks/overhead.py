@@ -8,6 +8,7 @@ both alike. Prints the median latency of each and the ratio guard/gloo.
     python benchmarks/overhead.py                       # worlds 2 and 4, 4 B / 4 KB / 4 MB
     python benchmarks/overhead.py --world 4 --check strict
     python benchmarks/overhead.py --added --rounds 31   # the guard's own cost per collective (world 1)
+    python benchmarks/overhead.py --added --label       # ... and with a torch_ext.label active
     python benchmarks/overhead.py --device cuda --rounds 31  # host cost per collective over NCCL (one GPU, world 1)
 
 With ``--device cuda`` (a GPU machine; ``scripts/gpu.sh`` runs it) it measures the
@@ -21,6 +22,7 @@ the guard's own cost at most 0.5 us over torch's no-op ``fake`` backend, and at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import statistics
@@ -82,7 +84,10 @@ class Added(NamedTuple):
     switches: dict[str, list[float]]  # voluntary context switches (all threads) per call, per round
 
 
-def _added_cost(rounds: int, iters: int) -> Added:
+LABELLED = "guard(fake), label active"
+
+
+def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
     """The guard's own cost per collective, in one process (world 1).
 
     Against torch's no-op ``fake`` backend the guard's work is the whole
@@ -90,7 +95,8 @@ def _added_cost(rounds: int, iters: int) -> Added:
     gloo at world 1 (a local copy on gloo's worker thread) it includes the
     completion path across threads. Each round times every group once, in a
     shuffled order, as CPU time of all threads per call; returns the per-round
-    figures of each group."""
+    figures of each group. ``with_label``: one more guard(fake) group, timed
+    inside ``torch_ext.label(...)`` (a label with an origin), in the same rounds."""
     import random
 
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
@@ -104,6 +110,8 @@ def _added_cost(rounds: int, iters: int) -> Added:
         "guard(fake)": dist.new_group([0], backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:fake")),
         "guard(fake), no call sites": dist.new_group(
             [0], backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:fake", call_sites=False)),
+        **({LABELLED: dist.new_group([0], backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:fake"))}
+           if with_label else {}),
         "gloo": dist.new_group([0], backend="gloo"),
         "guard(gloo)": dist.new_group([0], backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:gloo")),
     }
@@ -115,15 +123,17 @@ def _added_cost(rounds: int, iters: int) -> Added:
         for _ in range(500):
             dist.all_reduce(t, group=g)
     rng = random.Random(0)
+    origin = torch_ext.here()
     for _ in range(rounds):
         order = list(groups.items())
         rng.shuffle(order)
         for name, g in order:
             s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-            c0, m0 = time.process_time(), time.thread_time()
-            for _ in range(iters):
-                dist.all_reduce(t, group=g)
-            c1, m1 = time.process_time(), time.thread_time()
+            with torch_ext.label("metric 'loss'", origin=origin) if name == LABELLED else contextlib.nullcontext():
+                c0, m0 = time.process_time(), time.thread_time()
+                for _ in range(iters):
+                    dist.all_reduce(t, group=g)
+                c1, m1 = time.process_time(), time.thread_time()
             cpu[name].append((c1 - c0) / iters)
             main[name].append((m1 - m0) / iters)
             switches[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - s0) / iters)
@@ -143,6 +153,9 @@ def _print_added(added: Added, rounds: int, iters: int) -> None:
         q1, m, q3 = _quartiles([(g - f) * 1e6 for g, f in zip(cpu[name], fake)])
         verdict = "met" if q3 <= goal else ("not met" if q1 > goal else "not resolved by this run's noise")
         print(f"  {name} adds {m:+.2f} us [{q1:+.2f}, {q3:+.2f}] over fake   goal <= {goal} us: {verdict}")
+    if LABELLED in cpu:
+        q1, m, q3 = _quartiles([(g - f) * 1e6 for g, f in zip(cpu[LABELLED], cpu["guard(fake)"])])
+        print(f"  a torch_ext.label active adds {m:+.2f} us [{q1:+.2f}, {q3:+.2f}] over guard(fake)")
     q1, m, q3 = _quartiles([g / b for g, b in zip(cpu["guard(gloo)"], cpu["gloo"])])
     verdict = "met" if q3 <= 1.03 else ("not met" if q1 > 1.03 else "not resolved by this run's noise")
     print(f"  guard(gloo) / gloo = {m:.3f}x [{q1:.3f}, {q3:.3f}]   goal <= 1.03x: {verdict}")
@@ -253,6 +266,8 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.25, help="seconds per timing round")
     ap.add_argument("--added", action="store_true",
                     help="measure only the guard's own added cost per collective at world 1 (no network)")
+    ap.add_argument("--label", action="store_true",
+                    help="--added: also time guard(fake) with a torch_ext.label active, in the same rounds")
     ap.add_argument("--iters", type=int, default=None,
                     help="--added: calls per group per round (default 4000); --device cuda: per group and size "
                          "(default 500)")
@@ -280,7 +295,7 @@ def main() -> None:
     if args.added:
         os.environ["TORCH_EXT_CHECK"] = args.check
         iters = args.iters or 4000
-        _print_added(_added_cost(args.rounds, iters), args.rounds, iters)
+        _print_added(_added_cost(args.rounds, iters, args.label), args.rounds, iters)
         return
     print("median latency per backend; ratio = median of the per-round guard/gloo ratios (rounds interleave")
     print("the two backends, so each ratio compares measurements taken moments apart), with its quartiles")

@@ -95,6 +95,7 @@ def _post_mortem(cwd: str) -> str:
 SOURCES: dict[str, Callable[[str], str]] = {
     "demo": _demo,
     "rank0_only_reduce": _example("examples/bugs/rank0_only_reduce.py"),
+    "deferred_metric": _example("examples/bugs/deferred_metric.py"),
     "mismatched_shapes": _example("examples/bugs/mismatched_shapes.py"),
     "rank0_validation": _example("examples/bugs/rank0_validation.py"),
     "killed_rank": _example("examples/bugs/killed_rank.py"),
@@ -229,6 +230,7 @@ SAMPLES: dict[str, Sample] = {
     "demo-mismatch": Sample("demo", _demo_error("CollectiveMismatchError")),
     "demo-hang": Sample("demo", _demo_hang),
     "rank0-only-reduce": Sample("rank0_only_reduce", _raised(1, "CollectiveMismatchError")),
+    "deferred-metric": Sample("deferred_metric", _raised(0, "CollectiveMismatchError")),
     "mismatched-shapes": Sample("mismatched_shapes", _raised(0, "CollectiveMismatchError", header=False)),
     "rank0-validation": Sample("rank0_validation", _raised(0, "CollectiveMismatchError", header=False)),
     "slow-rank": Sample("slow_rank", _both(_logged(0), _raised(0, "CollectiveTimeoutError"))),

@@ -37,6 +37,7 @@ from torch_ext.backend import (
     register as _register,
     store_health,
 )
+from torch_ext.labels import Origin, here, label  # noqa: E402
 from torch_ext.ops import *  # noqa: F401,F403
 from torch_ext.ops import __all__ as _ops_all
 from torch_ext.step_sync import *  # noqa: F401,F403
@@ -64,6 +65,9 @@ __all__ = [
     "failure",
     "group_state",
     "inner_backend",
+    "label",
+    "here",
+    "Origin",
     "ledger",
     "monitored_barrier",
     "store_health",

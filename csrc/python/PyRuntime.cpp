@@ -580,6 +580,17 @@ void uninstallRuntime() {
   g_mainTstate = nullptr;
 }
 
+Frame frameOfCode(PyObject* code, int line) {
+  if (code == nullptr || !PyCode_Check(code)) return Frame{};
+  if (g_codes == nullptr) {  // runtime not installed: no classification
+    std::string function = attrString(code, "co_qualname");
+    if (function.empty()) function = attrString(code, "co_name");
+    return Frame{attrString(code, "co_filename"), line, std::move(function), ""};
+  }
+  const CodeInfo& info = codeInfo(reinterpret_cast<PyCodeObject*>(code));
+  return Frame{info.filename, line, info.function, info.library};
+}
+
 void setCallSitesEnabled(bool enabled) {
   g_callSites = enabled;
 }

@@ -17,10 +17,14 @@
 //  - Logging: messages are queued and emitted on the helper thread through the
 //    `torch_ext` logger, so the watchdog never waits for the GIL.
 
+#include "guard/report/Frame.h"
+
 #include <cstdint>
 #include <chrono>
 #include <string>
 #include <vector>
+
+struct _object;  // PyObject, without including Python.h here
 
 namespace torch_ext::py {
 
@@ -38,6 +42,10 @@ void uninstallRuntime();
 // Python's logging so far are written (interpreter exit: a report logged just
 // before an uncaught error must not be lost). True if they all were.
 bool flushLogs(std::chrono::milliseconds timeout);
+// With the GIL held: the frame a code object and line name, classified as call
+// sites are (the library it belongs to, if any; each code object's strings and
+// kind are cached). An empty frame for anything but a code object.
+Frame frameOfCode(_object* code, int line);
 // Turns call-site capture on or off process-wide.
 void setCallSitesEnabled(bool enabled);
 // With the GIL held: (folder prefix, package name) of each package the user

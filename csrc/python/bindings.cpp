@@ -9,6 +9,7 @@
 #include "guard/Config.h"
 #include "guard/Errors.h"
 #include "guard/collective/GuardBackend.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 #include "guard/report/DumpAnalysis.h"
@@ -360,6 +361,30 @@ PYBIND11_MODULE(_C, m) {
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");
   m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
+  m.def(
+      "_intern_label",
+      [](const std::string& text, const std::vector<std::pair<std::string, std::string>>& fields,
+         const std::string& hint, const std::vector<std::pair<py::object, int>>& origin) {
+        if (text.empty()) throw py::value_error("torch_ext.label: the text must not be empty");
+        torch_ext::Label label;
+        label.text = text;
+        label.fields = fields;
+        label.hint = hint;
+        for (const auto& [code, line] : origin) {
+          torch_ext::Frame f = torch_ext::py::frameOfCode(code.ptr(), line);
+          if (f.filename.empty()) {
+            throw py::type_error("torch_ext.label: an origin must be a code object and a line, got " +
+                                 std::string(py::str(py::type::of(code))));
+          }
+          label.origin.push_back(std::move(f));
+        }
+        return torch_ext::LabelTable::instance().intern(label);
+      },
+      py::arg("text"), py::arg("fields"), py::arg("hint"), py::arg("origin"),
+      "Interns a label (text, fields, hint, origin frames as (code object, line), innermost first); 0 when the "
+      "table is full.");
+  m.def("_set_label", &torch_ext::LabelTable::setCurrent, py::arg("id"),
+        "Sets the calling thread's current label id (0: none); returns the previous one.");
   m.def("_set_listed_libraries", &torch_ext::py::setListedLibraries,
         "Folders of the packages named in TORCH_EXT_LIBRARY_PACKAGES, as (folder prefix, package name) pairs.");
 }

@@ -81,6 +81,35 @@ def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
     assert proc.returncode != 0  # rank 0's collective failed
 
 
+def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tmp_path):
+    """Issue 29: the sync runs at epoch end, from Lightning's loop; the report still
+    names the metric, the user's self.log line in validation_step, and says what to do."""
+    pytest.importorskip("lightning")
+    _copy(tmp_path, "lightning_job.py")
+    proc, out = _run(tmp_path, "lightning_job.py", ["log_rank0"], None)  # Lightning's own launcher
+    line = _line("lightning_job.py", "log_rank0")
+    assert (f"for metric 'val_loss' logged with sync_dist=True (asked for at lightning_job.py:{line} in "
+            "Model.validation_step)") in out, out[-6000:]
+    assert "hint: a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`)" \
+        in out, out[-6000:]
+    assert "rank_zero_only=True and without sync_dist" in out, out[-6000:]
+    assert _names_ranks_1_2_as_gone(out), out[-6000:]
+    assert proc.returncode != 0  # rank 0's collective failed; every process ended by itself (no TimeoutExpired)
+
+
+def test_lightning_log_dict_key_on_one_rank_names_the_key_and_the_log_dict_line(tmp_path):
+    """Lightning#19106: log_dict keys that differ across ranks. The extra key's sync names
+    the key and the user's log_dict line (through Lightning's log_dict -> log)."""
+    pytest.importorskip("lightning")
+    _copy(tmp_path, "lightning_job.py")
+    proc, out = _run(tmp_path, "lightning_job.py", ["log_dict_keys"], 3)
+    line = _line("lightning_job.py", "log_dict")
+    assert (f"for metric 'val_acc_c3' logged with sync_dist=True (asked for at lightning_job.py:{line} in "
+            "Model.validation_step)") in out, out[-6000:]
+    assert "hint: a metric logged with sync_dist=True on some ranks only" in out, out[-6000:]
+    assert proc.returncode != 0
+
+
 @pytest.mark.parametrize("nproc", LAUNCHERS)
 def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
     pytest.importorskip("lightning")

@@ -89,6 +89,10 @@ NOT_GENERATED = {
         "(tests/python/jobs/callsites), about 30 s: checked in substance by test_call_sites",
     ("docs/diagnostics.md", "collective #7 all_gather(float32[1])"): "Accelerate job (tests/python/jobs/callsites)",
     ("docs/diagnostics.md", "collective #25 barrier()"): "Lightning job (tests/python/jobs/callsites)",
+    ("README.md", "collective #28 barrier()"): "Lightning job (tests/python/jobs/callsites), about 30 s: "
+        "checked in substance by test_call_sites' epoch metric sync test",
+    ("docs/diagnostics.md", "collective #28 barrier()"): "Lightning job (tests/python/jobs/callsites), about 30 s: "
+        "checked in substance by test_call_sites' epoch metric sync test",
     ("docs/performance.md", "collective #2 all_reduce(float32[1], SUM)"): "32 ranks (benchmarks/checks.py scale): "
         "a benchmark's recorded run, not a CI-sized one",
     ("docs/testing.md", "test_train.py::test_one_rank_skips_an_all_reduce"): "pytest plugin output, trimmed by hand "

@@ -70,6 +70,13 @@ def _fit(rank: int, world: int, strategy_name: str, sync_dist: bool = True) -> d
         out["inner"] = trainer.strategy.inner_backend()
         out["destroy_at_exit"] = trainer.strategy._destroy_registered
         out["ledger"] = len(__import__("torch_ext").ledger())
+        # Metric syncs are labelled (issue 29); the module's __dict__ gets nothing (torch.save(model)
+        # pickles it, EMA callbacks deepcopy it).
+        import copy
+
+        out["labels"] = sorted({e["label"]["fields"]["metric"] for e in __import__("torch_ext").ledger()
+                                if e.get("label")})
+        out["clean"] = "log" not in vars(model) and "log" not in vars(copy.deepcopy(model))
     return out
 
 
@@ -89,6 +96,7 @@ def test_ddp_guard_and_plain_guard_train_like_ddp_on_gloo():
             assert other[rank]["mean"] == [0.5]
         assert guard[rank]["val_loss"] == pytest.approx(ref[rank]["val_loss"], rel=1e-6)
         assert guard[rank]["ledger"] > 10  # the training's collectives went through the guard
+        assert guard[rank]["labels"] == ["train_loss", "val_loss"] and guard[rank]["clean"] is True
         # gloo-keyed behaviour kept by ddp_guard: trainer.validate() under no_grad, not inference_mode.
         assert ref[rank]["inference_mode"] is False and ref[rank]["grad_enabled"] is False
         assert guard[rank]["inference_mode"] is False and guard[rank]["grad_enabled"] is False

@@ -219,7 +219,8 @@ def fr_dump(dump: Dump) -> dict[str, Any]:
                 # torch_ext's own view of the entry (torch's analyzer ignores extra keys).
                 "torch_ext": {"op": e["op"], "fingerprint": e.get("fingerprint", ""), "state": e["state"],
                               "ledger_record_id": ledger_id, "device": e.get("device", ""),
-                              **({"error": e["error"]} if e.get("error") else {})},
+                              **({"error": e["error"]} if e.get("error") else {}),
+                              **({"label": e["label"]} if e.get("label") else {})},
             }
             rows.append((int(e["time_created_ns"]), gi, ledger_id, fr))
     if len(groups) > 1:

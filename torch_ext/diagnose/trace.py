@@ -34,6 +34,18 @@ def _where(frames: list[dict[str, Any]]) -> str:
     return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
 
 
+def _label_args(label: dict[str, Any] | None) -> dict[str, Any]:
+    """A ``torch_ext.label``'s text, fields and origin as trace event args."""
+    if not label:
+        return {}
+    args: dict[str, Any] = {"label": label.get("text", "")}
+    if label.get("origin"):
+        args["label origin"] = _where(label["origin"])
+    for k, v in (label.get("fields") or {}).items():
+        args[f"label.{k}"] = v
+    return args
+
+
 def _global(g: dict[str, Any], group_rank: int) -> int:
     ranks = g.get("ranks", [])
     return int(ranks[group_rank]) if 0 <= group_rank < len(ranks) else group_rank
@@ -80,6 +92,7 @@ def render_trace(a: Analysis) -> dict[str, Any]:
                     "state": e["state"],
                     "record_id": e["record_id"],
                     "group": label,
+                    **_label_args(e.get("label")),
                 }
                 if e.get("error"):
                     args["error"] = e["error"]

@@ -19,12 +19,27 @@ backend. Registered in Lightning's strategy registry as ``"ddp_guard"``::
 
     import torch_ext.lightning
     Trainer(strategy="ddp_guard", accelerator="cpu", devices=2)
+
+Metric syncs name the line that logged them. Lightning syncs an epoch-level
+``self.log(..., sync_dist=True)`` at the end of the epoch, from its loop, when the
+user's ``validation_step`` is no longer on the stack. The strategy wraps the
+``LightningModule.log`` (once, on the class; it records only for modules trained
+by this strategy) to remember, per metric name, the code object and line of the
+user's ``self.log`` call and the hook it ran in (a dict store, no strings built), and runs each ``reduce`` Lightning asks for a logged metric
+inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
+origin=...)``: reports then name the metric and that line, with a hint.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
+import os
+import sys
+from types import CodeType
 from typing import Any
 
+import lightning
 import torch
 import torch.distributed as dist
 from lightning.fabric.utilities.distributed import (
@@ -33,12 +48,22 @@ from lightning.fabric.utilities.distributed import (
     _init_dist_connection,
 )
 from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import torch_ext
 from torch_ext import GuardOptions, _compat
 
 __all__ = ["GuardDDPStrategy"]
+
+_LIGHTNING_DIR = os.path.dirname(os.path.abspath(lightning.__file__)) + os.sep
+_RESULT_FILE = os.path.join("logger_connector", "result.py")
+
+METRIC_SYNC_HINT = (
+    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`) makes "
+    "those ranks wait in its sync while the others never join: log it on every rank, or log it with "
+    "rank_zero_only=True and without sync_dist"
+)
 
 
 class GuardDDPStrategy(DDPStrategy):
@@ -60,6 +85,8 @@ class GuardDDPStrategy(DDPStrategy):
         super().__init__(*args, process_group_backend="guard", **kwargs)
         self._guard_options = guard_options
         self._destroy_registered = False
+        # Where each sync_dist metric was last logged: {name: (code, line, hook)}.
+        self._log_origins: dict[str, tuple[CodeType, int, str]] = {}
 
     # --- what does guard wrap here? -------------------------------------------
     def inner_backend(self, device: torch.device | str | None = None) -> str | None:
@@ -69,6 +96,13 @@ class GuardDDPStrategy(DDPStrategy):
         dev = torch.device(device) if device is not None else self.root_device
         names = torch_ext._C._inner_names(_compat.group_backend(_compat.default_group(), torch.device("cpu")))
         return names.get(dev.type)
+
+    def _remember_log_origin(self, name: str, hook: str) -> None:
+        """Called by LightningModule.log for sync_dist=True: the user's line, kept as a
+        code object and a line number (``self.log_dict`` goes through ``self.log``)."""
+        f = _first_frame_outside_lightning()
+        if f is not None:
+            self._log_origins[name] = (f.f_code, f.f_lineno, hook)
 
     # --- the four branches ------------------------------------------------------
     def setup_distributed(self) -> None:
@@ -105,16 +139,76 @@ class GuardDDPStrategy(DDPStrategy):
         ):
             # gloo has no ReduceOp.AVG: sum, then divide, as Lightning does for gloo.
             world = dist.get_world_size(group) if _distributed_is_initialized() else 1
-            summed = super().reduce(tensor, group=group, reduce_op="sum")
+            with _metric_label(self):
+                summed = super().reduce(tensor, group=group, reduce_op="sum")
             return summed / world
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        with _metric_label(self):
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
+        _install_log_wrapper()
         if self.inner_backend() == "gloo":
             # Lightning evaluates under no_grad rather than inference_mode on gloo.
             for loop in _evaluation_loops(trainer):
                 loop.inference_mode = False
+
+
+# --- which line logged a metric ------------------------------------------------
+#
+# LightningModule.log is wrapped once, on the class, by a module-level function:
+# nothing lands in the module's __dict__ (torch.save(model) pickles it, EMA/SWA
+# callbacks deepcopy it), and the wrapper records only when the module's trainer
+# runs a GuardDDPStrategy. The origins live on that strategy.
+
+
+def _install_log_wrapper() -> None:
+    if getattr(LightningModule.log, "_torch_ext_wrapped", False):
+        return
+    log = LightningModule.log
+
+    @functools.wraps(log)
+    def logged(self: Any, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("sync_dist"):
+            trainer = getattr(self, "_trainer", None)
+            strategy = getattr(trainer, "strategy", None)
+            if isinstance(strategy, GuardDDPStrategy):
+                strategy._remember_log_origin(name, getattr(self, "_current_fx_name", None) or "")
+        return log(self, name, value, *args, **kwargs)
+
+    logged._torch_ext_wrapped = True  # type: ignore[attr-defined]
+    LightningModule.log = logged  # type: ignore[method-assign]
+
+
+def _first_frame_outside_lightning() -> Any:
+    f = sys._getframe(2)
+    while f is not None and (f.f_code.co_filename.startswith(_LIGHTNING_DIR) or f.f_code.co_filename == __file__):
+        f = f.f_back
+    return f
+
+
+def _metric_label(strategy: "GuardDDPStrategy") -> Any:
+    """``torch_ext.label`` for the metric whose sync called ``reduce`` (found in
+    Lightning's result frames, a few frames out), or a no-op context."""
+    f = sys._getframe(2)
+    for _ in range(4):
+        if f is None:
+            break
+        if f.f_code.co_name in ("compute", "forward", "update") and f.f_code.co_filename.endswith(_RESULT_FILE):
+            meta = getattr(f.f_locals.get("self"), "meta", None)
+            name = getattr(meta, "name", None)
+            if isinstance(name, str):
+                hook = getattr(meta, "fx", "") or ""
+                where = strategy._log_origins.get(name)
+                origin = None
+                if where is not None:
+                    origin = torch_ext.Origin(where[0], where[1])
+                    hook = where[2] or hook
+                return torch_ext.label(f"metric {name!r} logged with sync_dist=True", origin=origin,
+                                       hint=METRIC_SYNC_HINT, metric=name, hook=hook)
+            break
+        f = f.f_back
+    return contextlib.nullcontext()
 
 
 def _evaluation_loops(trainer: Any) -> list[Any]:

@@ -3,6 +3,7 @@
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/collective/StrictExchange.h"
 #include "guard/report/Messages.h"
 #include "guard/watchdog/StoreKeys.h"
@@ -15,6 +16,16 @@
 #include <condition_variable>
 
 namespace torch_ext {
+
+namespace {
+
+// The call site and the label active on this (the issuing) thread, as the
+// strict checks' reports name them.
+std::string describeSite(uint32_t callSite) {
+  return CallSites::instance().describe(callSite) + labelSuffix(LabelTable::instance().get(LabelTable::current()));
+}
+
+} // namespace
 
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
                                    CheckMode mode)
@@ -85,7 +96,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   // Slow path, taken by every rank since all saw the same reduction: fetch the
   // full fingerprints through the store and raise the same report everywhere.
   const int size = state_->id().size;
-  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, CallSites::instance().describe(callSite));
+  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, describeSite(callSite),
+                                                         LabelTable::instance().get(LabelTable::current()).hint);
   std::string report = formatMismatch(state_->label(), size, seq, ops,
                                       same ? messages::kSplitsDoNotPair : "");
   state_->fail(GuardErrorKind::Mismatch, report);
@@ -98,7 +110,7 @@ void CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, u
   const int src = send ? me : fp.root;
   const int dst = send ? fp.root : me;
   const std::string key = keys::p2pPrint(src, dst, fp.tag, ordinal);
-  const std::string where = CallSites::instance().describe(callSite);
+  const std::string where = describeSite(callSite);
   if (send) {
     // A store that does not take it is lost: the watchdog fails the group, and
     // the receiver's wait ends with that failure.
@@ -238,7 +250,7 @@ bool CollectiveChecks::receiveReady(const Fingerprint& fp, uint64_t ordinal, uin
   const std::string key = keys::p2pPrint(src, state_->id().rank, fp.tag, ordinal);
   auto theirs = takeP2PPrintIfThere(*state_, key, opName(fp.op));
   if (!theirs) return false;
-  compareP2P(*theirs, fp, ordinal, src, CallSites::instance().describe(callSite), /*raise=*/true);
+  compareP2P(*theirs, fp, ordinal, src, describeSite(callSite), /*raise=*/true);
   return true;
 }
 
@@ -252,7 +264,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
   e.key = keys::p2pPrint(e.src, state_->id().rank, fp.tag, ordinal);
   e.fp = fp;
   e.ordinal = ordinal;
-  e.where = CallSites::instance().describe(callSite);
+  e.where = describeSite(callSite);
   e.post = std::move(post);
   e.work = work;
   bool start = false;

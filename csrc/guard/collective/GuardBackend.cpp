@@ -2,6 +2,7 @@
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
@@ -215,12 +216,13 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
     state_->setDesc(pg_desc_);
   }
   const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
+  const uint32_t label = LabelTable::current();  // one thread_local load
   const CollectiveChecks::Plan checks = checks_->plan(op);
   const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv, hash = fp.hash;
   Fingerprint strictCopy;
   if (checks.beforeIssue()) strictCopy = fp;
   uint64_t seq = 0, ordinal = 0, rolling = 0;
-  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling);
+  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling, label);
   if (seq > 0) {
     if (Verifier* verifier = state_->verifier()) verifier->issued(seq, rolling, hash, splitSend, splitRecv);
   }

@@ -28,7 +28,8 @@ Entry* Ledger::slot(uint64_t id) {
   return e.id == id ? &e : nullptr;
 }
 
-uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal, uint64_t* rolling) {
+uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal, uint64_t* rolling,
+                        uint32_t label) {
   const int64_t now = wallNs();
   const int64_t nowSteady = steadyNs();
   std::lock_guard<std::mutex> lock(mu_);
@@ -39,6 +40,7 @@ uint64_t Ledger::record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint
   }
   e.id = id;
   e.callSite = callSite;
+  e.label = label;
   e.startNs = now;
   e.endNs = 0;
   e.startSteadyNs = nowSteady;

@@ -41,6 +41,7 @@ struct Entry {
   Fingerprint fp;
   uint64_t rolling = 0;     // rolling hash after this collective
   uint32_t callSite = 0;
+  uint32_t label = 0;       // LabelTable id active on the issuing thread (0: none)
   int64_t startNs = 0;      // wall clock (for dumps)
   int64_t endNs = 0;
   int64_t startSteadyNs = 0;  // monotonic (for deadlines)
@@ -72,9 +73,10 @@ class Ledger {
 
   // Appends an operation in state Scheduled and returns its record id. Fills
   // `*seq` with the collective seq (0 for p2p) and `*ordinal` with the p2p
-  // ordinal (0 for collectives).
+  // ordinal (0 for collectives). `label`: the LabelTable id active on the
+  // issuing thread (0: none).
   uint64_t record(Fingerprint&& fp, uint32_t callSite, uint64_t* seq, uint64_t* ordinal = nullptr,
-                  uint64_t* rolling = nullptr);
+                  uint64_t* rolling = nullptr, uint32_t label = 0);
   // Marks a record finished (the ring entry too, unless overwritten) and hands
   // back the future registered with track(), which the caller must complete.
   // Only the first completion of a record gets the future.

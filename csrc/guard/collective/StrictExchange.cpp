@@ -39,11 +39,12 @@ void awaitKeys(GroupState& st, const std::vector<std::string>& keys, const std::
 } // namespace
 
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
-                                               const std::string& where) {
+                                               const std::string& where, const std::string& hint) {
   const auto& id = st.id();
   Json mine = Json::object();
   mine.set("text", fp.describe());
   mine.set("where", where);
+  if (!hint.empty()) mine.set("hint", hint);
   mine.set("hash", hex64(fp.hash));
   const std::string op = "the strict check of #" + std::to_string(seq);
   if (!st.store().set(keys::strictPrint(seq, id.rank), mine.dump())) storeFailed(st, op);
@@ -61,6 +62,7 @@ std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint
       Json j = Json::parse(values.value[r]);
       o.text = j.at("text").asString();
       o.where = j.at("where").asString();
+      if (const Json* h = j.get("hint"); h != nullptr && h->isString()) o.hint = h->asString();
       o.hash = parseHex64(j.at("hash").asString(), "hash");
     } catch (const std::exception& e) {
       o.text = std::string("(unreadable fingerprint: ") + e.what() + ")";

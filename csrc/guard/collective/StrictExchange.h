@@ -25,8 +25,9 @@ namespace torch_ext {
 
 // Every rank's fingerprint at `seq`; throws the group's error if it fails
 // meanwhile (e.g. the store is lost).
+// `hint`: the hint of the label active on this rank, if any.
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
-                                               const std::string& where);
+                                               const std::string& where, const std::string& hint = std::string());
 
 struct P2PPrint {
   std::string text;   // fingerprint text

@@ -3,6 +3,7 @@
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/report/Messages.h"
 #include "guard/report/Incident.h"
 #include "guard/report/Report.h"
@@ -374,14 +375,16 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   }
   // Each rank's words for that collective, gathered so every rank writes the
   // same report.
-  std::string text = "(no longer in this rank's ledger)", where;
+  std::string text = "(no longer in this rank's ledger)", where, hint;
   uint64_t hash = 0;
   if (auto e = st->ledger().bySeq(first)) {
     text = e->fp.describe();
-    where = CallSites::instance().describe(e->callSite);
+    const Label label = LabelTable::instance().get(e->label);
+    where = CallSites::instance().describe(e->callSite) + labelSuffix(label);
+    hint = label.hint;
     hash = e->fp.hash;
   }
-  std::vector<int64_t> mine = packText(text + '\x1f' + where);
+  std::vector<int64_t> mine = packText(text + '\x1f' + where + '\x1f' + hint);
   mine.push_back(static_cast<int64_t>(hash));
   auto self = shared_from_this();
   gather(std::move(mine), [self, first, splitsOnly](const std::vector<int64_t>& texts) {
@@ -391,12 +394,15 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     std::vector<RankOp> ops;
     for (int r = 0; r < self->size_; ++r) {
       const int64_t* w = texts.data() + r * stride;
-      const std::string both = unpackText(w);
-      const auto sep = both.find('\x1f');
+      // "text \x1f where \x1f hint" (each rank's own words, see above).
+      const std::string all = unpackText(w);
+      const auto sep = all.find('\x1f');
+      const auto sep2 = sep == std::string::npos ? sep : all.find('\x1f', sep + 1);
       RankOp op;
       op.globalRank = state->id().globalRank(r);
-      op.text = both.substr(0, sep);
-      op.where = sep == std::string::npos ? std::string() : both.substr(sep + 1);
+      op.text = all.substr(0, sep);
+      if (sep != std::string::npos) op.where = all.substr(sep + 1, sep2 == std::string::npos ? sep2 : sep2 - sep - 1);
+      if (sep2 != std::string::npos) op.hint = all.substr(sep2 + 1);
       op.hash = static_cast<uint64_t>(w[stride - 1]);
       ops.push_back(std::move(op));
     }

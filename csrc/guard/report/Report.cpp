@@ -96,6 +96,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (e) {
         op.text = e->text;
         op.where = e->where();
+        op.hint = e->label.hint;
         op.hash = e->hash;
       } else {
         op.issued = false;
@@ -382,6 +383,13 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     }
   }
   if (!note.empty()) os << "\n  " << note;
+  std::vector<std::string> hints;
+  for (const auto& op : ops) {
+    if (op.issued && !op.hint.empty() && std::find(hints.begin(), hints.end(), op.hint) == hints.end()) {
+      hints.push_back(op.hint);
+    }
+  }
+  for (const auto& h : hints) os << "\n  hint: " << h;
   return os.str();
 }
 
@@ -428,6 +436,7 @@ Json Verdict::toJson() const {
       l.set("issued", op.issued);
       l.set("op", op.text);
       l.set("where", op.where);
+      if (!op.hint.empty()) l.set("hint", op.hint);
       l.set("hash", hex64(op.hash));
       lines.push(l);
     }
@@ -464,6 +473,7 @@ Verdict Verdict::fromJson(const Json& j) {
       op.issued = l.at("issued").asBool("issued");
       op.text = l.at("op").asString("op");
       op.where = l.at("where").asString("where");
+      op.hint = stringOr(l, "hint", empty);
       if (const Json* h = l.get("hash"); h != nullptr && h->isString()) op.hash = parseHex64(h->asString(), "hash");
       v.ops.push_back(std::move(op));
     }
@@ -584,10 +594,19 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   }
   v.seq = subj.seq;
   for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
+  std::vector<std::string> hints;  // of the labels of the op waited in, each once
   if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
   endedEarlyLines(os, ranks, gone);
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    const EntryView* e = (g && subj.kind != IncidentSubject::Kind::P2P) ? g->bySeq(subj.seq) : nullptr;
+    if (e && !e->label.hint.empty() && std::find(hints.begin(), hints.end(), e->label.hint) == hints.end()) {
+      hints.push_back(e->label.hint);
+    }
+  }
+  for (const auto& h : hints) os << "\n  hint: " << h;
   v.text = os.str();
   std::vector<int64_t> sortedWaiting = waiting;
   std::sort(sortedWaiting.begin(), sortedWaiting.end());

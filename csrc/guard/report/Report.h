@@ -22,8 +22,9 @@ struct RankOp {
   int64_t globalRank = 0;
   bool issued = true;  // false: the rank has not reached this seq
   std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
-  std::string where;   // call site
+  std::string where;   // call site (and label, if any)
   uint64_t hash = 0;
+  std::string hint;    // the hint of the op's label, if any
 };
 
 // "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one

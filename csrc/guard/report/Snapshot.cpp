@@ -23,7 +23,7 @@ uint64_t parseHex64(const std::string& s, const char* what) {
 }
 
 std::string EntryView::where() const {
-  return describeCallSite(frames);
+  return describeCallSite(frames) + labelSuffix(label);
 }
 
 const EntryView* GroupView::bySeq(uint64_t seq) const {
@@ -98,6 +98,31 @@ int64_t optInt(const Json& j, const char* key, int64_t dflt = 0) {
 
 } // namespace
 
+Json toJson(const Label& label) {
+  Json j = Json::object();
+  j.set("text", label.text);
+  if (!label.fields.empty()) {
+    Json fields = Json::object();
+    for (const auto& [k, v] : label.fields) fields.set(k, v);
+    j.set("fields", fields);
+  }
+  if (!label.origin.empty()) j.set("origin", framesJson(label.origin));
+  if (!label.hint.empty()) j.set("hint", label.hint);
+  return j;
+}
+
+Label labelFromJson(const Json& j) {
+  Label l;
+  l.text = j.at("text").asString("label text");
+  if (l.text.empty()) throw JsonError("label text must not be empty");
+  if (const Json* fields = j.get("fields")) {
+    for (const auto& [k, v] : fields->asObject("label fields")) l.fields.emplace_back(k, v.asString("label field"));
+  }
+  if (const Json* origin = j.get("origin")) l.origin = framesFrom(*origin, "label origin");
+  if (const Json* hint = j.get("hint")) l.hint = hint->asString("label hint");
+  return l;
+}
+
 Json toJson(const EntryView& e, const GroupView& g) {
   Json j = Json::object();
   // Flight Recorder fields.
@@ -141,6 +166,7 @@ Json toJson(const EntryView& e, const GroupView& g) {
   j.set("peer", static_cast<int64_t>(e.peer));
   j.set("tag", static_cast<int64_t>(e.tag));
   j.set("reduce_op", e.reduceOp);
+  if (!e.label.empty()) j.set("label", toJson(e.label));
   if (!e.error.empty()) j.set("error", e.error);
   return j;
 }
@@ -262,6 +288,7 @@ GroupView groupFromJson(const Json& j) {
     const Json* done = ej.get("time_discovered_completed_ns");
     e.endNs = (done && done->isNumber()) ? done->asInt("time_discovered_completed_ns") : 0;
     e.frames = framesFrom(ej.at("frames"), "frames");
+    if (const Json* label = ej.get("label")) e.label = labelFromJson(*label);
     e.error = optString(ej, "error");
     g.entries.push_back(std::move(e));
   }

@@ -12,6 +12,7 @@
 
 #include "guard/report/Frame.h"
 #include "guard/report/Json.h"
+#include "guard/report/Label.h"
 #include "guard/report/Op.h"
 
 #include <cstdint>
@@ -45,9 +46,12 @@ struct EntryView {
   int64_t startNs = 0;
   int64_t endNs = 0;
   std::vector<Frame> frames;
+  Label label;  // torch_ext.label(...) active when it was issued; empty if none
   std::string error;
 
-  std::string where() const;  // "train.py:120 in training_step"
+  // "train.py:120 in training_step", then the label if any:
+  // " for metric 'val_loss' (asked for at model.py:41 in validation_step)".
+  std::string where() const;
 };
 
 struct GroupView {
@@ -146,6 +150,7 @@ struct RankSnapshot {
 };
 
 Json toJson(const Frame& f);
+Json toJson(const Label& label);
 Json toJson(const EntryView& e, const GroupView& g);
 Json toJson(const GroupView& g);
 Json toJson(const RankSnapshot& s);
@@ -154,6 +159,7 @@ Json toJson(const RankSnapshot& s);
 // mistyped field, wrong version) so `diagnose` can say what is wrong with a file.
 RankSnapshot snapshotFromJson(const Json& j);
 GroupView groupFromJson(const Json& j);
+Label labelFromJson(const Json& j);
 
 std::string hex64(uint64_t v);
 uint64_t parseHex64(const std::string& s, const char* what);

@@ -2,6 +2,7 @@
 
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
+#include "guard/collective/LabelTable.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -62,6 +63,7 @@ EntryView entryView(const Entry& e) {
   v.startNs = e.startNs;
   v.endNs = e.endNs;
   v.frames = CallSites::instance().frames(e.callSite);
+  v.label = LabelTable::instance().get(e.label);
   v.error = e.error;
   return v;
 }

@@ -4,7 +4,8 @@
     torchrun --nproc-per-node 3 lightning_job.py CASE
 
 CASE: log_rank0 / log_rank0_step (rank-0-only self.log(sync_dist=True), synced at
-epoch end / at the step), validate_rank0 (a
+epoch end / at the step), log_dict_keys (self.log_dict with a key only rank 0 logs),
+validate_rank0 (a
 collective only rank 0 runs in validation), hang (rank 1 stalls in
 training_step while the others sync). The lines marked "# LINE:name" are the
 ones the reports must name.
@@ -45,9 +46,15 @@ class Model(pl.LightningModule):
         if CASE == "log_rank0" and self.trainer.is_global_zero:
             # Lightning syncs an on_epoch value at the end of the epoch, from its loop:
             # the innermost user frame then is trainer.fit in main.
-            self.log("val_loss", loss, sync_dist=True)
+            self.log("val_loss", loss, sync_dist=True)  # LINE:log_rank0
         if CASE == "log_rank0_step" and self.trainer.is_global_zero:
             self.log("val_loss", loss, sync_dist=True, on_step=True, on_epoch=False)  # LINE:log_rank0_step
+        if CASE == "log_dict_keys":
+            # Lightning#19106: a key only some ranks log (a class present in this rank's batch).
+            metrics = {"val_loss": loss}
+            if self.global_rank == 0 and batch_idx == 0:
+                metrics["val_acc_c3"] = loss
+            self.log_dict(metrics, sync_dist=True)  # LINE:log_dict
         if CASE == "validate_rank0" and self.trainer.is_global_zero:
             self.all_gather(loss)  # LINE:validate_rank0
 

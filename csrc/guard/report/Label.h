@@ -1,0 +1,34 @@
+#pragma once
+
+// Label: what a collective was for, as the user (or an integration such as the
+// Lightning strategy) said it with torch_ext.label(...): a short text ("metric
+// 'val_loss'"), optional fields, the call site that asked for the work earlier
+// (its origin: a deferred collective runs far from the line that caused it), and
+// an optional hint for reports. A pure value: the live side interns labels
+// (collective/LabelTable.h), snapshots and dumps carry them.
+
+#include "guard/report/Frame.h"
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch_ext {
+
+struct Label {
+  std::string text;                                          // empty: no label
+  std::vector<std::pair<std::string, std::string>> fields;  // in the order given
+  std::vector<Frame> origin;  // innermost first; empty when none was given
+  std::string hint;           // said once in a report about an op with this label
+
+  bool empty() const {
+    return text.empty();
+  }
+  // "metric 'val_loss' (asked for at model.py:41 in validation_step)"; "" when empty.
+  std::string describe() const;
+};
+
+// " for metric 'val_loss' (...)", appended to a call site; "" when empty.
+std::string labelSuffix(const Label& label);
+
+} // namespace torch_ext

@@ -1,0 +1,161 @@
+// Labels (issue 29): the label table, the thread's current label, labels in the
+// ledger, in snapshot JSON, and in the reports (call site + label, the hint).
+#include "guard/collective/CallSite.h"
+#include "guard/collective/LabelTable.h"
+#include "guard/collective/Ledger.h"
+#include "guard/report/Report.h"
+#include "guard/report/Snapshot.h"
+#include "guard/watchdog/Dumps.h"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+using namespace torch_ext;
+
+namespace {
+
+constexpr int64_t kNow = 1'700'000'000'000'000'000;
+constexpr int64_t kSec = 1'000'000'000;
+
+Fingerprint allReduce(int64_t n) {
+  return FingerprintBuilder(Op::AllReduce)
+      .meta(at::kFloat, {n}, c10::DeviceType::CPU)
+      .reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM))
+      .finish();
+}
+
+Label metric() {
+  Label l;
+  l.text = "metric 'val_loss'";
+  l.fields = {{"metric", "val_loss"}, {"hook", "validation_step"}};
+  l.origin = {Frame{"/job/model.py", 41, "Model.validation_step", ""}};
+  l.hint = "log it on every rank";
+  return l;
+}
+
+GroupView viewOf(Ledger& ledger, int rank, int size) {
+  GroupView g;
+  g.name = "0";
+  g.rank = rank;
+  g.size = size;
+  for (int r = 0; r < size; ++r) g.globalRanks.push_back(r);
+  Progress p = ledger.progress();
+  g.lastSeq = p.lastSeq;
+  g.lastCompletedSeq = p.lastCompletedSeq;
+  g.rolling = p.rolling;
+  for (const auto& e : ledger.entries(64)) g.entries.push_back(entryView(e));
+  return g;
+}
+
+RankInput responded(int rank, const GroupView& g) {
+  RankInput r;
+  r.groupRank = rank;
+  r.globalRank = rank;
+  r.responded = true;
+  r.groupName = g.name;
+  r.snapshot.rank = rank;
+  r.snapshot.groups.push_back(g);
+  return r;
+}
+
+} // namespace
+
+TEST(Labels, InternedOnceAndLookedUp) {
+  auto& table = LabelTable::instance();
+  const uint32_t a = table.intern(metric());
+  EXPECT_GE(a, 1u);
+  EXPECT_EQ(table.intern(metric()), a);
+  Label other = metric();
+  other.origin[0].line = 42;
+  EXPECT_NE(table.intern(other), a);
+  EXPECT_EQ(table.intern(Label{}), 0u);
+  EXPECT_EQ(table.get(a).text, "metric 'val_loss'");
+  EXPECT_TRUE(table.get(0).empty());
+  EXPECT_TRUE(table.get(0xfffffff0u).empty());
+  EXPECT_EQ(metric().describe(), "metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
+  EXPECT_EQ(labelSuffix(Label{}), "");
+}
+
+TEST(Labels, CurrentIsPerThread) {
+  const uint32_t id = LabelTable::instance().intern(metric());
+  EXPECT_EQ(LabelTable::current(), 0u);
+  const uint32_t prev = LabelTable::setCurrent(id);
+  EXPECT_EQ(prev, 0u);
+  uint32_t seen = 99;
+  std::thread([&] { seen = LabelTable::current(); }).join();
+  EXPECT_EQ(seen, 0u);
+  EXPECT_EQ(LabelTable::current(), id);
+  EXPECT_EQ(LabelTable::setCurrent(prev), id);
+}
+
+TEST(Labels, InTheLedgerTheSnapshotJsonAndBack) {
+  const uint32_t id = LabelTable::instance().intern(metric());
+  const uint32_t site = CallSites::instance().intern({Frame{"/job/train.py", 88, "main", ""}});
+  Ledger ledger(8);
+  uint64_t seq = 0;
+  ledger.record(allReduce(4), site, &seq, nullptr, nullptr, id);
+  ledger.record(allReduce(4), site, &seq);
+  GroupView g = viewOf(ledger, 0, 1);
+  ASSERT_EQ(g.entries.size(), 2u);
+  EXPECT_EQ(g.entries[0].label.text, "metric 'val_loss'");
+  EXPECT_TRUE(g.entries[1].label.empty());
+  EXPECT_EQ(g.entries[0].where(),
+            "train.py:88 in main for metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
+  GroupView back = groupFromJson(Json::parse(toJson(g).dump()));
+  ASSERT_EQ(back.entries.size(), 2u);
+  const Label& l = back.entries[0].label;
+  EXPECT_EQ(l.text, metric().text);
+  EXPECT_EQ(l.fields, metric().fields);
+  EXPECT_EQ(l.hint, metric().hint);
+  ASSERT_EQ(l.origin.size(), 1u);
+  EXPECT_EQ(l.origin[0].line, 41);
+  EXPECT_EQ(l.origin[0].function, "Model.validation_step");
+  EXPECT_TRUE(back.entries[1].label.empty());
+  EXPECT_THROW(labelFromJson(Json::parse(R"({"text": ""})")), JsonError);
+  EXPECT_THROW(labelFromJson(Json::parse(R"({"text": "x", "origin": 3})")), JsonError);
+}
+
+TEST(Labels, ReportsNameTheLabelAndSayItsHintOnce) {
+  const uint32_t id = LabelTable::instance().intern(metric());
+  const uint32_t site = CallSites::instance().intern({Frame{"/job/train.py", 88, "main", ""}});
+  Ledger l0(16), l1(16);
+  uint64_t seq = 0;
+  l0.complete(l0.record(allReduce(1), site, &seq), true);
+  l1.complete(l1.record(allReduce(1), site, &seq), true);
+  l0.record(allReduce(4), site, &seq, nullptr, nullptr, id);  // #2, rank 0 only: a hang
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 2)), responded(1, viewOf(l1, 1, 2))};
+    in[0].snapshot.groups[0].entries.back().startNs = kNow - 5 * kSec;
+    Incident inc;
+    inc.kind = IncidentKind::Hang;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(2);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+    EXPECT_NE(v.text.find("waiting: rank 0 at train.py:88 in main for metric 'val_loss' (asked for at model.py:41 in "
+                          "Model.validation_step)"),
+              std::string::npos)
+        << v.text;
+    EXPECT_NE(v.text.find("\n  hint: log it on every rank"), std::string::npos) << v.text;
+  }
+  l1.record(allReduce(5), site, &seq);  // #2 on rank 1: another size, no label
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 2)), responded(1, viewOf(l1, 1, 2))};
+    Incident inc;
+    inc.kind = IncidentKind::Mismatch;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(2);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_NE(v.text.find("rank 0: all_reduce(float32[4], SUM)  at train.py:88 in main for metric 'val_loss'"),
+              std::string::npos)
+        << v.text;
+    const auto hint = v.text.find("\n  hint: log it on every rank");
+    EXPECT_NE(hint, std::string::npos) << v.text;
+    EXPECT_EQ(v.text.find("hint:", hint + 8), std::string::npos) << v.text;  // once
+    Verdict back = Verdict::fromJson(Json::parse(v.toJson().dump()));
+    ASSERT_EQ(back.ops.size(), 2u);
+    EXPECT_EQ(back.ops[0].hint, "log it on every rank");
+  }
+}
