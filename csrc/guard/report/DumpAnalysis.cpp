@@ -47,6 +47,29 @@ struct GroupInfo {
   std::vector<Held> held;  // in file order
 };
 
+// Where the rank stood in each of its groups: as the dump says, or (dumps of
+// torch_ext before `waits`) from the groups' windows, which a dump holds whole.
+std::vector<GroupWait> waitsOf(const RankSnapshot& s) {
+  if (!s.waits.empty()) return s.waits;
+  std::vector<GroupWait> out;
+  for (const auto& g : s.groups) {
+    GroupWait w;
+    w.group = g.name;
+    w.label = g.label();
+    w.ranks = g.globalRanks;
+    w.lastSeq = g.lastSeq;
+    if (const EntryView* e = g.oldestPending()) {
+      w.pending = true;
+      w.seq = e->seq;
+      w.op = e->text;
+      w.where = e->where();
+      w.startNs = e->startNs;
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 // `s` with `g` as its only group: all that the analysis of g reads. A copy of
 // the whole snapshot per group would cost (groups x file size) for a file
 // holding many groups.
@@ -61,6 +84,7 @@ RankSnapshot withOnly(const RankSnapshot& s, const GroupView& g) {
   t.config = s.config;
   t.main = s.main;
   t.groups.push_back(g);
+  t.waits = waitsOf(s);
   return t;
 }
 
@@ -136,7 +160,9 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
     for (const auto& g : s.groups) {
       GroupInfo& info = groups[g.name];
       info.size = g.size;
-      info.label = g.label();
+      // A rank learns a group's description (group_desc) at its first
+      // operation there: keep the first rank's that knows it.
+      if (info.label.empty() || (info.label == g.name && g.label() != g.name)) info.label = g.label();
       if (info.held.empty() || info.held.back().snapshot != &s) info.held.push_back({&s, &g});
     }
     now = std::max(now, s.timeNs);

@@ -9,6 +9,7 @@
 #include "guard/report/Json.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
+#include "guard/report/WaitGraph.h"
 
 #include <cstdint>
 #include <optional>
@@ -61,6 +62,11 @@ struct Verdict {
   std::vector<int64_t> waiting, notArrived, gone, completed;
   // Mismatch: what each rank issued at `seq`.
   std::vector<RankOp> ops;
+  // Hang/failure: what the waits across groups form (WaitGraph): a cycle
+  // (a deadlock across `cycleGroups`, by label) or a chain ending at `waitsFor`.
+  WaitShape shape = WaitShape::None;
+  std::vector<std::string> cycleGroups;
+  std::vector<int64_t> waitsFor;
 
   static const char* kindName(Kind k);
   Json toJson() const;
