@@ -85,6 +85,13 @@ _FR_ENTRY = ("import pickle, pprint; d = pickle.load(open('post_mortem/fr/torch_
              "pprint.pprint(d['entries'][-1], width=110, sort_dicts=False)")
 
 
+def _crossed_groups(cwd: str) -> str:
+    """examples/bugs/crossed_groups.py, then ``python -m torch_ext.diagnose torch_ext_dumps``."""
+    out = _run([os.path.join(ROOT, "examples", "bugs", "crossed_groups.py")], cwd, 180)
+    cmd = "python -m torch_ext.diagnose torch_ext_dumps"
+    return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+
+
 def _post_mortem(cwd: str) -> str:
     out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
     # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
@@ -104,6 +111,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "stalled_stream": _example("examples/bugs/stalled_stream.py"),
     "rank0_dies_stop": _example("examples/bugs/rank0_dies.py", "stop"),
     "post_mortem": _post_mortem,
+    "crossed_groups": _crossed_groups,
 }
 
 
@@ -239,6 +247,9 @@ SAMPLES: dict[str, Sample] = {
     "stalled-stream": Sample("stalled_stream", _raised(0, "CollectiveTimeoutError")),
     "rank0-dies": Sample("rank0_dies", _raised(1, "StoreLostError")),
     "rank0-dies-stop": Sample("rank0_dies_stop", _raised(2, "StoreLostError")),
+    "crossed-groups": Sample("crossed_groups", _logged(0)),
+    "crossed-groups-error": Sample("crossed_groups", _raised(1, "CollectiveTimeoutError")),
+    "crossed-groups-diagnose": Sample("crossed_groups", _command("python -m torch_ext.diagnose")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
