@@ -15,7 +15,7 @@ constexpr int64_t kSec = 1000000000;
 constexpr int64_t kNow = 1700000000 * kSec;
 
 // Rank's position in a group: issued up to `lastSeq`, waiting in `pendingSeq` (0: none).
-GroupWait at(const std::string& group, const std::string& label, std::vector<int64_t> ranks, uint64_t lastSeq,
+GroupWait pos(const std::string& group, const std::string& label, std::vector<int64_t> ranks, uint64_t lastSeq,
              uint64_t pendingSeq = 0, const std::string& where = "", int64_t startNs = kNow - 2 * kSec) {
   GroupWait w;
   w.group = group;
@@ -37,8 +37,8 @@ const std::vector<int64_t> kAll{0, 1, 2};
 // torchrec#4149: rank 0 in dp #1, ranks 1,2 in mp #1, over the same ranks.
 WaitGraph crossed() {
   WaitGraph g;
-  g.addRank(0, {at("1", "dp", kAll, 1, 1, "t.py:10 in sync_grads"), at("2", "mp", kAll, 0)});
-  for (int64_t r : {1, 2}) g.addRank(r, {at("1", "dp", kAll, 0), at("2", "mp", kAll, 1, 1, "t.py:20 in sync_embeddings")});
+  g.addRank(0, {pos("1", "dp", kAll, 1, 1, "t.py:10 in sync_grads"), pos("2", "mp", kAll, 0)});
+  for (int64_t r : {1, 2}) g.addRank(r, {pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "t.py:20 in sync_embeddings")});
   return g;
 }
 
@@ -50,7 +50,8 @@ TEST(WaitGraph, CrossedGroupsAreACycleNamingEveryEdge) {
   ASSERT_EQ(f.shape, WaitShape::Cycle);
   EXPECT_EQ(f.groups, (std::vector<std::string>{"dp", "mp"}));
   EXPECT_EQ(f.headline(), "deadlock across groups dp and mp");
-  EXPECT_EQ(f.ownerGroup(), "1");
+  EXPECT_EQ(f.owner, "1");
+  EXPECT_EQ(f.loop, kAll);
   ASSERT_EQ(f.sites.size(), 2u);
   EXPECT_EQ(f.sites[0].label, "dp");  // starts at the owner's site
   EXPECT_EQ(f.sites[0].waiters, (std::vector<int64_t>{0}));
@@ -76,21 +77,50 @@ TEST(WaitGraph, CrossedGroupsAreACycleNamingEveryEdge) {
 TEST(WaitGraph, ThreeGroupCycle) {
   // 0 waits in a for 1; 1 waits in b for 2; 2 waits in c for 0 (pairwise groups).
   WaitGraph g;
-  g.addRank(0, {at("a", "a", {0, 1}, 1, 1, "x"), at("c", "c", {2, 0}, 0)});
-  g.addRank(1, {at("a", "a", {0, 1}, 0), at("b", "b", {1, 2}, 1, 1, "y")});
-  g.addRank(2, {at("b", "b", {1, 2}, 0), at("c", "c", {2, 0}, 1, 1, "z")});
+  g.addRank(0, {pos("a", "a", {0, 1}, 1, 1, "x"), pos("c", "c", {2, 0}, 0)});
+  g.addRank(1, {pos("a", "a", {0, 1}, 0), pos("b", "b", {1, 2}, 1, 1, "y")});
+  g.addRank(2, {pos("b", "b", {1, 2}, 0), pos("c", "c", {2, 0}, 1, 1, "z")});
   const WaitFinding f = g.follow("a", 1, {1});
   ASSERT_EQ(f.shape, WaitShape::Cycle);
   EXPECT_EQ(f.groupList(), "a, b and c");
-  EXPECT_EQ(f.sites.size(), 3u);
+  ASSERT_EQ(f.sites.size(), 3u);
+  // Walked in wait order: a's waiter waits for b's, which waits for c's.
+  EXPECT_EQ(f.sites[0].group, "a");
+  EXPECT_EQ(f.sites[1].group, "b");
+  EXPECT_EQ(f.sites[2].group, "c");
+  // No group holds all three ranks: no analyst sees the whole loop, each report is logged.
+  EXPECT_EQ(f.owner, "");
+  // Seen from group a alone (ranks 0,1), the waits leave the view at rank 2: a chain.
+  WaitGraph onlyA;
+  onlyA.addRank(0, {pos("a", "a", {0, 1}, 1, 1, "x"), pos("c", "c", {2, 0}, 0)});
+  onlyA.addRank(1, {pos("a", "a", {0, 1}, 0), pos("b", "b", {1, 2}, 1, 1, "y")});
+  const WaitFinding partial = onlyA.follow("a", 1, {1});
+  EXPECT_EQ(partial.shape, WaitShape::Chain);
+  EXPECT_EQ(partial.endUnknown, (std::vector<int64_t>{2}));
+}
+
+TEST(WaitGraph, ThreeGroupsOverTheSameRanksAreOneLoopWhicheverGroupLooks) {
+  // a, b, c over ranks 0,1,2: rank 0 issued a then b, rank 1 b then c, rank 2 c then a.
+  WaitGraph g;
+  g.addRank(0, {pos("a", "a", kAll, 1, 1, "x"), pos("b", "b", kAll, 0), pos("c", "c", kAll, 0)});
+  g.addRank(1, {pos("a", "a", kAll, 0), pos("b", "b", kAll, 1, 1, "y"), pos("c", "c", kAll, 0)});
+  g.addRank(2, {pos("a", "a", kAll, 0), pos("b", "b", kAll, 0), pos("c", "c", kAll, 1, 1, "z")});
+  for (const auto& [group, missing] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"a", {1, 2}}, {"b", {0, 2}}, {"c", {0, 1}}}) {
+    const WaitFinding f = g.follow(group, 1, missing);
+    ASSERT_EQ(f.shape, WaitShape::Cycle) << group;
+    EXPECT_EQ(f.headline(), "deadlock across groups a, b and c") << group;
+    EXPECT_EQ(f.owner, "a") << group;  // every view agrees on who logs it
+    EXPECT_EQ(f.loop, kAll) << group;
+  }
 }
 
 TEST(WaitGraph, ChainEndsAtTheComputingRank) {
   // dp = {0,1,2}, mp = {1,2}: 0 waits in dp for 1,2; 1 waits in mp for 2; 2 computes.
   WaitGraph g;
-  g.addRank(0, {at("dp", "dp", kAll, 1, 1, "a")});
-  g.addRank(1, {at("dp", "dp", kAll, 0), at("mp", "mp", {1, 2}, 1, 1, "b")});
-  g.addRank(2, {at("dp", "dp", kAll, 0), at("mp", "mp", {1, 2}, 0)});
+  g.addRank(0, {pos("dp", "dp", kAll, 1, 1, "a")});
+  g.addRank(1, {pos("dp", "dp", kAll, 0), pos("mp", "mp", {1, 2}, 1, 1, "b")});
+  g.addRank(2, {pos("dp", "dp", kAll, 0), pos("mp", "mp", {1, 2}, 0)});
   const WaitFinding f = g.follow("dp", 1, {1, 2});
   ASSERT_EQ(f.shape, WaitShape::Chain);
   EXPECT_EQ(f.end, (std::vector<int64_t>{2}));
@@ -107,8 +137,8 @@ TEST(WaitGraph, ChainEndsAtTheComputingRank) {
 TEST(WaitGraph, ChainEndOutsideTheViewIsSaidToBeUnknown) {
   // dp = {0,1} seen alone: 1 waits in mp = {1,2} for 2, whose position is not known here.
   WaitGraph g;
-  g.addRank(0, {at("dp", "dp", {0, 1}, 1, 1, "a")});
-  g.addRank(1, {at("dp", "dp", {0, 1}, 0), at("mp", "mp", {1, 2}, 1, 1, "b")});
+  g.addRank(0, {pos("dp", "dp", {0, 1}, 1, 1, "a")});
+  g.addRank(1, {pos("dp", "dp", {0, 1}, 0), pos("mp", "mp", {1, 2}, 1, 1, "b")});
   const WaitFinding f = g.follow("dp", 1, {1});
   ASSERT_EQ(f.shape, WaitShape::Chain);
   EXPECT_EQ(f.endUnknown, (std::vector<int64_t>{2}));
@@ -117,9 +147,9 @@ TEST(WaitGraph, ChainEndOutsideTheViewIsSaidToBeUnknown) {
 
 TEST(WaitGraph, ASingleSleepingRankIsNeitherChainNorCycle) {
   WaitGraph g;
-  g.addRank(0, {at("w", "default_pg", kAll, 2, 2, "a")});
-  g.addRank(1, {at("w", "default_pg", kAll, 2, 2, "a")});
-  g.addRank(2, {at("w", "default_pg", kAll, 1)});
+  g.addRank(0, {pos("w", "default_pg", kAll, 2, 2, "a")});
+  g.addRank(1, {pos("w", "default_pg", kAll, 2, 2, "a")});
+  g.addRank(2, {pos("w", "default_pg", kAll, 1)});
   EXPECT_EQ(g.follow("w", 2, {2}).shape, WaitShape::None);
   EXPECT_EQ(g.anyCycle().shape, WaitShape::None);
 }
@@ -127,7 +157,7 @@ TEST(WaitGraph, ASingleSleepingRankIsNeitherChainNorCycle) {
 TEST(WaitGraph, ARankWaitsWhereItIssuedLast) {
   // An older async op pending in dp, the main thread blocked in mp since.
   WaitGraph g;
-  g.addRank(0, {at("dp", "dp", kAll, 3, 3, "a", kNow - 5 * kSec), at("mp", "mp", kAll, 1, 1, "b", kNow - kSec)});
+  g.addRank(0, {pos("dp", "dp", kAll, 3, 3, "a", kNow - 5 * kSec), pos("mp", "mp", kAll, 1, 1, "b", kNow - kSec)});
   ASSERT_NE(g.waitOf(0), nullptr);
   EXPECT_EQ(g.waitOf(0)->group, "mp");
   EXPECT_TRUE(g.issued(0, "dp", 3));
@@ -136,7 +166,7 @@ TEST(WaitGraph, ARankWaitsWhereItIssuedLast) {
 }
 
 TEST(WaitGraph, JsonRoundTrip) {
-  const GroupWait w = at("1", "dp", kAll, 4, 3, "t.py:1 in f", kNow);
+  const GroupWait w = pos("1", "dp", kAll, 4, 3, "t.py:1 in f", kNow);
   const GroupWait back = groupWaitFromJson(toJson(w));
   EXPECT_EQ(back.group, "1");
   EXPECT_EQ(back.label, "dp");
@@ -146,6 +176,6 @@ TEST(WaitGraph, JsonRoundTrip) {
   EXPECT_EQ(back.seq, 3u);
   EXPECT_EQ(back.where, "t.py:1 in f");
   EXPECT_EQ(back.startNs, kNow);
-  const GroupWait idle = groupWaitFromJson(toJson(at("2", "mp", kAll, 0)));
+  const GroupWait idle = groupWaitFromJson(toJson(pos("2", "mp", kAll, 0)));
   EXPECT_FALSE(idle.pending);
 }

@@ -136,3 +136,33 @@ def test_a_chain_of_waits_names_the_rank_everything_waits_for():
     assert '\n  rank 1 waits in collective #1 all_reduce(float32[2], SUM) on group "mp"' in text, text
     assert "\n  everything waits for rank 2: in no guarded collective" in text, text
     assert "in _compute" in text, text  # rank 2's main thread, as before
+
+
+# --- three groups over the same 4 ranks, each rank issuing two of them in its own order ---
+
+def _three_groups(rank: int, world: int) -> dict:
+    cap = _capture()
+    groups = {d: dist.new_group(list(range(world)), backend="guard", group_desc=d) for d in ("a", "b", "c")}
+    # 0: a then b; 1: b then c; 2: c then a; 3: a then b (with rank 0).
+    first, second = {0: ("a", "b"), 1: ("b", "c"), 2: ("c", "a"), 3: ("a", "b")}[rank]
+    error = None
+    try:
+        dist.all_reduce(torch.ones(1), group=groups[first])
+        dist.all_reduce(torch.ones(1), group=groups[second])
+    except torch_ext.CollectiveTimeoutError as e:
+        error = str(e)
+    return {"error": error, "records": cap.records}
+
+
+def test_three_groups_over_four_ranks_are_one_deadlock_logged_once():
+    results = run_ranks(_three_groups, 4, env=ENV, timeout=90)
+    values = assert_all_ok(results)
+    for v in values:
+        assert v["error"] and v["error"].startswith("deadlock across groups a, b and c: "), report(results)
+    warnings = [msg for v in values for _, lvl, msg in v["records"]
+                if lvl == "WARNING" and "deadlock across groups" in msg]
+    assert len(warnings) == 1, [v["records"] for v in values]
+    text = warnings[0]
+    assert 'ranks 0,3 wait in collective #1 all_reduce(float32[1], SUM) on group "a"' in text, text
+    assert 'rank 1 waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in text, text
+    assert 'rank 2 waits in collective #1 all_reduce(float32[1], SUM) on group "c"' in text, text

@@ -58,7 +58,10 @@ std::vector<GroupWait> waitsOf(const RankSnapshot& s) {
     w.label = g.label();
     w.ranks = g.globalRanks;
     w.lastSeq = g.lastSeq;
-    if (const EntryView* e = g.oldestPending()) {
+    const EntryView* e = g.oldestPending();
+    // A collective that failed last: where the rank stood when its group failed.
+    if (e == nullptr && !g.entries.empty() && g.entries.back().state == EntryState::Failed) e = &g.entries.back();
+    if (e != nullptr) {
       w.pending = true;
       w.seq = e->seq;
       w.op = e->text;
@@ -84,12 +87,13 @@ RankSnapshot withOnly(const RankSnapshot& s, const GroupView& g) {
   t.config = s.config;
   t.main = s.main;
   t.groups.push_back(g);
-  t.waits = waitsOf(s);
   return t;
 }
 
 // One input per group rank: the ranks whose dumps hold the group answered.
-std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info, std::string* incident) {
+std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info,
+                                 const std::map<const RankSnapshot*, std::vector<GroupWait>>& waits,
+                                 std::string* incident) {
   const int size = std::max(info.size, 0);
   std::vector<RankInput> inputs(size);
   for (int r = 0; r < size; ++r) {
@@ -102,6 +106,7 @@ std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info,
     auto& in = inputs[g->rank];
     in.responded = true;
     in.snapshot = withOnly(*s, *g);
+    in.sharedWaits = &waits.at(s);
     in.globalRank = g->globalRank(g->rank);
     in.heartbeatNs = s->timeNs;
     if (incident->empty()) *incident = s->incident;
@@ -155,8 +160,10 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
 
 std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
   std::map<std::string, GroupInfo> groups;
+  std::map<const RankSnapshot*, std::vector<GroupWait>> waits;  // each dump's, shared by its groups' inputs
   int64_t now = 0;
   for (const auto& s : snaps) {
+    waits[&s] = waitsOf(s);
     for (const auto& g : s.groups) {
       GroupInfo& info = groups[g.name];
       info.size = g.size;
@@ -171,7 +178,7 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
   for (const auto& [name, info] : groups) {
     GroupFinding f;
     f.groupName = name;
-    const auto inputs = inputsFor(name, info, &f.dumpIncident);
+    const auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
     int64_t startNs = 0;
     auto inc = oldestPending(inputs, &startNs);
     if (!inc) inc = failedSubject(inputs, f.dumpIncident, &startNs);

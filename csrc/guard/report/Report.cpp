@@ -218,7 +218,7 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
   // It may be waiting in a collective of another of its groups: say so first
   // (its main thread's stack below shows the same wait from Python's side).
   const GroupWait* elsewhere = nullptr;
-  for (const auto& w : r.snapshot.waits) {
+  for (const auto& w : r.waits()) {
     if (w.group != r.groupName && w.waitsInCollective() && (elsewhere == nullptr || w.startNs > elsewhere->startNs)) {
       elsewhere = &w;
     }
@@ -611,16 +611,18 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   // Waits across groups: follow the ranks it waits for into the groups where
   // they wait (their snapshots carry every group's position).
   WaitFinding across;
-  if (subj.kind != IncidentSubject::Kind::P2P) {
+  // Built only when a rank is missing: a group whose ranks all wait in it
+  // needs no graph (and the post-mortem of many groups stays linear).
+  if (subj.kind != IncidentSubject::Kind::P2P && !(notArrived.empty() && gone.empty())) {
     WaitGraph graph;
     for (const auto& r : ranks) {
-      if (r.responded) graph.addRank(r.globalRank, r.snapshot.waits);
+      if (r.responded) graph.addRank(r.globalRank, r.waits());
     }
     std::vector<int64_t> missing;
     for (const RankInput* r : notArrived) missing.push_back(r->globalRank);
     for (const RankInput* r : gone) missing.push_back(r->globalRank);
-    std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
-    if (!missing.empty()) across = graph.follow(groupName, subj.seq, missing);
+    const std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
+    across = graph.follow(groupName, subj.seq, missing);
   }
   std::string head = os.str();
   os.str("");
@@ -639,7 +641,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (across.shape == WaitShape::Cycle) {
     v.cycleGroups = across.groups;
     // Every group on the cycle finds it; the report of one of them is logged.
-    if (!ranks.empty() && across.ownerGroup() != ranks.front().groupName) v.reporter = -1;
+    if (!ranks.empty() && !across.owner.empty() && across.owner != ranks.front().groupName) v.reporter = -1;
   } else if (across.shape == WaitShape::Chain) {
     v.waitsFor = across.end;
   }

@@ -47,6 +47,13 @@ struct RankInput {
   uint64_t lastSeq = 0;                  // the last collective it issued
   const GroupView* group() const;        // this group's view inside snapshot, or null
   std::string groupName;
+  // Where the rank stands in each of its groups (WaitGraph): `snapshot.waits`,
+  // unless `sharedWaits` points to them (the post-mortem shares one list per
+  // dump among all the groups it analyses, instead of a copy per group).
+  const std::vector<GroupWait>* sharedWaits = nullptr;
+  const std::vector<GroupWait>& waits() const {
+    return sharedWaits != nullptr ? *sharedWaits : snapshot.waits;
+  }
 };
 
 struct Verdict {

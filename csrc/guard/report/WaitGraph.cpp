@@ -86,14 +86,6 @@ std::string WaitFinding::headline() const {
   return shape == WaitShape::Cycle ? "deadlock across groups " + groupList() : std::string();
 }
 
-std::string WaitFinding::ownerGroup() const {
-  std::string owner;
-  for (const auto& s : sites) {
-    if (owner.empty() || s.group < owner) owner = s.group;
-  }
-  return owner;
-}
-
 void WaitGraph::addRank(int64_t rank, std::vector<GroupWait> waits) {
   ranks_[rank] = std::move(waits);
 }
@@ -143,6 +135,7 @@ WaitSite siteAt(const std::map<int64_t, std::vector<GroupWait>>& ranks, const Wa
   }
   if (members != nullptr) {
     s.label = members->label;
+    s.members = members->ranks;
     for (auto r : members->ranks) {
       if (!graph.issued(r, group, seq)) s.waitsFor.push_back(r);
     }
@@ -160,67 +153,146 @@ std::optional<WaitSite> WaitGraph::siteOf(int64_t rank) const {
   return siteAt(ranks_, *this, w->group, w->seq);
 }
 
-std::vector<int64_t> WaitGraph::targets(int64_t rank) const {
-  auto s = siteOf(rank);
-  std::vector<int64_t> out;
-  if (!s) return out;
-  for (auto r : s->waitsFor) {
-    if (r != rank) out.push_back(r);
+namespace {
+
+// The sites of the ranks a search visits, computed once each (a site scans
+// every known rank's positions).
+class SiteCache {
+ public:
+  explicit SiteCache(const WaitGraph& g) : g_(g) {}
+  const WaitSite* of(int64_t rank) {
+    auto it = byRank_.find(rank);
+    if (it != byRank_.end()) return it->second;
+    const WaitSite* site = nullptr;
+    if (const GroupWait* w = g_.waitOf(rank)) {
+      auto key = std::make_pair(w->group, w->seq);
+      auto s = sites_.find(key);
+      if (s == sites_.end()) s = sites_.emplace(key, *g_.siteOf(rank)).first;
+      site = &s->second;
+    }
+    byRank_[rank] = site;
+    return site;
   }
+  // The ranks `rank` waits for (itself excluded).
+  std::vector<int64_t> targets(int64_t rank) {
+    std::vector<int64_t> out;
+    if (const WaitSite* s = of(rank)) {
+      for (auto r : s->waitsFor) {
+        if (r != rank) out.push_back(r);
+      }
+    }
+    return out;
+  }
+
+ private:
+  const WaitGraph& g_;
+  std::map<std::pair<std::string, uint64_t>, WaitSite> sites_;
+  std::map<int64_t, const WaitSite*> byRank_;
+};
+
+// Tarjan's strongly connected components of the waits reachable from the
+// roots; returns those of two ranks or more (ranks that wait for each other,
+// directly or not: a deadlock), each sorted, in order of their lowest rank.
+std::vector<std::vector<int64_t>> loops(SiteCache& sites, const std::vector<int64_t>& roots) {
+  std::map<int64_t, int> index, low;
+  std::set<int64_t> onStack;
+  std::vector<int64_t> stack;
+  std::vector<std::vector<int64_t>> out;
+  int counter = 0;
+  std::function<void(int64_t)> visit = [&](int64_t v) {
+    index[v] = low[v] = counter++;
+    stack.push_back(v);
+    onStack.insert(v);
+    for (auto t : sites.targets(v)) {
+      if (!index.count(t)) {
+        visit(t);
+        low[v] = std::min(low[v], low[t]);
+      } else if (onStack.count(t)) {
+        low[v] = std::min(low[v], index[t]);
+      }
+    }
+    if (low[v] == index[v]) {
+      std::vector<int64_t> scc;
+      int64_t w;
+      do {
+        w = stack.back();
+        stack.pop_back();
+        onStack.erase(w);
+        scc.push_back(w);
+      } while (w != v);
+      if (scc.size() >= 2) {
+        std::sort(scc.begin(), scc.end());
+        out.push_back(std::move(scc));
+      }
+    }
+  };
+  for (auto r : roots) {
+    if (!index.count(r)) visit(r);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
   return out;
 }
 
-WaitFinding WaitGraph::cycleFrom(const std::vector<int64_t>& loop) const {
+// The finding for the ranks of one loop: their sites, walked in wait order
+// from the owner's (the others after, if any).
+WaitFinding cycleOf(SiteCache& sites, const std::vector<int64_t>& loop) {
   WaitFinding f;
   f.shape = WaitShape::Cycle;
-  std::set<std::pair<std::string, uint64_t>> seen;
-  std::set<std::string> labels;
+  f.loop = loop;
+  std::vector<const WaitSite*> all;
   for (auto r : loop) {
-    auto s = siteOf(r);
-    if (!s || !seen.insert({s->group, s->seq}).second) continue;
-    labels.insert(s->label);
-    f.sites.push_back(std::move(*s));
+    const WaitSite* s = sites.of(r);
+    if (s != nullptr && std::find(all.begin(), all.end(), s) == all.end()) all.push_back(s);
   }
-  // Start at the owner's site, so every view of the cycle reads the same.
-  const std::string owner = f.ownerGroup();
-  auto first = std::find_if(f.sites.begin(), f.sites.end(), [&](const WaitSite& s) { return s.group == owner; });
-  std::rotate(f.sites.begin(), first, f.sites.end());
+  std::set<std::string> labels;
+  for (const WaitSite* s : all) labels.insert(s->label);
   f.groups.assign(labels.begin(), labels.end());
-  return f;
-}
-
-namespace {
-
-// Depth-first search for a loop of waits reachable from `start`; the loop's
-// ranks in `*loop` (in wait order).
-bool findLoop(int64_t r, const std::function<std::vector<int64_t>(int64_t)>& targets, std::map<int64_t, int>& color,
-              std::vector<int64_t>& stack, std::vector<int64_t>* loop) {
-  color[r] = 1;
-  stack.push_back(r);
-  for (auto t : targets(r)) {
-    const int c = color.count(t) ? color[t] : 0;
-    if (c == 1) {
-      auto from = std::find(stack.begin(), stack.end(), t);
-      loop->assign(from, stack.end());
-      return true;
-    }
-    if (c == 0 && findLoop(t, targets, color, stack, loop)) return true;
+  // Which group's report logs it: the lowest-named group on the loop whose
+  // members include every rank of the loop (its analyst saw all of them, so
+  // it finds this loop too). None such: every group's report is logged.
+  const std::set<int64_t> inLoop(loop.begin(), loop.end());
+  for (const WaitSite* s : all) {
+    const std::set<int64_t> members(s->members.begin(), s->members.end());
+    const bool covers = std::includes(members.begin(), members.end(), inLoop.begin(), inLoop.end());
+    if (covers && (f.owner.empty() || s->group < f.owner)) f.owner = s->group;
   }
-  stack.pop_back();
-  color[r] = 2;
-  return false;
+  std::string first = f.owner;
+  if (first.empty()) {
+    for (const WaitSite* s : all) {
+      if (first.empty() || s->group < first) first = s->group;
+    }
+  }
+  const WaitSite* at = nullptr;
+  for (const WaitSite* s : all) {
+    if (s->group == first) at = s;
+  }
+  std::vector<const WaitSite*> order;
+  while (at != nullptr && std::find(order.begin(), order.end(), at) == order.end()) {
+    order.push_back(at);
+    const WaitSite* next = nullptr;
+    for (auto r : at->waitsFor) {
+      const WaitSite* s = inLoop.count(r) ? sites.of(r) : nullptr;
+      if (s != nullptr && std::find(order.begin(), order.end(), s) == order.end()) {
+        next = s;
+        break;
+      }
+    }
+    at = next;
+  }
+  for (const WaitSite* s : all) {
+    if (std::find(order.begin(), order.end(), s) == order.end()) order.push_back(s);
+  }
+  for (const WaitSite* s : order) f.sites.push_back(*s);
+  return f;
 }
 
 } // namespace
 
 WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std::vector<int64_t>& missing) const {
-  const auto next = [this](int64_t r) { return targets(r); };
-  std::map<int64_t, int> color;
-  for (auto r : missing) {
-    std::vector<int64_t> stack, loop;
-    if (!color.count(r) && findLoop(r, next, color, stack, &loop)) return cycleFrom(loop);
-  }
-  // No cycle: the chain from the stuck collective, site by site.
+  SiteCache sites(*this);
+  const auto found = loops(sites, missing);
+  if (!found.empty()) return cycleOf(sites, found.front());
+  // No loop: the chain from the stuck collective, site by site.
   WaitFinding f;
   f.sites.push_back(siteAt(ranks_, *this, group, seq));
   std::set<std::pair<std::string, uint64_t>> seen{{group, seq}};
@@ -229,8 +301,8 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
   while (!frontier.empty()) {
     std::vector<int64_t> after;
     for (auto r : frontier) {
-      auto s = siteOf(r);
-      if (!s) {
+      const WaitSite* s = sites.of(r);
+      if (s == nullptr) {
         ends.insert(r);
         if (!knows(r)) f.endUnknown.push_back(r);
         continue;
@@ -239,7 +311,7 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
       for (auto t : s->waitsFor) {
         if (visited.insert(t).second) after.push_back(t);
       }
-      f.sites.push_back(std::move(*s));
+      f.sites.push_back(*s);
     }
     frontier = std::move(after);
   }
@@ -251,13 +323,11 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
 }
 
 WaitFinding WaitGraph::anyCycle() const {
-  const auto next = [this](int64_t r) { return targets(r); };
-  std::map<int64_t, int> color;
-  for (const auto& kv : ranks_) {
-    std::vector<int64_t> stack, loop;
-    if (!color.count(kv.first) && findLoop(kv.first, next, color, stack, &loop)) return cycleFrom(loop);
-  }
-  return WaitFinding{};
+  SiteCache sites(*this);
+  std::vector<int64_t> roots;
+  for (const auto& kv : ranks_) roots.push_back(kv.first);
+  const auto found = loops(sites, roots);
+  return found.empty() ? WaitFinding{} : cycleOf(sites, found.front());
 }
 
 std::string WaitFinding::describe(int64_t nowNs) const {

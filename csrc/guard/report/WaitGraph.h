@@ -29,7 +29,8 @@ struct GroupWait {
   std::string label;            // what reports call it (its group_desc, else its name)
   std::vector<int64_t> ranks;   // global ranks of the group, in group-rank order
   uint64_t lastSeq = 0;         // the last collective this rank issued on it
-  // The oldest pending operation, if any.
+  // The oldest pending operation, if any; else a last collective that failed
+  // (where the rank stood, for the dumps written after a failure).
   bool pending = false;
   uint64_t seq = 0;             // its collective seq (0: a send/recv)
   std::string op;               // "all_reduce(float32[4], SUM)"
@@ -71,6 +72,7 @@ struct WaitSite {
   int64_t startNs = 0;               // the earliest issue among its waiters
   std::vector<int64_t> waiters;      // sorted
   std::vector<int64_t> waitsFor;     // sorted: members not known to have issued it
+  std::vector<int64_t> members;      // the group's ranks
 };
 
 struct WaitFinding {
@@ -85,6 +87,13 @@ struct WaitFinding {
   std::vector<int64_t> endUnknown;
   // Cycle: the labels of the groups on it, sorted and distinct.
   std::vector<std::string> groups;
+  // Cycle: the ranks that wait for each other (a strongly connected part of
+  // the waits: every one of them waits, directly or not, for every other).
+  std::vector<int64_t> loop;
+  // Cycle: the group (name) whose report logs it: the lowest-named group on
+  // it that holds every rank of the loop, so its analyst saw them all and
+  // finds the same loop. Empty: no group holds them all, each report is logged.
+  std::string owner;
 
   // "dp and mp", "dp, mp and pp".
   std::string groupList() const;
@@ -93,9 +102,6 @@ struct WaitFinding {
   // One line per site ("  ranks 1,2 wait in collective #1 ... for rank 0, ...")
   // and, for a chain, the rank everything waits for. `nowNs` times the waits.
   std::string describe(int64_t nowNs) const;
-  // The group whose report logs a cycle: the lowest group name on it (every
-  // group on the cycle finds the same cycle, one of them logs it).
-  std::string ownerGroup() const;
 };
 
 class WaitGraph {
@@ -114,14 +120,13 @@ class WaitGraph {
   // The site of `rank`'s wait: the collective and who waits in it, for whom.
   std::optional<WaitSite> siteOf(int64_t rank) const;
   // Follows the waits from collective `seq` of `group`, whose missing ranks
-  // are `missing`: a cycle through them, else a chain of length >= 2, else None.
+  // are `missing`: a loop reachable from them (the one with the lowest rank
+  // when several are), else a chain of two sites or more, else None.
   WaitFinding follow(const std::string& group, uint64_t seq, const std::vector<int64_t>& missing) const;
   // A cycle anywhere in the graph (post-mortem: no stuck collective given).
   WaitFinding anyCycle() const;
 
  private:
-  std::vector<int64_t> targets(int64_t rank) const;
-  WaitFinding cycleFrom(const std::vector<int64_t>& loop) const;
   std::map<int64_t, std::vector<GroupWait>> ranks_;
 };
 

@@ -98,8 +98,17 @@ GroupWait groupWait(GroupState& state) {
   }
   const Progress p = state.ledger().progress();
   w.lastSeq = p.lastSeq;
+  std::optional<Entry> stuck;
   if (p.hasPending) {
-    const Entry& e = p.oldestPending;
+    stuck = p.oldestPending;
+  } else {
+    // Its last collective failed (abort_after, a peer gone) and it issued none
+    // since: that is where it stood, for the dumps written after.
+    auto last = state.ledger().entries(1);
+    if (!last.empty() && last.back().state == EntryState::Failed) stuck = last.back();
+  }
+  if (stuck) {
+    const Entry& e = *stuck;
     w.pending = true;
     w.seq = e.seq;
     w.op = e.fp.describe();
