@@ -166,3 +166,36 @@ def test_three_groups_over_four_ranks_are_one_deadlock_logged_once():
     assert 'ranks 0,3 wait in collective #1 all_reduce(float32[1], SUM) on group "a"' in text, text
     assert 'rank 1 waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in text, text
     assert 'rank 2 waits in collective #1 all_reduce(float32[1], SUM) on group "c"' in text, text
+
+
+# --- three pairwise groups: no group holds the whole loop --------------------------------
+
+def _pairwise(rank: int, world: int) -> dict:
+    cap = _capture()
+    groups = {d: dist.new_group(r, backend="guard", group_desc=d) for d, r in (("a", [0, 1]), ("b", [1, 2]),
+                                                                               ("c", [0, 2]))}
+    first, second = {0: ("a", "c"), 1: ("b", "a"), 2: ("c", "b")}[rank]
+    error = None
+    try:
+        dist.all_reduce(torch.ones(1), group=groups[first])
+        dist.all_reduce(torch.ones(1), group=groups[second])
+    except torch_ext.CollectiveTimeoutError as e:
+        error = str(e)
+    return {"error": error, "records": cap.records}
+
+
+def test_pairwise_groups_live_reports_follow_the_chain_and_diagnose_names_the_deadlock(tmp_path):
+    env = dict(ENV, TORCH_EXT_DUMP_DIR=str(tmp_path))
+    results = run_ranks(_pairwise, 3, env=env, timeout=90)
+    values = assert_all_ok(results)
+    assert all(v["error"] for v in values), report(results)
+    # Live, each group sees two of the three ranks: the chain leaves it at the third.
+    texts = [msg for v in values for _, lvl, msg in v["records"] if lvl == "WARNING" and "has waited" in msg]
+    a = [t for t in texts if t.startswith('collective #1 all_reduce(float32[1], SUM) on group "a"')]
+    assert len(a) == 1, texts
+    assert 'rank 1 has not arrived: it waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in a[0], a[0]
+    assert "everything waits for rank 2 (not a member of this group" in a[0], a[0]
+    # Every rank's dump holds all its groups: the post-mortem sees the whole loop.
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert "deadlock across groups a, b and c" in out.stdout, out.stdout + out.stderr

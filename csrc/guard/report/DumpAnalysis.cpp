@@ -174,6 +174,10 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
     }
     now = std::max(now, s.timeNs);
   }
+  // Every dump's positions, so that a wait can be followed out of a group
+  // (three pairwise groups deadlocked: no group holds the whole loop).
+  OtherWaits everyone;
+  for (const auto& s : snaps) everyone[s.rank] = &waits.at(&s);
   std::vector<GroupFinding> out;
   for (const auto& [name, info] : groups) {
     GroupFinding f;
@@ -186,7 +190,7 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
     // Still nothing: look for mismatches only (a verdict of "none" if there is
     // none), rather than report a hang of a collective nobody waits in.
     if (!inc) inc = Incident{IncidentKind::Mismatch, IncidentSubject::collective(0), -1, ""};
-    f.verdict = analyze(info.label, inputs, *inc, now);
+    f.verdict = analyze(info.label, inputs, *inc, now, &everyone);
     out.push_back(std::move(f));
   }
   return out;

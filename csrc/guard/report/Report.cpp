@@ -497,7 +497,7 @@ Verdict Verdict::fromJson(const Json& j) {
 }
 
 Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
-                int64_t nowNs) {
+                int64_t nowNs, const OtherWaits* others) {
   Verdict v;
   v.group = label;
   v.incident = incident.id();
@@ -615,8 +615,11 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   // needs no graph (and the post-mortem of many groups stays linear).
   if (subj.kind != IncidentSubject::Kind::P2P && !(notArrived.empty() && gone.empty())) {
     WaitGraph graph;
+    if (others != nullptr) {
+      for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
+    }
     for (const auto& r : ranks) {
-      if (r.responded) graph.addRank(r.globalRank, r.waits());
+      if (r.responded) graph.addRankRef(r.globalRank, r.waits());
     }
     std::vector<int64_t> missing;
     for (const RankInput* r : notArrived) missing.push_back(r->globalRank);

@@ -12,6 +12,7 @@
 #include "guard/report/WaitGraph.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,8 +100,13 @@ inline const char* Verdict::kindName(Kind k) {
 // gone or frozen)": what a report says of a rank that did not answer.
 std::string describeAbsent(const RankInput& r, int64_t nowNs);
 
+// Where ranks outside the group stand (global rank -> its positions), when the
+// caller knows: the post-mortem reads every rank's dump, so it can follow a
+// wait out of the group; a live incident knows only the group's own ranks.
+using OtherWaits = std::map<int64_t, const std::vector<GroupWait>*>;
+
 // Analyses one group. `ranks` has one input per group rank, in order.
 Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,
-                int64_t nowNs);
+                int64_t nowNs, const OtherWaits* others = nullptr);
 
 } // namespace torch_ext

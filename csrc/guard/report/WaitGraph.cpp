@@ -87,14 +87,19 @@ std::string WaitFinding::headline() const {
 }
 
 void WaitGraph::addRank(int64_t rank, std::vector<GroupWait> waits) {
-  ranks_[rank] = std::move(waits);
+  owned_.push_back(std::move(waits));
+  ranks_[rank] = &owned_.back();
+}
+
+void WaitGraph::addRankRef(int64_t rank, const std::vector<GroupWait>& waits) {
+  ranks_[rank] = &waits;
 }
 
 const GroupWait* WaitGraph::waitOf(int64_t rank) const {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) return nullptr;
   const GroupWait* best = nullptr;
-  for (const auto& w : it->second) {
+  for (const auto& w : *it->second) {
     if (w.waitsInCollective() && (best == nullptr || w.startNs > best->startNs)) best = &w;
   }
   return best;
@@ -103,7 +108,7 @@ const GroupWait* WaitGraph::waitOf(int64_t rank) const {
 bool WaitGraph::issued(int64_t rank, const std::string& group, uint64_t seq) const {
   auto it = ranks_.find(rank);
   if (it == ranks_.end()) return false;
-  for (const auto& w : it->second) {
+  for (const auto& w : *it->second) {
     if (w.group == group) return w.lastSeq >= seq;
   }
   return false;
@@ -112,14 +117,14 @@ bool WaitGraph::issued(int64_t rank, const std::string& group, uint64_t seq) con
 namespace {
 
 // The site of collective `seq` of `group`, from every known position.
-WaitSite siteAt(const std::map<int64_t, std::vector<GroupWait>>& ranks, const WaitGraph& graph,
+WaitSite siteAt(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, const WaitGraph& graph,
                 const std::string& group, uint64_t seq) {
   WaitSite s;
   s.group = group;
   s.seq = seq;
   const GroupWait* members = nullptr;
   for (const auto& [rank, waits] : ranks) {
-    for (const auto& w : waits) {
+    for (const auto& w : *waits) {
       if (w.group != group) continue;
       // A rank learns a group's description at its first operation there.
       if (members == nullptr || (members->label == group && w.label != group)) members = &w;

@@ -16,6 +16,7 @@
 #include "guard/report/Json.h"
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <string>
@@ -108,6 +109,9 @@ class WaitGraph {
  public:
   // A rank whose positions are known (it answered, or its dump was read).
   void addRank(int64_t rank, std::vector<GroupWait> waits);
+  // The same without a copy: `waits` must outlive the graph (an analysis
+  // over many groups shares each rank's list).
+  void addRankRef(int64_t rank, const std::vector<GroupWait>& waits);
   bool knows(int64_t rank) const {
     return ranks_.count(rank) > 0;
   }
@@ -127,7 +131,8 @@ class WaitGraph {
   WaitFinding anyCycle() const;
 
  private:
-  std::map<int64_t, std::vector<GroupWait>> ranks_;
+  std::map<int64_t, const std::vector<GroupWait>*> ranks_;
+  std::deque<std::vector<GroupWait>> owned_;  // what addRank copied
 };
 
 } // namespace torch_ext
