@@ -227,6 +227,31 @@ def _after(prefix: str) -> Callable[[str], str]:
     return lambda out: "\n".join(_command(prefix)(out).splitlines()[1:])
 
 
+def _deadlock_found(prefix: str) -> Callable[[str], str]:
+    """The command line ``$ PREFIX...`` and the first deadlock it printed (its first line and edges).
+
+    The rest of its output is a race: which incident wrote each rank's last dump (the abort, or
+    the failure its peers' exit caused) and where each main thread was then (still waiting, or
+    already at exit).
+    """
+    def cut(out: str) -> str:
+        lines = _command(prefix)(out).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("deadlock across groups"))
+        end = next(i for i in range(start + 1, len(lines)) if not re.match(r"  ranks? [\d,-]+ waits? in ", lines[i]))
+        return "\n".join([lines[0], *lines[start:end]])
+    return cut
+
+
+def _deadlock_raised(rank: int) -> Callable[[str], str]:
+    """The error rank ``rank`` raised, up to its last edge: the stacks after it are a race (both
+    groups abort at once, so a peer's main thread is still waiting, or already at exit)."""
+    def cut(out: str) -> str:
+        lines = _raised(rank, "CollectiveTimeoutError")(out).splitlines()
+        end = next(i for i in range(2, len(lines)) if not re.match(r"  ranks? [\d,-]+ waits? in ", lines[i]))
+        return "\n".join(lines[:end])
+    return cut
+
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     source: str
@@ -248,8 +273,8 @@ SAMPLES: dict[str, Sample] = {
     "rank0-dies": Sample("rank0_dies", _raised(1, "StoreLostError")),
     "rank0-dies-stop": Sample("rank0_dies_stop", _raised(2, "StoreLostError")),
     "crossed-groups": Sample("crossed_groups", _logged(0)),
-    "crossed-groups-error": Sample("crossed_groups", _raised(1, "CollectiveTimeoutError")),
-    "crossed-groups-diagnose": Sample("crossed_groups", _command("python -m torch_ext.diagnose")),
+    "crossed-groups-error": Sample("crossed_groups", _deadlock_raised(1)),
+    "crossed-groups-diagnose": Sample("crossed_groups", _deadlock_found("python -m torch_ext.diagnose")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
