@@ -1,6 +1,7 @@
 // WaitGraph: waits across process groups, from each rank's position in each
 // of its groups (what RankSnapshot::waits carries).
 #include "guard/report/WaitGraph.h"
+#include "guard/report/Report.h"
 
 #include <gtest/gtest.h>
 
@@ -178,4 +179,26 @@ TEST(WaitGraph, JsonRoundTrip) {
   EXPECT_EQ(back.startNs, kNow);
   const GroupWait idle = groupWaitFromJson(toJson(pos("2", "mp", kAll, 0)));
   EXPECT_FALSE(idle.pending);
+}
+
+TEST(WaitGraph, VerdictCarriesTheShapeThroughTheStore) {
+  Verdict v;
+  v.kind = Verdict::Kind::Hang;
+  v.text = "deadlock across groups dp and mp: ...";
+  v.shape = WaitShape::Cycle;
+  v.cycleGroups = {"dp", "mp"};
+  const Verdict back = Verdict::fromJson(Json::parse(v.toJson().dump()));
+  EXPECT_EQ(back.shape, WaitShape::Cycle);
+  EXPECT_EQ(back.cycleGroups, (std::vector<std::string>{"dp", "mp"}));
+  Verdict chain;
+  chain.kind = Verdict::Kind::Hang;
+  chain.shape = WaitShape::Chain;
+  chain.waitsFor = {2};
+  const Verdict c = Verdict::fromJson(Json::parse(chain.toJson().dump()));
+  EXPECT_EQ(c.shape, WaitShape::Chain);
+  EXPECT_EQ(c.waitsFor, (std::vector<int64_t>{2}));
+  // A verdict from before the field: no shape.
+  Verdict plain;
+  plain.kind = Verdict::Kind::Hang;
+  EXPECT_EQ(Verdict::fromJson(Json::parse(plain.toJson().dump())).shape, WaitShape::None);
 }
