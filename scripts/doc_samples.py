@@ -85,6 +85,13 @@ _FR_ENTRY = ("import pickle, pprint; d = pickle.load(open('post_mortem/fr/torch_
              "pprint.pprint(d['entries'][-1], width=110, sort_dicts=False)")
 
 
+def _crossed_groups(cwd: str) -> str:
+    """examples/bugs/crossed_groups.py, then ``python -m torch_ext.diagnose torch_ext_dumps``."""
+    out = _run([os.path.join(ROOT, "examples", "bugs", "crossed_groups.py")], cwd, 180)
+    cmd = "python -m torch_ext.diagnose torch_ext_dumps"
+    return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+
+
 def _post_mortem(cwd: str) -> str:
     out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
     # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
@@ -105,6 +112,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "stalled_stream": _example("examples/bugs/stalled_stream.py"),
     "rank0_dies_stop": _example("examples/bugs/rank0_dies.py", "stop"),
     "post_mortem": _post_mortem,
+    "crossed_groups": _crossed_groups,
 }
 
 
@@ -220,6 +228,31 @@ def _after(prefix: str) -> Callable[[str], str]:
     return lambda out: "\n".join(_command(prefix)(out).splitlines()[1:])
 
 
+def _deadlock_found(prefix: str) -> Callable[[str], str]:
+    """The command line ``$ PREFIX...`` and the first deadlock it printed (its first line and edges).
+
+    The rest of its output is a race: which incident wrote each rank's last dump (the abort, or
+    the failure its peers' exit caused) and where each main thread was then (still waiting, or
+    already at exit).
+    """
+    def cut(out: str) -> str:
+        lines = _command(prefix)(out).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.startswith("deadlock across groups"))
+        end = next(i for i in range(start + 1, len(lines)) if not re.match(r"  ranks? [\d,-]+ waits? in ", lines[i]))
+        return "\n".join([lines[0], *lines[start:end]])
+    return cut
+
+
+def _deadlock_raised(rank: int) -> Callable[[str], str]:
+    """The error rank ``rank`` raised, up to its last edge: the stacks after it are a race (both
+    groups abort at once, so a peer's main thread is still waiting, or already at exit)."""
+    def cut(out: str) -> str:
+        lines = _raised(rank, "CollectiveTimeoutError")(out).splitlines()
+        end = next(i for i in range(2, len(lines)) if not re.match(r"  ranks? [\d,-]+ waits? in ", lines[i]))
+        return "\n".join(lines[:end])
+    return cut
+
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     source: str
@@ -241,6 +274,9 @@ SAMPLES: dict[str, Sample] = {
     "stalled-stream": Sample("stalled_stream", _raised(0, "CollectiveTimeoutError")),
     "rank0-dies": Sample("rank0_dies", _raised(1, "StoreLostError")),
     "rank0-dies-stop": Sample("rank0_dies_stop", _raised(2, "StoreLostError")),
+    "crossed-groups": Sample("crossed_groups", _logged(0)),
+    "crossed-groups-error": Sample("crossed_groups", _deadlock_raised(1)),
+    "crossed-groups-diagnose": Sample("crossed_groups", _deadlock_found("python -m torch_ext.diagnose")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),

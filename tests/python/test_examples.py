@@ -128,6 +128,19 @@ def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
     doc_samples.check_source("slow_rank", out)
 
 
+def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path):
+    # python examples/bugs/crossed_groups.py, then python -m torch_ext.diagnose torch_ext_dumps
+    out = _source("crossed_groups", tmp_path)
+    run, post = out.split("$ python -m torch_ext.diagnose")
+    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext WARNING: deadlock across groups dp and mp", run)
+    assert logged == ["0"], run[-8000:]  # one report, by one rank
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError:\ndeadlock across groups dp and mp: ", run)) == [
+        "0", "1", "2"], run[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "1"), ("1", "1"), ("2", "1")], run
+    assert 'deadlock across groups dp and mp: collective #1 all_reduce(float32[4], SUM) on group "dp"' in post, post
+    doc_samples.check_source("crossed_groups", out)
+
+
 def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished(tmp_path):
     # python examples/bugs/slow_rank.py recovers, then python -m torch_ext.diagnose torch_ext_dumps
     out = _source("slow_rank_recovers", tmp_path)

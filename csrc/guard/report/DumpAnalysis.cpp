@@ -47,6 +47,32 @@ struct GroupInfo {
   std::vector<Held> held;  // in file order
 };
 
+// Where the rank stood in each of its groups: as the dump says, or (dumps of
+// torch_ext before `waits`) from the groups' windows, which a dump holds whole.
+std::vector<GroupWait> waitsOf(const RankSnapshot& s) {
+  if (!s.waits.empty()) return s.waits;
+  std::vector<GroupWait> out;
+  for (const auto& g : s.groups) {
+    GroupWait w;
+    w.group = g.name;
+    w.label = g.label();
+    w.ranks = g.globalRanks;
+    w.lastSeq = g.lastSeq;
+    const EntryView* e = g.oldestPending();
+    // A collective that failed last: where the rank stood when its group failed.
+    if (e == nullptr && !g.entries.empty() && g.entries.back().state == EntryState::Failed) e = &g.entries.back();
+    if (e != nullptr) {
+      w.pending = true;
+      w.seq = e->seq;
+      w.op = e->text;
+      w.where = e->where();
+      w.startNs = e->startNs;
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 // `s` with `g` as its only group: all that the analysis of g reads. A copy of
 // the whole snapshot per group would cost (groups x file size) for a file
 // holding many groups.
@@ -65,7 +91,9 @@ RankSnapshot withOnly(const RankSnapshot& s, const GroupView& g) {
 }
 
 // One input per group rank: the ranks whose dumps hold the group answered.
-std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info, std::string* incident) {
+std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info,
+                                 const std::map<const RankSnapshot*, std::vector<GroupWait>>& waits,
+                                 std::string* incident) {
   const int size = std::max(info.size, 0);
   std::vector<RankInput> inputs(size);
   for (int r = 0; r < size; ++r) {
@@ -78,6 +106,7 @@ std::vector<RankInput> inputsFor(const std::string& name, const GroupInfo& info,
     auto& in = inputs[g->rank];
     in.responded = true;
     in.snapshot = withOnly(*s, *g);
+    in.sharedWaits = &waits.at(s);
     in.globalRank = g->globalRank(g->rank);
     in.heartbeatNs = s->timeNs;
     if (incident->empty()) *incident = s->incident;
@@ -131,21 +160,29 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
 
 std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
   std::map<std::string, GroupInfo> groups;
+  std::map<const RankSnapshot*, std::vector<GroupWait>> waits;  // each dump's, shared by its groups' inputs
   int64_t now = 0;
   for (const auto& s : snaps) {
+    waits[&s] = waitsOf(s);
     for (const auto& g : s.groups) {
       GroupInfo& info = groups[g.name];
       info.size = g.size;
-      info.label = g.label();
+      // A rank learns a group's description (group_desc) at its first
+      // operation there: keep the first rank's that knows it.
+      if (info.label.empty() || (info.label == g.name && g.label() != g.name)) info.label = g.label();
       if (info.held.empty() || info.held.back().snapshot != &s) info.held.push_back({&s, &g});
     }
     now = std::max(now, s.timeNs);
   }
+  // Every dump's positions, so that a wait can be followed out of a group
+  // (three pairwise groups deadlocked: no group holds the whole loop).
+  OtherWaits everyone;
+  for (const auto& s : snaps) everyone[s.rank] = &waits.at(&s);
   std::vector<GroupFinding> out;
   for (const auto& [name, info] : groups) {
     GroupFinding f;
     f.groupName = name;
-    const auto inputs = inputsFor(name, info, &f.dumpIncident);
+    const auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
     int64_t startNs = 0;
     auto inc = oldestPending(inputs, &startNs);
     if (!inc) inc = failedSubject(inputs, f.dumpIncident, &startNs);
@@ -153,7 +190,7 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
     // Still nothing: look for mismatches only (a verdict of "none" if there is
     // none), rather than report a hang of a collective nobody waits in.
     if (!inc) inc = Incident{IncidentKind::Mismatch, IncidentSubject::collective(0), -1, ""};
-    f.verdict = analyze(info.label, inputs, *inc, now);
+    f.verdict = analyze(info.label, inputs, *inc, now, &everyone);
     out.push_back(std::move(f));
   }
   return out;

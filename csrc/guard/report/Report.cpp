@@ -216,6 +216,19 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
   os << "\n  rank " << r.globalRank << " has not arrived";
   if (!what.empty()) os << " " << what;
   os << ": ";
+  // It may be waiting in a collective of another of its groups: say so first
+  // (its main thread's stack below shows the same wait from Python's side).
+  const GroupWait* elsewhere = nullptr;
+  for (const auto& w : r.waits()) {
+    if (w.group != r.groupName && w.waitsInCollective() && (elsewhere == nullptr || w.startNs > elsewhere->startNs)) {
+      elsewhere = &w;
+    }
+  }
+  if (elsewhere != nullptr) {
+    os << "it waits in collective #" << elsewhere->seq << " " << elsewhere->op << " on group \"" << elsewhere->label
+       << "\" (at " << elsewhere->where << ", "
+       << (elsewhere->startNs ? secondsBetween(elsewhere->startNs, nowNs) : seconds(0)) << "); ";
+  }
   if (g && g->lastCompletedSeq > 0) {
     os << "last completed #" << g->lastCompletedSeq;
     if (g->lastCompletedNs > 0) os << " " << secondsBetween(g->lastCompletedNs, nowNs) << " ago";
@@ -448,6 +461,13 @@ Json Verdict::toJson() const {
     j.set("not_arrived", ranksJson(notArrived));
     j.set("gone", ranksJson(gone));
     j.set("completed", ranksJson(completed));
+    j.set("wait_shape", enumName(shape));
+    if (shape == WaitShape::Cycle) {
+      Json groups = Json::array();
+      for (const auto& g : cycleGroups) groups.push(g);
+      j.set("cycle_groups", groups);
+    }
+    if (shape == WaitShape::Chain) j.set("waits_for", ranksJson(waitsFor));
   }
   return j;
 }
@@ -466,6 +486,11 @@ Verdict Verdict::fromJson(const Json& j) {
   v.notArrived = ranksFrom(j, "not_arrived");
   v.gone = ranksFrom(j, "gone");
   v.completed = ranksFrom(j, "completed");
+  v.shape = enumFromName<WaitShape>(stringOr(j, "wait_shape", empty)).value_or(WaitShape::None);
+  if (const Json* groups = j.get("cycle_groups"); groups != nullptr && groups->isArray()) {
+    for (const auto& g : groups->asArray()) v.cycleGroups.push_back(g.asString("cycle group"));
+  }
+  v.waitsFor = ranksFrom(j, "waits_for");
   if (const Json* lines = j.get("ranks"); lines != nullptr && lines->isArray()) {
     for (const auto& l : lines->asArray()) {
       RankOp op;
@@ -482,7 +507,7 @@ Verdict Verdict::fromJson(const Json& j) {
 }
 
 Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
-                int64_t nowNs) {
+                int64_t nowNs, const OtherWaits* others) {
   Verdict v;
   v.group = label;
   v.incident = incident.id();
@@ -593,6 +618,29 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     os << "has waited " << (earliestStart ? secondsBetween(earliestStart, nowNs) : seconds(0));
   }
   v.seq = subj.seq;
+  // Waits across groups: follow the ranks it waits for into the groups where
+  // they wait (their snapshots carry every group's position).
+  WaitFinding across;
+  // Built only when a rank is missing: a group whose ranks all wait in it
+  // needs no graph (and the post-mortem of many groups stays linear).
+  if (subj.kind != IncidentSubject::Kind::P2P && !(notArrived.empty() && gone.empty())) {
+    WaitGraph graph;
+    if (others != nullptr) {
+      for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
+    }
+    for (const auto& r : ranks) {
+      if (r.responded) graph.addRankRef(r.globalRank, r.waits());
+    }
+    std::vector<int64_t> missing;
+    for (const RankInput* r : notArrived) missing.push_back(r->globalRank);
+    for (const RankInput* r : gone) missing.push_back(r->globalRank);
+    const std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
+    across = graph.follow(groupName, subj.seq, missing);
+  }
+  std::string head = os.str();
+  os.str("");
+  if (across.shape == WaitShape::Cycle) head = across.headline() + ": " + head;
+  os << head << across.describe(nowNs);
   for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
   std::vector<std::string> hints;  // of the labels of the op waited in, each once
   if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
@@ -611,6 +659,14 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   std::vector<int64_t> sortedWaiting = waiting;
   std::sort(sortedWaiting.begin(), sortedWaiting.end());
   v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
+  v.shape = across.shape;
+  if (across.shape == WaitShape::Cycle) {
+    v.cycleGroups = across.groups;
+    // Every group on the cycle finds it; the report of one of them is logged.
+    if (!ranks.empty() && !across.owner.empty() && across.owner != ranks.front().groupName) v.reporter = -1;
+  } else if (across.shape == WaitShape::Chain) {
+    v.waitsFor = across.end;
+  }
 
   v.waiting = sortedWaiting;
   for (const RankInput* r : notArrived) v.notArrived.push_back(r->globalRank);

@@ -9,8 +9,10 @@
 #include "guard/report/Json.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
+#include "guard/report/WaitGraph.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,6 +49,13 @@ struct RankInput {
   uint64_t lastSeq = 0;                  // the last collective it issued
   const GroupView* group() const;        // this group's view inside snapshot, or null
   std::string groupName;
+  // Where the rank stands in each of its groups (WaitGraph): `snapshot.waits`,
+  // unless `sharedWaits` points to them (the post-mortem shares one list per
+  // dump among all the groups it analyses, instead of a copy per group).
+  const std::vector<GroupWait>* sharedWaits = nullptr;
+  const std::vector<GroupWait>& waits() const {
+    return sharedWaits != nullptr ? *sharedWaits : snapshot.waits;
+  }
 };
 
 struct Verdict {
@@ -62,6 +71,11 @@ struct Verdict {
   std::vector<int64_t> waiting, notArrived, gone, completed;
   // Mismatch: what each rank issued at `seq`.
   std::vector<RankOp> ops;
+  // Hang/failure: what the waits across groups form (WaitGraph): a cycle
+  // (a deadlock across `cycleGroups`, by label) or a chain ending at `waitsFor`.
+  WaitShape shape = WaitShape::None;
+  std::vector<std::string> cycleGroups;
+  std::vector<int64_t> waitsFor;
 
   static const char* kindName(Kind k);
   Json toJson() const;
@@ -87,8 +101,13 @@ inline const char* Verdict::kindName(Kind k) {
 // gone or frozen)": what a report says of a rank that did not answer.
 std::string describeAbsent(const RankInput& r, int64_t nowNs);
 
+// Where ranks outside the group stand (global rank -> its positions), when the
+// caller knows: the post-mortem reads every rank's dump, so it can follow a
+// wait out of the group; a live incident knows only the group's own ranks.
+using OtherWaits = std::map<int64_t, const std::vector<GroupWait>*>;
+
 // Analyses one group. `ranks` has one input per group rank, in order.
 Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,
-                int64_t nowNs);
+                int64_t nowNs, const OtherWaits* others = nullptr);
 
 } // namespace torch_ext

@@ -219,6 +219,11 @@ Json toJson(const RankSnapshot& s) {
   }
   j.set("pg_config", pgConfig);
   j.set("groups", groups);
+  if (!s.waits.empty()) {
+    Json waits = Json::array();
+    for (const auto& w : s.waits) waits.push(toJson(w));
+    j.set("waits", waits);
+  }
   if (s.status) {
     const DumpStatus& st = *s.status;
     j.set("written_at", std::string(enumName(st.cause)));
@@ -317,6 +322,9 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.main.note = optString(main, "note");
   s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
   for (const auto& g : j.at("groups").asArray("groups")) s.groups.push_back(groupFromJson(g));
+  if (const Json* waits = j.get("waits")) {
+    for (const auto& w : waits->asArray("waits")) s.waits.push_back(groupWaitFromJson(w));
+  }
   // The dump's state (absent before torch_ext wrote one).
   if (j.get("state") != nullptr) {
     DumpStatus st;

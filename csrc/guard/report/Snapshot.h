@@ -14,6 +14,7 @@
 #include "guard/report/Json.h"
 #include "guard/report/Label.h"
 #include "guard/report/Op.h"
+#include "guard/report/WaitGraph.h"
 
 #include <cstdint>
 #include <optional>
@@ -144,6 +145,11 @@ struct RankSnapshot {
   std::string config;
   MainThreadStack main;
   std::vector<GroupView> groups;
+  // Where this rank stands in every one of its groups (also those `groups`
+  // leaves out: an incident's snapshot holds one group's window), so that a
+  // report can follow a rank that has not arrived into the group where it
+  // waits (WaitGraph). Empty in dumps of torch_ext before it existed.
+  std::vector<GroupWait> waits;
   std::optional<DumpStatus> status;  // dump files only
 
   const GroupView* group(const std::string& name) const;

@@ -89,8 +89,39 @@ GroupView groupView(GroupState& state, size_t maxEntries) {
   return g;
 }
 
+GroupWait groupWait(GroupState& state) {
+  GroupWait w;
+  const auto& id = state.id();
+  w.group = id.name;
+  w.label = state.label();
+  w.ranks = id.globalRanks;
+  if (w.ranks.empty()) {
+    for (int r = 0; r < id.size; ++r) w.ranks.push_back(r);
+  }
+  const Progress p = state.ledger().progress();
+  w.lastSeq = p.lastSeq;
+  std::optional<Entry> stuck;
+  if (p.hasPending) {
+    stuck = p.oldestPending;
+  } else {
+    // Its last collective failed (abort_after, a peer gone) and it issued none
+    // since: that is where it stood, for the dumps written after.
+    auto last = state.ledger().entries(1);
+    if (!last.empty() && last.back().state == EntryState::Failed) stuck = last.back();
+  }
+  if (stuck) {
+    const Entry& e = *stuck;
+    w.pending = true;
+    w.seq = e.seq;
+    w.op = e.fp.describe();
+    w.where = describeCallSite(CallSites::instance().frames(e.callSite));
+    w.startNs = e.startNs;
+  }
+  return w;
+}
+
 RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shared_ptr<GroupState>>& states,
-                          size_t maxEntries) {
+                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf) {
   RankSnapshot s;
   s.pid = static_cast<int64_t>(getpid());
   s.hostname = hostname();
@@ -99,6 +130,7 @@ RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shar
   for (const auto& st : states) {
     s.groups.push_back(groupView(*st, maxEntries ? maxEntries : st->ledger().capacity()));
   }
+  for (const auto& st : waitsOf.empty() ? states : waitsOf) s.waits.push_back(groupWait(*st));
   if (!states.empty()) {
     s.rank = states.front()->id().globalRank(states.front()->id().rank);
     s.config = states.front()->config().describe();

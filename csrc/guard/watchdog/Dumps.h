@@ -22,9 +22,14 @@ EntryView entryView(const Entry& e);
 // The most recent `maxEntries` records of a group, with its progress.
 GroupView groupView(GroupState& state, size_t maxEntries);
 
-// `maxEntries` 0: each group's whole ledger.
+// Where this rank stands in a group: the last collective issued and the
+// oldest pending operation (RankSnapshot::waits).
+GroupWait groupWait(GroupState& state);
+
+// `maxEntries` 0: each group's whole ledger. `waitsOf`: the groups whose
+// positions go into `waits` (every group of the process; `states` when empty).
 RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shared_ptr<GroupState>>& states,
-                          size_t maxEntries);
+                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf = {});
 
 // Writes `snap` to <dir>/rank<r>.json atomically (temp file + rename); returns
 // the path, or "" with `*error` saying why.

@@ -653,14 +653,18 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
 }
 
 RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* only, size_t maxEntries) {
-  std::vector<std::shared_ptr<GroupState>> states;
+  std::vector<std::shared_ptr<GroupState>> states, all;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& g : groups_) {
+      all.push_back(g->state);
       if (only == nullptr || g->state.get() == only) states.push_back(g->state);
     }
   }
-  return takeSnapshot(reason, states, maxEntries);
+  // Every group's position rides along (a few hundred bytes per group), so
+  // the report can follow a rank that has not arrived into the group where it
+  // waits, with no store traffic beyond the snapshot itself.
+  return takeSnapshot(reason, states, maxEntries, all);
 }
 
 std::string Watchdog::writeDump(const std::string& reason, const std::string& dirOverride, const GroupState* about) {
