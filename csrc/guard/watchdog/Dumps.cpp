@@ -103,9 +103,11 @@ GroupWait groupWait(GroupState& state) {
   std::optional<Entry> stuck;
   if (p.hasPending) {
     stuck = p.oldestPending;
-  } else {
+  } else if (auto f = state.failure(); !(f && f->kind == GuardErrorKind::Mismatch)) {
     // Its last collective failed (abort_after, a peer gone) and it issued none
-    // since: that is where it stood, for the dumps written after.
+    // since: that is where it stood, for the dumps written after. Not after a
+    // mismatch: that group's ranks went on (the demo's scene 1 is not where its
+    // ranks wait in scene 2).
     auto last = state.ledger().entries(1);
     if (!last.empty() && last.back().state == EntryState::Failed) stuck = last.back();
   }
