@@ -482,3 +482,18 @@ def test_user_script_over_nccl_sim_under_torchrun_and_env(tmp_path):
         assert p.returncode not in (0, None), p.output
         assert "CollectiveTimeoutError" in p.output and "collective #7 all_reduce" in p.output, p.output
         assert "never" not in p.output
+
+
+# --- bad switches ---------------------------------------------------------------
+
+def _init_only(rank: int, world: int) -> str:
+    return dist.get_backend()
+
+
+@needs_sim
+@pytest.mark.parametrize("var,value", [("TORCH_EXT_NCCL_SIM_STALL", "1"), ("TORCH_EXT_NCCL_SIM_FAIL", "x:2"),
+                                       ("TORCH_EXT_NCCL_SIM_QUEUE", "0"), ("TORCH_EXT_NCCL_SIM_WAIT", "host")])
+def test_a_bad_switch_fails_at_init_naming_the_variable(var, value):
+    res = run_ranks(_init_only, 1, env={**ENV, var: value}, timeout=60, check=False)
+    assert res[0].error_type == "ValueError", res[0].status()
+    assert var in res[0].error and value in res[0].error, res[0].error
