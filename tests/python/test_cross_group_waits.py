@@ -151,6 +151,10 @@ def _three_groups(rank: int, world: int) -> dict:
         dist.all_reduce(torch.ones(1), group=groups[second])
     except torch_ext.CollectiveTimeoutError as e:
         error = str(e)
+    except torch_ext.CollectiveFailureError as e:
+        # A peer that raised its timeout first and exited closed the gloo
+        # connection under this rank's wait: a race between the two outcomes.
+        error = str(e)
     return {"error": error, "records": cap.records}
 
 
@@ -180,6 +184,10 @@ def _pairwise(rank: int, world: int) -> dict:
         dist.all_reduce(torch.ones(1), group=groups[first])
         dist.all_reduce(torch.ones(1), group=groups[second])
     except torch_ext.CollectiveTimeoutError as e:
+        error = str(e)
+    except torch_ext.CollectiveFailureError as e:
+        # A peer that raised its timeout first and exited closed the gloo
+        # connection under this rank's wait: a race between the two outcomes.
         error = str(e)
     return {"error": error, "records": cap.records}
 
