@@ -15,9 +15,11 @@ This module keeps the names the tests import, with the same behaviour:
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 from torch_ext.testing import (  # noqa: F401 - re-exported for the tests
@@ -67,3 +69,21 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
     """:func:`torch_ext.testing.launch_script` from the project root, with it on PYTHONPATH."""
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     return _launch_script(args, world_size, store=store, timeout=timeout, env=env, wait_for=wait_for, cwd=ROOT)
+
+
+class LogRecords(logging.Handler):
+    """Collects the torch_ext logger's records as (arrival time, level, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[tuple[float, str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append((time.monotonic(), record.levelname, record.getMessage()))
+
+
+def capture_logs() -> LogRecords:
+    """Starts collecting the torch_ext logger's records in this process (a rank)."""
+    h = LogRecords()
+    logging.getLogger("torch_ext").addHandler(h)
+    return h

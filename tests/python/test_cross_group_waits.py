@@ -9,7 +9,6 @@ of a chain of waits.
 """
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -19,24 +18,12 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import ROOT, assert_all_ok, report, run_ranks
+from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks
 
 ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[float, str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((time.monotonic(), record.levelname, record.getMessage()))
-
-
-def _capture() -> _Records:
-    h = _Records()
-    logging.getLogger("torch_ext").addHandler(h)
-    return h
+_capture = capture_logs
 
 
 # --- the torchrec#4149 shape: dp then mp on rank 0, mp then dp on ranks 1,2 ----------
@@ -138,17 +125,12 @@ def test_a_chain_of_waits_names_the_rank_everything_waits_for():
     assert "in _compute" in text, text  # rank 2's main thread, as before
 
 
-# --- three groups over the same 4 ranks, each rank issuing two of them in its own order ---
-
-def _three_groups(rank: int, world: int) -> dict:
-    cap = _capture()
-    groups = {d: dist.new_group(list(range(world)), backend="guard", group_desc=d) for d in ("a", "b", "c")}
-    # 0: a then b; 1: b then c; 2: c then a; 3: a then b (with rank 0).
-    first, second = {0: ("a", "b"), 1: ("b", "c"), 2: ("c", "a"), 3: ("a", "b")}[rank]
+def _in_order(cap, first, second) -> dict:
+    """One all_reduce on `first`, then one on `second`; the error it ends with, and the records."""
     error = None
     try:
-        dist.all_reduce(torch.ones(1), group=groups[first])
-        dist.all_reduce(torch.ones(1), group=groups[second])
+        dist.all_reduce(torch.ones(1), group=first)
+        dist.all_reduce(torch.ones(1), group=second)
     except torch_ext.CollectiveTimeoutError as e:
         error = str(e)
     except torch_ext.CollectiveFailureError as e:
@@ -156,6 +138,16 @@ def _three_groups(rank: int, world: int) -> dict:
         # connection under this rank's wait: a race between the two outcomes.
         error = str(e)
     return {"error": error, "records": cap.records}
+
+
+# --- three groups over the same 4 ranks, each rank issuing two of them in its own order ---
+
+def _three_groups(rank: int, world: int) -> dict:
+    cap = _capture()
+    groups = {d: dist.new_group(list(range(world)), backend="guard", group_desc=d) for d in ("a", "b", "c")}
+    # 0: a then b; 1: b then c; 2: c then a; 3: a then b (with rank 0).
+    first, second = {0: ("a", "b"), 1: ("b", "c"), 2: ("c", "a"), 3: ("a", "b")}[rank]
+    return _in_order(cap, groups[first], groups[second])
 
 
 def test_three_groups_over_four_ranks_are_one_deadlock_logged_once():
@@ -179,17 +171,7 @@ def _pairwise(rank: int, world: int) -> dict:
     groups = {d: dist.new_group(r, backend="guard", group_desc=d) for d, r in (("a", [0, 1]), ("b", [1, 2]),
                                                                                ("c", [0, 2]))}
     first, second = {0: ("a", "c"), 1: ("b", "a"), 2: ("c", "b")}[rank]
-    error = None
-    try:
-        dist.all_reduce(torch.ones(1), group=groups[first])
-        dist.all_reduce(torch.ones(1), group=groups[second])
-    except torch_ext.CollectiveTimeoutError as e:
-        error = str(e)
-    except torch_ext.CollectiveFailureError as e:
-        # A peer that raised its timeout first and exited closed the gloo
-        # connection under this rank's wait: a race between the two outcomes.
-        error = str(e)
-    return {"error": error, "records": cap.records}
+    return _in_order(cap, groups[first], groups[second])
 
 
 def test_pairwise_groups_live_reports_follow_the_chain_and_diagnose_names_the_deadlock(tmp_path):

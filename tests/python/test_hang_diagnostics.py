@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -24,26 +23,12 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, capture_logs, report, run_ranks
 
 FAST = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_INTERVAL": "0.1"}
 
 
-class _Records(logging.Handler):
-    """Collects the torch_ext logger's records with their arrival time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[tuple[float, str, str]] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append((time.monotonic(), record.levelname, record.getMessage()))
-
-
-def _capture() -> _Records:
-    h = _Records()
-    logging.getLogger("torch_ext").addHandler(h)
-    return h
+_capture = capture_logs
 
 
 def _reports(records, word="has waited"):
