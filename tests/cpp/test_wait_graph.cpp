@@ -89,8 +89,9 @@ TEST(WaitGraph, ThreeGroupCycle) {
   EXPECT_EQ(f.sites[0].group, "a");
   EXPECT_EQ(f.sites[1].group, "b");
   EXPECT_EQ(f.sites[2].group, "c");
-  // No group holds all three ranks: no analyst sees the whole loop, each report is logged.
-  EXPECT_EQ(f.owner, "");
+  // No group holds all three ranks: the lowest-named group on the loop logs it
+  // (its analyst follows the waits through the positions ranks publish).
+  EXPECT_EQ(f.owner, "a");
   // Seen from group a alone (ranks 0,1), the waits leave the view at rank 2: a chain.
   WaitGraph onlyA;
   onlyA.addRank(0, {pos("a", "a", {0, 1}, 1, 1, "x"), pos("c", "c", {2, 0}, 0)});
@@ -190,6 +191,11 @@ TEST(WaitGraph, VerdictCarriesTheShapeThroughTheStore) {
   const Verdict back = Verdict::fromJson(Json::parse(v.toJson().dump()));
   EXPECT_EQ(back.shape, WaitShape::Cycle);
   EXPECT_EQ(back.cycleGroups, (std::vector<std::string>{"dp", "mp"}));
+  v.sites = crossed().follow("1", 1, {1, 2}).sites;
+  const Verdict withSites = Verdict::fromJson(Json::parse(v.toJson().dump()));
+  ASSERT_EQ(withSites.sites.size(), 2u);
+  EXPECT_EQ(withSites.sites[1].what(), "collective #1 all_reduce(float32[4], SUM)");
+  EXPECT_EQ(withSites.sites[1].waiters, (std::vector<int64_t>{1, 2}));
   Verdict chain;
   chain.kind = Verdict::Kind::Hang;
   chain.shape = WaitShape::Chain;
@@ -201,4 +207,105 @@ TEST(WaitGraph, VerdictCarriesTheShapeThroughTheStore) {
   Verdict plain;
   plain.kind = Verdict::Kind::Hang;
   EXPECT_EQ(Verdict::fromJson(Json::parse(plain.toJson().dump())).shape, WaitShape::None);
+}
+
+namespace {
+
+// Rank's pending send/recv with `peer` (global rank) in a group.
+GroupWait p2p(const std::string& group, const std::string& label, std::vector<int64_t> ranks, int64_t peer,
+              bool recv, const std::string& where, int32_t tag = 0) {
+  GroupWait w = pos(group, label, std::move(ranks), 0);
+  w.pending = true;
+  w.seq = 0;
+  w.peer = peer;
+  w.recv = recv;
+  w.tag = tag;
+  w.op = recv ? "recv(float32[3], src=0, tag=0)" : "send(float32[3], dst=1, tag=0)";
+  w.where = where;
+  w.startNs = kNow - 2 * kSec;
+  return w;
+}
+
+// Two pipeline stages of two replicas: dp {0,1} and {2,3}, pp {0,2} and {1,3}.
+// 0 waits in dp for 1; 1 receives from 3; 3 waits in dp for 2; 2 receives from 0.
+WaitGraph pipeline() {
+  WaitGraph g;
+  g.addRank(0, {pos("dp0", "dp", {0, 1}, 1, 1, "a"), pos("pp0", "pp", {0, 2}, 0)});
+  g.addRank(1, {pos("dp0", "dp", {0, 1}, 0), p2p("pp1", "pp", {1, 3}, 3, true, "b")});
+  g.addRank(2, {pos("dp1", "dp", {2, 3}, 0), p2p("pp0", "pp", {0, 2}, 0, true, "c")});
+  g.addRank(3, {pos("dp1", "dp", {2, 3}, 1, 1, "d"), pos("pp1", "pp", {1, 3}, 0)});
+  return g;
+}
+
+} // namespace
+
+TEST(WaitGraph, SendRecvAcrossPipelineStagesCloseALoopWithCollectives) {
+  const WaitGraph g = pipeline();
+  const WaitFinding f = g.follow("dp0", 1, {1});
+  ASSERT_EQ(f.shape, WaitShape::Cycle);
+  EXPECT_EQ(f.headline(), "deadlock across groups dp and pp");
+  EXPECT_EQ(f.loop, (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(f.owner, "dp0");  // no group holds the loop: the lowest-named group on it
+  ASSERT_EQ(f.sites.size(), 4u);
+  const std::string text = f.describe(kNow);
+  EXPECT_NE(text.find("\n  rank 1 waits in recv(float32[3], src=0, tag=0) from rank 3 on group \"pp\" (at b, 2.0 s) "
+                      "for rank 3, which waits in #1 on group \"dp\""),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("for rank 1, which waits in recv(float32[3], src=0, tag=0) from rank 3 on group \"pp\""),
+            std::string::npos)
+      << text;
+  // From the receive's side (a p2p incident): the same loop.
+  auto site = g.siteOf(2);
+  ASSERT_TRUE(site.has_value());
+  EXPECT_TRUE(site->p2p());
+  EXPECT_EQ(site->waitsFor, (std::vector<int64_t>{0}));
+  EXPECT_EQ(g.followFrom(*site, {0}).describe(kNow), text);
+}
+
+TEST(WaitGraph, APostedPairIsNoWait) {
+  // 0 sends to 1 and 1 receives from 0: both pending on the transport, neither waits for the other.
+  WaitGraph g;
+  g.addRank(0, {p2p("pp", "pp", {0, 1}, 1, false, "s")});
+  g.addRank(1, {p2p("pp", "pp", {0, 1}, 0, true, "r")});
+  EXPECT_TRUE(g.siteOf(0)->waitsFor.empty());
+  EXPECT_TRUE(g.siteOf(1)->waitsFor.empty());
+  EXPECT_EQ(g.anyCycle().shape, WaitShape::None);
+  // Both receiving from each other: a loop of two.
+  WaitGraph both;
+  both.addRank(0, {p2p("pp", "pp", {0, 1}, 1, true, "r0")});
+  both.addRank(1, {p2p("pp", "pp", {0, 1}, 0, true, "r1")});
+  const WaitFinding f = both.anyCycle();
+  ASSERT_EQ(f.shape, WaitShape::Cycle);
+  EXPECT_EQ(f.loop, (std::vector<int64_t>{0, 1}));
+  // Another tag does not pair.
+  WaitGraph tags;
+  tags.addRank(0, {p2p("pp", "pp", {0, 1}, 1, false, "s", 1)});
+  tags.addRank(1, {p2p("pp", "pp", {0, 1}, 0, true, "r", 2)});
+  EXPECT_EQ(tags.siteOf(1)->waitsFor, (std::vector<int64_t>{0}));
+}
+
+TEST(WaitGraph, PositionsAndSitesSurviveJson) {
+  PublishedWaits p{kNow, {pos("dp0", "dp", {0, 1}, 3, 3, "a"), p2p("pp1", "pp", {1, 3}, 3, true, "b", 7)}};
+  auto back = decodePublishedWaits(encodePublishedWaits(p));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->timeNs, kNow);
+  ASSERT_EQ(back->waits.size(), 2u);
+  EXPECT_TRUE(back->waits[0].waitsInCollective());
+  EXPECT_EQ(back->waits[0].seq, 3u);
+  EXPECT_TRUE(back->waits[1].waitsInP2P());
+  EXPECT_EQ(back->waits[1].peer, 3);
+  EXPECT_TRUE(back->waits[1].recv);
+  EXPECT_EQ(back->waits[1].tag, 7);
+  EXPECT_FALSE(decodePublishedWaits("not json").has_value());
+  EXPECT_FALSE(decodePublishedWaits("{\"waits\": []}").has_value());
+
+  const WaitFinding f = pipeline().follow("dp0", 1, {1});
+  for (const auto& s : f.sites) {
+    const WaitSite r = waitSiteFromJson(toJson(s));
+    EXPECT_EQ(r.what(), s.what());
+    EXPECT_EQ(r.group, s.group);
+    EXPECT_EQ(r.waiters, s.waiters);
+    EXPECT_EQ(r.waitsFor, s.waitsFor);
+  }
 }

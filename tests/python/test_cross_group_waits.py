@@ -5,7 +5,13 @@ The snapshots ranks exchange during an incident carry every group's position, so
 the report follows the missing rank into the group where it waits, and names a
 deadlock when the waits close a loop (torchrec#4149: two groups over the same
 ranks, issued in a different order on different ranks), or the rank at the end
-of a chain of waits.
+of a chain of waits. Where no group holds the whole loop (pairwise groups, a 2x2
+DeviceMesh, pipeline stages), the analyst follows the waits through the
+positions every rank publishes job-wide when it answers an incident. Send/recv
+count as waits too: a receive waits for its peer's send.
+
+Each case runs with the store in the test's process (as torchrun's agent holds
+it) and in rank 0's (plain env://).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -21,6 +28,7 @@ import torch_ext
 from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks
 
 ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
+STORES = pytest.mark.parametrize("store", ["parent", "rank0"])
 
 
 _capture = capture_logs
@@ -54,9 +62,10 @@ def _crossed(rank: int, world: int) -> dict:
     return {"start": start, "error": error, "records": cap.records}
 
 
-def test_two_groups_issued_in_opposite_orders_are_reported_as_one_deadlock(tmp_path):
+@STORES
+def test_two_groups_issued_in_opposite_orders_are_reported_as_one_deadlock(tmp_path, store):
     env = dict(ENV, TORCH_EXT_DUMP_DIR=str(tmp_path))
-    results = run_ranks(_crossed, 3, env=env, timeout=90)
+    results = run_ranks(_crossed, 3, env=env, timeout=90, store=store)
     values = assert_all_ok(results)
 
     # Every rank ends by itself with a typed error that says it in its first line.
@@ -111,9 +120,10 @@ def _chain(rank: int, world: int) -> dict:
     return {"records": cap.records}
 
 
-def test_a_chain_of_waits_names_the_rank_everything_waits_for():
+@STORES
+def test_a_chain_of_waits_names_the_rank_everything_waits_for(store):
     env = dict(ENV, TORCH_EXT_ABORT_AFTER="20")
-    values = assert_all_ok(run_ranks(_chain, 3, env=env, timeout=90))
+    values = assert_all_ok(run_ranks(_chain, 3, env=env, timeout=90, store=store))
     texts = [msg for v in values for _, lvl, msg in v["records"] if lvl == "WARNING" and "has waited" in msg]
     assert not any("deadlock" in t for t in texts), texts
     dp = [t for t in texts if 'on group "dp"' in t.splitlines()[0]]
@@ -127,17 +137,10 @@ def test_a_chain_of_waits_names_the_rank_everything_waits_for():
 
 def _in_order(cap, first, second) -> dict:
     """One all_reduce on `first`, then one on `second`; the error it ends with, and the records."""
-    error = None
-    try:
+    def step():
         dist.all_reduce(torch.ones(1), group=first)
         dist.all_reduce(torch.ones(1), group=second)
-    except torch_ext.CollectiveTimeoutError as e:
-        error = str(e)
-    except torch_ext.CollectiveFailureError as e:
-        # A peer that raised its timeout first and exited closed the gloo
-        # connection under this rank's wait: a race between the two outcomes.
-        error = str(e)
-    return {"error": error, "records": cap.records}
+    return _timed(cap, step)
 
 
 # --- three groups over the same 4 ranks, each rank issuing two of them in its own order ---
@@ -150,8 +153,9 @@ def _three_groups(rank: int, world: int) -> dict:
     return _in_order(cap, groups[first], groups[second])
 
 
-def test_three_groups_over_four_ranks_are_one_deadlock_logged_once():
-    results = run_ranks(_three_groups, 4, env=ENV, timeout=90)
+@STORES
+def test_three_groups_over_four_ranks_are_one_deadlock_logged_once(store):
+    results = run_ranks(_three_groups, 4, env=ENV, timeout=90, store=store)
     values = assert_all_ok(results)
     for v in values:
         assert v["error"] and v["error"].startswith("deadlock across groups a, b and c: "), report(results)
@@ -164,6 +168,121 @@ def test_three_groups_over_four_ranks_are_one_deadlock_logged_once():
     assert 'rank 2 waits in collective #1 all_reduce(float32[1], SUM) on group "c"' in text, text
 
 
+# --- loops that no group holds whole: followed through the positions ranks publish ------
+
+def _one_deadlock(results, headline: str) -> str:
+    """Every rank ended by itself with the deadlock in its error's first line; one warning names it,
+    logged once within warn_after + 3 s. Returns that warning."""
+    values = assert_all_ok(results)
+    for v in values:
+        assert v["error"] and v["error"].splitlines()[0].startswith(headline + ": "), report(results)
+        assert "timeout after abort_after=4 s" in v["error"].splitlines()[0] or "failed" in v["error"], v["error"]
+    warnings = [(t - v["start"], msg) for v in values for t, lvl, msg in v["records"]
+                if lvl == "WARNING" and "deadlock across groups" in msg]
+    assert len(warnings) == 1, [v["records"] for v in values]
+    after, text = warnings[0]
+    assert text.startswith(headline + ": "), text
+    assert after < 1 + 3 + 1.5, (after, text)  # slack for a loaded 2-core machine
+    return text
+
+
+def _diagnose(path) -> str:
+    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(path)], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert out.returncode != 0 or out.stdout, out.stderr
+    return out.stdout + out.stderr
+
+
+def _timed(cap, fn) -> dict:
+    start = time.monotonic()
+    error = None
+    try:
+        fn()
+    except (torch_ext.CollectiveTimeoutError, torch_ext.CollectiveFailureError) as e:
+        # CollectiveFailureError: a peer that raised its timeout first and exited
+        # closed the gloo connection under this rank's wait (a race between the two).
+        error = str(e)
+    return {"start": start, "error": error, "records": cap.records}
+
+
+# A 2x2 DeviceMesh ("dp" x "tp"): ranks 0 and 3 reduce over dp first, ranks 1 and 2 over tp first.
+# Each dimension is two pairwise groups, so the loop 0 -> 2 -> 3 -> 1 -> 0 crosses four groups.
+
+def _mesh(rank: int, world: int) -> dict:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cap = _capture()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    order = ("dp", "tp") if rank in (0, 3) else ("tp", "dp")
+
+    def step():
+        for dim in order:
+            dist.all_reduce(torch.ones(2), group=mesh.get_group(dim))
+    return _timed(cap, step)
+
+
+@STORES
+def test_device_mesh_dimensions_issued_in_crossed_orders_are_one_deadlock_live(tmp_path, store):
+    env = dict(ENV, TORCH_EXT_DUMP_DIR=str(tmp_path))
+    text = _one_deadlock(run_ranks(_mesh, 4, env=env, timeout=90, store=store),
+                         "deadlock across groups mesh_dp and mesh_tp")
+    # Every edge of the loop, each through the mesh dimension torch named the group after.
+    for waiter, group, waited in ((0, "mesh_dp", 2), (2, "mesh_tp", 3), (3, "mesh_dp", 1), (1, "mesh_tp", 0)):
+        assert (f'\n  rank {waiter} waits in collective #1 all_reduce(float32[2], SUM) on group "{group}" (at '
+                in text), text
+        assert f") for rank {waited}, which waits in #1 on group " in text, text
+    out = _diagnose(tmp_path)
+    assert out.count("deadlock across groups mesh_dp and mesh_tp") == 4, out  # printed once, referred to 3 times
+    assert out.count("part of the deadlock across groups mesh_dp and mesh_tp above") == 3, out
+
+
+# Two pipeline stages of two data-parallel replicas each: stage 0 is ranks 0,1 (dp), stage 1 ranks 2,3
+# (dp); pp pairs 0-2 and 1-3. Rank 0 reduces before sending its activations to rank 2, which receives
+# before reducing; rank 1 receives its gradients from rank 3 before reducing, and rank 3 reduces before
+# sending them: 2 waits for 0 (recv), 0 for 1 (dp), 1 for 3 (recv), 3 for 2 (dp).
+
+def _pipeline(rank: int, world: int) -> dict:
+    cap = _capture()
+    dp = [dist.new_group(r, backend="guard", group_desc="dp") for r in ([0, 1], [2, 3])][rank // 2]
+    pp = [dist.new_group(r, backend="guard", group_desc="pp") for r in ([0, 2], [1, 3])][rank % 2]
+    t = torch.ones(3)
+
+    def step():
+        if rank == 0:
+            dist.all_reduce(t, group=dp)
+            dist.send(t, 2, group=pp)
+        elif rank == 1:
+            dist.recv(t, 3, group=pp)
+            dist.all_reduce(t, group=dp)
+        elif rank == 2:
+            dist.recv(t, 0, group=pp)
+            dist.all_reduce(t, group=dp)
+        else:
+            dist.all_reduce(t, group=dp)
+            dist.send(t, 1, group=pp)
+    return _timed(cap, step)
+
+
+@STORES
+def test_pipeline_send_recv_and_data_parallel_reduce_are_one_deadlock_live(tmp_path, store):
+    env = dict(ENV, TORCH_EXT_DUMP_DIR=str(tmp_path))
+    text = _one_deadlock(run_ranks(_pipeline, 4, env=env, timeout=90, store=store), "deadlock across groups dp and pp")
+    assert '\n  rank 2 waits in recv(float32[3], src=0, tag=0) from rank 0 on group "pp" (at ' in text, text
+    assert '\n  rank 1 waits in recv(float32[3], src=1, tag=0) from rank 3 on group "pp" (at ' in text, text
+    assert '\n  rank 0 waits in collective #1 all_reduce(float32[3], SUM) on group "dp" (at ' in text, text
+    assert '\n  rank 3 waits in collective #1 all_reduce(float32[3], SUM) on group "dp" (at ' in text, text
+    assert "for rank 1, which waits in recv(float32[3], src=1, tag=0) from rank 3 on group \"pp\"" in text, text
+    out = _diagnose(tmp_path)
+    assert "deadlock across groups dp and pp" in out, out
+    # The HTML view draws the loop: an arrow per wait, labelled with its group and operation.
+    html = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path), "--html", str(tmp_path / "r.html")],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    page = (tmp_path / "r.html").read_text()
+    assert "<svg class='cycle'" in page, html.stdout + html.stderr
+    assert page.count("class='wait'") == 4, page
+    assert ">pp: recv</text>" in page and ">dp #1 all_reduce</text>" in page, page
+
+
 # --- three pairwise groups: no group holds the whole loop --------------------------------
 
 def _pairwise(rank: int, world: int) -> dict:
@@ -174,18 +293,21 @@ def _pairwise(rank: int, world: int) -> dict:
     return _in_order(cap, groups[first], groups[second])
 
 
-def test_pairwise_groups_live_reports_follow_the_chain_and_diagnose_names_the_deadlock(tmp_path):
+@STORES
+def test_pairwise_groups_are_one_deadlock_live_and_in_the_post_mortem(tmp_path, store):
     env = dict(ENV, TORCH_EXT_DUMP_DIR=str(tmp_path))
-    results = run_ranks(_pairwise, 3, env=env, timeout=90)
+    results = run_ranks(_pairwise, 3, env=env, timeout=90, store=store)
     values = assert_all_ok(results)
-    assert all(v["error"] for v in values), report(results)
-    # Live, each group sees two of the three ranks: the chain leaves it at the third.
-    texts = [msg for v in values for _, lvl, msg in v["records"] if lvl == "WARNING" and "has waited" in msg]
-    a = [t for t in texts if t.startswith('collective #1 all_reduce(float32[1], SUM) on group "a"')]
-    assert len(a) == 1, texts
-    assert 'rank 1 has not arrived: it waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in a[0], a[0]
-    assert "everything waits for rank 2 (not a member of this group" in a[0], a[0]
-    # Every rank's dump holds all its groups: the post-mortem sees the whole loop.
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
-    assert "deadlock across groups a, b and c" in out.stdout, out.stdout + out.stderr
+    for v in values:
+        assert v["error"] and v["error"].startswith("deadlock across groups a, b and c: "), report(results)
+    # Each group holds two of the three ranks; its analyst reads the third's published positions.
+    warnings = [msg for v in values for _, lvl, msg in v["records"]
+                if lvl == "WARNING" and "deadlock across groups" in msg]
+    assert len(warnings) == 1, [v["records"] for v in values]
+    assert 'rank 0 waits in collective #1 all_reduce(float32[1], SUM) on group "a"' in warnings[0], warnings[0]
+    assert 'rank 1 waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in warnings[0], warnings[0]
+    assert 'rank 2 waits in collective #1 all_reduce(float32[1], SUM) on group "c"' in warnings[0], warnings[0]
+    # Every rank's dump holds all its groups: the post-mortem sees the whole loop, and prints it once.
+    out = _diagnose(tmp_path)
+    assert out.count("deadlock across groups a, b and c") == 3, out
+    assert out.count("part of the deadlock across groups a, b and c above") == 2, out

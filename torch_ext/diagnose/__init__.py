@@ -202,16 +202,31 @@ def format_text(a: Analysis, past: bool = False) -> str:
         lines.append(f"no dump from rank(s) {_ranks(missing)}: gone, frozen, or never reached a report")
     for b in a.bad:
         lines.append(f"bad file {b.path}: {b.reason}")
+    told: set[tuple] = set()  # the deadlocks printed: every group on one finds the same loop
     for v in a.verdicts:
         lines.append("")
         label = v.get("group", v.get("group_name", "?"))
         if v["kind"] == "none" and not v.get("pending"):
             lines.append(f'group "{label}": nothing pending, no mismatch found')
             continue
+        loop = _loop(v)
+        if loop is not None and loop in told:
+            headline, _, first = v["text"].splitlines()[0].partition(": ")
+            lines.append(f"{first}: part of the {headline} above")
+            continue
+        if loop is not None:
+            told.add(loop)
         if past:
             lines.append("when the dumps were written (resolved since):")
         lines.append(v["text"])
     return "\n".join(lines)
+
+
+def _loop(verdict: dict[str, Any]) -> tuple | None:
+    """The deadlock a verdict found, as a key equal for every group on it; None: no deadlock."""
+    if verdict.get("wait_shape") != "cycle" or not verdict.get("wait_sites"):
+        return None
+    return tuple(sorted((s["group"], s["collective_seq_id"], tuple(s["waiters"])) for s in verdict["wait_sites"]))
 
 
 def _ranks(ranks: list[int]) -> str:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import os
 from typing import Any
 
-from torch_ext.diagnose import Analysis, Dump, culprits, group_sizes
+from torch_ext.diagnose import Analysis, Dump, _loop, culprits, group_sizes
 
 __all__ = ["render", "page_model"]
 
@@ -385,6 +386,68 @@ _LEGEND = (
 )
 
 
+def deadlocks(verdicts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The verdicts that found a deadlock across groups, one per distinct loop (each group on it finds it)."""
+    out, seen = [], set()
+    for v in verdicts:
+        key = _loop(v)
+        if key is not None and key not in seen:
+            seen.add(key)
+            out.append(v)
+    return out
+
+
+def _edge_label(site: dict[str, Any]) -> str:
+    desc = site.get("desc") or site["group"]
+    if site.get("peer") is not None:
+        return f'{desc}: {site.get("direction", "p2p")}'
+    op = site["what"].split(" ", 2)[-1].split("(")[0]  # "collective #1 all_reduce(...)" -> "all_reduce"
+    return f'{desc} #{site["collective_seq_id"]} {op}'
+
+
+def cycle_svg(verdict: dict[str, Any]) -> str:
+    """The loop of waits as a drawing: ranks on a circle, an arrow from each waiting rank to each rank it waits
+    for, labelled with the group and the operation it waits in (server-side SVG: no script needed)."""
+    sites = verdict["wait_sites"]
+    order: list[int] = []
+    for s in sites:
+        for r in [*s["waiters"], *s["waits_for"]]:
+            if r not in order:
+                order.append(int(r))
+    n = len(order)
+    size, radius, node = 420, 140, 22
+    cx = cy = size / 2
+    pos = {r: (cx + radius * math.sin(2 * math.pi * k / n), cy - radius * math.cos(2 * math.pi * k / n))
+           for k, r in enumerate(order)}
+    parts = [f"<svg class='cycle' xmlns='http://www.w3.org/2000/svg' width='{size}' height='{size}' "
+             f"viewBox='0 0 {size} {size}' role='img' aria-label='{html.escape(verdict['text'].splitlines()[0])}'>",
+             "<defs><marker id='arrow' viewBox='0 0 10 10' refX='9' refY='5' markerWidth='7' markerHeight='7' "
+             "orient='auto-start-reverse'><path d='M0,0 L10,5 L0,10 z' fill='#b00'/></marker></defs>"]
+    for s in sites:
+        label = html.escape(_edge_label(s))
+        for w in s["waiters"]:
+            for t in s["waits_for"]:
+                (x1, y1), (x2, y2) = pos[int(w)], pos[int(t)]
+                dx, dy = x2 - x1, y2 - y1
+                d = math.hypot(dx, dy) or 1.0
+                ux, uy = dx / d, dy / d
+                # Bend each arrow to its left so that two ranks waiting for each other get two arrows.
+                mx, my = (x1 + x2) / 2 - uy * 28, (y1 + y2) / 2 + ux * 28
+                sx, sy, ex, ey = x1 + ux * node, y1 + uy * node, x2 - ux * node, y2 - uy * node
+                parts.append(f"<path class='wait' d='M{sx:.1f},{sy:.1f} Q{mx:.1f},{my:.1f} {ex:.1f},{ey:.1f}' "
+                             f"fill='none' stroke='#b00' stroke-width='1.6' marker-end='url(#arrow)'>"
+                             f"<title>rank {w} waits for rank {t}: {html.escape(s['what'])} on group "
+                             f"{html.escape(s.get('desc') or s['group'])} at {html.escape(s.get('where', ''))}</title></path>")
+                parts.append(f"<text x='{mx:.1f}' y='{my:.1f}' font-size='11' text-anchor='middle' "
+                             f"fill='#700'>{label}</text>")
+    for r, (x, y) in pos.items():
+        parts.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='{node}' fill='#fff0f0' stroke='#d33' stroke-width='2'/>"
+                     f"<text x='{x:.1f}' y='{y + 4:.1f}' font-size='12' font-weight='bold' "
+                     f"text-anchor='middle'>rank {r}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
 def render(a: Analysis, title: str = "torch_ext diagnose") -> str:
     model = page_model(a)
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -392,6 +455,11 @@ def render(a: Analysis, title: str = "torch_ext diagnose") -> str:
     out.append(f"<p>{len(a.dumps)} dump(s) from rank(s) {_ranges(a.ranks)}</p>")
     for b in a.bad:
         out.append(f"<p class='bad'>bad file {html.escape(b.path)}: {html.escape(b.reason)}</p>")
+    for v in deadlocks(a.verdicts):
+        out.append(f"<section class='deadlock'><h2>{html.escape(v['text'].split(':', 1)[0])}</h2>"
+                   "<p>Each arrow: a rank waiting in an operation (group, collective or send/recv) for the rank "
+                   "it points to, which waits elsewhere; the arrows close a loop, so none of them can finish.</p>"
+                   f"{cycle_svg(v)}</section>")
     if model["groups"]:
         out.append(_LEGEND)
     for gi, g in enumerate(model["groups"]):

@@ -65,6 +65,14 @@ class GroupState {
   GroupStore& store() const {
     return *store_;
   }
+  // The same store without the group's prefix, for the few job-wide keys
+  // (StoreKeys.h: waits/<rank>); null when the group has none (tests).
+  GroupStore* jobStore() const {
+    return jobStore_.get();
+  }
+  void setJobStore(std::shared_ptr<GroupStore> store) {
+    jobStore_ = std::move(store);
+  }
   std::chrono::milliseconds timeout() const {
     return timeout_;
   }
@@ -126,6 +134,7 @@ class GroupState {
   GroupIdentity id_;
   Config cfg_;
   std::shared_ptr<GroupStore> store_;
+  std::shared_ptr<GroupStore> jobStore_;
   std::chrono::milliseconds timeout_;
   Ledger ledger_;
 

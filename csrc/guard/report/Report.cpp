@@ -220,13 +220,18 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
   // (its main thread's stack below shows the same wait from Python's side).
   const GroupWait* elsewhere = nullptr;
   for (const auto& w : r.waits()) {
-    if (w.group != r.groupName && w.waitsInCollective() && (elsewhere == nullptr || w.startNs > elsewhere->startNs)) {
+    if (w.group != r.groupName && w.waits() && (elsewhere == nullptr || w.startNs > elsewhere->startNs)) {
       elsewhere = &w;
     }
   }
   if (elsewhere != nullptr) {
-    os << "it waits in collective #" << elsewhere->seq << " " << elsewhere->op << " on group \"" << elsewhere->label
-       << "\" (at " << elsewhere->where << ", "
+    os << "it waits in ";
+    if (elsewhere->seq) {
+      os << "collective #" << elsewhere->seq << " " << elsewhere->op;
+    } else {
+      os << elsewhere->op << (elsewhere->recv ? " from rank " : " to rank ") << elsewhere->peer;
+    }
+    os << " on group \"" << elsewhere->label << "\" (at " << elsewhere->where << ", "
        << (elsewhere->startNs ? secondsBetween(elsewhere->startNs, nowNs) : seconds(0)) << "); ";
   }
   if (g && g->lastCompletedSeq > 0) {
@@ -468,6 +473,11 @@ Json Verdict::toJson() const {
       j.set("cycle_groups", groups);
     }
     if (shape == WaitShape::Chain) j.set("waits_for", ranksJson(waitsFor));
+    if (!sites.empty()) {
+      Json a = Json::array();
+      for (const auto& s : sites) a.push(torch_ext::toJson(s));
+      j.set("wait_sites", a);
+    }
   }
   return j;
 }
@@ -491,6 +501,9 @@ Verdict Verdict::fromJson(const Json& j) {
     for (const auto& g : groups->asArray()) v.cycleGroups.push_back(g.asString("cycle group"));
   }
   v.waitsFor = ranksFrom(j, "waits_for");
+  if (const Json* sites = j.get("wait_sites"); sites != nullptr && sites->isArray()) {
+    for (const auto& s : sites->asArray()) v.sites.push_back(waitSiteFromJson(s));
+  }
   if (const Json* lines = j.get("ranks"); lines != nullptr && lines->isArray()) {
     for (const auto& l : lines->asArray()) {
       RankOp op;
@@ -623,7 +636,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   WaitFinding across;
   // Built only when a rank is missing: a group whose ranks all wait in it
   // needs no graph (and the post-mortem of many groups stays linear).
-  if (subj.kind != IncidentSubject::Kind::P2P && !(notArrived.empty() && gone.empty())) {
+  if (!(notArrived.empty() && gone.empty())) {
     WaitGraph graph;
     if (others != nullptr) {
       for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
@@ -635,7 +648,13 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     for (const RankInput* r : notArrived) missing.push_back(r->globalRank);
     for (const RankInput* r : gone) missing.push_back(r->globalRank);
     const std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
-    across = graph.follow(groupName, subj.seq, missing);
+    if (subj.kind != IncidentSubject::Kind::P2P) {
+      across = graph.follow(groupName, subj.seq, missing);
+    } else if (poster != nullptr) {
+      // From the poster's send/recv (a pipeline stage waiting for its peer).
+      auto site = graph.siteOf(poster->globalRank);
+      if (site && site->p2p() && site->group == groupName) across = graph.followFrom(std::move(*site), missing);
+    }
   }
   std::string head = os.str();
   os.str("");
@@ -660,6 +679,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   std::sort(sortedWaiting.begin(), sortedWaiting.end());
   v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
   v.shape = across.shape;
+  v.sites = across.sites;
   if (across.shape == WaitShape::Cycle) {
     v.cycleGroups = across.groups;
     // Every group on the cycle finds it; the report of one of them is logged.

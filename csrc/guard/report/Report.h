@@ -76,6 +76,9 @@ struct Verdict {
   WaitShape shape = WaitShape::None;
   std::vector<std::string> cycleGroups;
   std::vector<int64_t> waitsFor;
+  // Cycle or chain: its sites, each waiting for ranks of the next (the
+  // HTML view draws them).
+  std::vector<WaitSite> sites;
 
   static const char* kindName(Kind k);
   Json toJson() const;

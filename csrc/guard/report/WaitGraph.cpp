@@ -7,6 +7,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 namespace torch_ext {
 
@@ -30,7 +31,18 @@ int64_t optInt(const Json& j, const char* key) {
 }
 
 std::string siteName(const WaitSite& s) {
+  if (s.p2p()) return s.what() + " on group \"" + s.label + "\"";
   return "#" + std::to_string(s.seq) + " on group \"" + s.label + "\"";
+}
+
+// A site's key in a search: a collective is one site for all its waiters; a
+// send/recv is its rank's own.
+using SiteKey = std::tuple<std::string, uint64_t, int64_t>;
+SiteKey keyOf(const GroupWait& w, int64_t rank) {
+  return {w.group, w.seq, w.seq ? -1 : rank};
+}
+SiteKey keyOf(const WaitSite& s) {
+  return {s.group, s.seq, s.p2p() && !s.waiters.empty() ? s.waiters.front() : -1};
 }
 
 } // namespace
@@ -49,6 +61,11 @@ Json toJson(const GroupWait& w) {
     p.set("op", w.op);
     p.set("where", w.where);
     p.set("time_created_ns", w.startNs);
+    if (w.waitsInP2P()) {
+      p.set("peer", w.peer);
+      p.set("direction", w.recv ? "recv" : "send");
+      p.set("tag", static_cast<int64_t>(w.tag));
+    }
     j.set("pending", p);
   } else {
     j.set("pending", Json());
@@ -69,11 +86,97 @@ GroupWait groupWaitFromJson(const Json& j) {
     w.op = optString(*p, "op");
     w.where = optString(*p, "where");
     w.startNs = optInt(*p, "time_created_ns");
+    if (const Json* peer = p->get("peer"); peer != nullptr && peer->isNumber()) {
+      w.peer = peer->asInt("waits peer");
+      w.recv = optString(*p, "direction") == "recv";
+      w.tag = static_cast<int32_t>(optInt(*p, "tag"));
+    }
   }
   return w;
 }
 
-std::string WaitFinding::groupList() const {
+std::string encodePublishedWaits(const PublishedWaits& p) {
+  Json j = Json::object();
+  j.set("time_ns", p.timeNs);
+  Json waits = Json::array();
+  for (const auto& w : p.waits) waits.push(toJson(w));
+  j.set("waits", waits);
+  return j.dump();
+}
+
+std::optional<PublishedWaits> decodePublishedWaits(const std::string& text) {
+  try {
+    const Json j = Json::parse(text);
+    PublishedWaits p;
+    p.timeNs = j.at("time_ns").asInt("time_ns");
+    for (const auto& w : j.at("waits").asArray("waits")) p.waits.push_back(groupWaitFromJson(w));
+    return p;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+Json toJson(const WaitSite& s) {
+  auto ranks = [](const std::vector<int64_t>& rs) {
+    Json a = Json::array();
+    for (auto r : rs) a.push(r);
+    return a;
+  };
+  Json j = Json::object();
+  j.set("group", s.group);
+  j.set("desc", s.label);
+  j.set("collective_seq_id", s.seq);
+  j.set("what", s.what());
+  j.set("where", s.where);
+  j.set("time_created_ns", s.startNs);
+  j.set("waiters", ranks(s.waiters));
+  j.set("waits_for", ranks(s.waitsFor));
+  if (s.p2p()) {
+    j.set("peer", s.peer);
+    j.set("direction", s.recv ? "recv" : "send");
+  }
+  return j;
+}
+
+WaitSite waitSiteFromJson(const Json& j) {
+  auto ranks = [&j](const char* key) {
+    std::vector<int64_t> out;
+    for (const auto& r : j.at(key).asArray(key)) out.push_back(r.asInt(key));
+    return out;
+  };
+  WaitSite s;
+  s.group = j.at("group").asString("site group");
+  s.label = optString(j, "desc");
+  s.seq = static_cast<uint64_t>(j.at("collective_seq_id").asInt("site collective_seq_id"));
+  s.where = optString(j, "where");
+  s.startNs = optInt(j, "time_created_ns");
+  s.waiters = ranks("waiters");
+  s.waitsFor = ranks("waits_for");
+  if (const Json* peer = j.get("peer"); peer != nullptr && peer->isNumber()) {
+    s.peer = peer->asInt("site peer");
+    s.recv = optString(j, "direction") == "recv";
+  }
+  // what() of a collective is "collective #N <op>"; keep the op part.
+  std::string what = optString(j, "what");
+  const std::string prefix = "collective #" + std::to_string(s.seq) + " ";
+  if (!s.p2p() && what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
+  if (s.p2p()) {
+    const auto cut = what.rfind(s.recv ? " from rank " : " to rank ");
+    if (cut != std::string::npos) what = what.substr(0, cut);
+  }
+  s.op = what;
+  return s;
+}
+
+std::string WaitSite::what() const {
+  if (!p2p()) return "collective #" + std::to_string(seq) + " " + op;
+  if (peer < 0) return op;
+  return op + (recv ? " from rank " : " to rank ") + std::to_string(peer);
+}
+
+namespace {
+
+std::string listOf(const std::vector<std::string>& groups) {
   std::string out;
   for (size_t i = 0; i < groups.size(); ++i) {
     if (i > 0) out += i + 1 == groups.size() ? " and " : ", ";
@@ -82,8 +185,18 @@ std::string WaitFinding::groupList() const {
   return out;
 }
 
+} // namespace
+
+std::string deadlockHeadline(const std::vector<std::string>& groups) {
+  return "deadlock across groups " + listOf(groups);
+}
+
+std::string WaitFinding::groupList() const {
+  return listOf(groups);
+}
+
 std::string WaitFinding::headline() const {
-  return shape == WaitShape::Cycle ? "deadlock across groups " + groupList() : std::string();
+  return shape == WaitShape::Cycle ? deadlockHeadline(groups) : std::string();
 }
 
 void WaitGraph::addRank(int64_t rank, std::vector<GroupWait> waits) {
@@ -100,7 +213,7 @@ const GroupWait* WaitGraph::waitOf(int64_t rank) const {
   if (it == ranks_.end()) return nullptr;
   const GroupWait* best = nullptr;
   for (const auto& w : *it->second) {
-    if (w.waitsInCollective() && (best == nullptr || w.startNs > best->startNs)) best = &w;
+    if (w.waits() && (best == nullptr || w.startNs > best->startNs)) best = &w;
   }
   return best;
 }
@@ -152,9 +265,39 @@ WaitSite siteAt(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, c
 
 } // namespace
 
+namespace {
+
+// The site of `rank`'s send/recv `w`: it waits for its peer, unless the peer
+// waits in the counterpart (the pair is posted: waiting on the transport).
+WaitSite p2pSiteOf(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, int64_t rank,
+                   const GroupWait& w) {
+  WaitSite s;
+  s.group = w.group;
+  s.label = w.label.empty() ? w.group : w.label;
+  s.seq = 0;
+  s.peer = w.peer;
+  s.recv = w.recv;
+  s.op = w.op;
+  s.where = w.where;
+  s.startNs = w.startNs;
+  s.waiters = {rank};
+  s.members = w.ranks;
+  bool paired = false;
+  if (auto it = ranks.find(w.peer); it != ranks.end()) {
+    for (const auto& p : *it->second) {
+      paired |= p.group == w.group && p.waitsInP2P() && p.peer == rank && p.recv != w.recv && p.tag == w.tag;
+    }
+  }
+  if (!paired && w.peer != rank) s.waitsFor = {w.peer};
+  return s;
+}
+
+} // namespace
+
 std::optional<WaitSite> WaitGraph::siteOf(int64_t rank) const {
   const GroupWait* w = waitOf(rank);
   if (w == nullptr) return std::nullopt;
+  if (w->waitsInP2P()) return p2pSiteOf(ranks_, rank, *w);
   return siteAt(ranks_, *this, w->group, w->seq);
 }
 
@@ -170,7 +313,7 @@ class SiteCache {
     if (it != byRank_.end()) return it->second;
     const WaitSite* site = nullptr;
     if (const GroupWait* w = g_.waitOf(rank)) {
-      auto key = std::make_pair(w->group, w->seq);
+      const SiteKey key = keyOf(*w, rank);
       auto s = sites_.find(key);
       if (s == sites_.end()) s = sites_.emplace(key, *g_.siteOf(rank)).first;
       site = &s->second;
@@ -191,7 +334,7 @@ class SiteCache {
 
  private:
   const WaitGraph& g_;
-  std::map<std::pair<std::string, uint64_t>, WaitSite> sites_;
+  std::map<SiteKey, WaitSite> sites_;
   std::map<int64_t, const WaitSite*> byRank_;
 };
 
@@ -254,19 +397,21 @@ WaitFinding cycleOf(SiteCache& sites, const std::vector<int64_t>& loop) {
   f.groups.assign(labels.begin(), labels.end());
   // Which group's report logs it: the lowest-named group on the loop whose
   // members include every rank of the loop (its analyst saw all of them, so
-  // it finds this loop too). None such: every group's report is logged.
+  // it finds this loop too); none such (pairwise groups, a 2x2 mesh, pipeline
+  // stages), the lowest-named group on the loop: its analyst follows the
+  // waits out of its group through the positions ranks publish job-wide.
   const std::set<int64_t> inLoop(loop.begin(), loop.end());
   for (const WaitSite* s : all) {
     const std::set<int64_t> members(s->members.begin(), s->members.end());
     const bool covers = std::includes(members.begin(), members.end(), inLoop.begin(), inLoop.end());
     if (covers && (f.owner.empty() || s->group < f.owner)) f.owner = s->group;
   }
-  std::string first = f.owner;
-  if (first.empty()) {
+  if (f.owner.empty()) {
     for (const WaitSite* s : all) {
-      if (first.empty() || s->group < first) first = s->group;
+      if (f.owner.empty() || s->group < f.owner) f.owner = s->group;
     }
   }
+  const std::string first = f.owner;
   const WaitSite* at = nullptr;
   for (const WaitSite* s : all) {
     if (s->group == first) at = s;
@@ -294,13 +439,17 @@ WaitFinding cycleOf(SiteCache& sites, const std::vector<int64_t>& loop) {
 } // namespace
 
 WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std::vector<int64_t>& missing) const {
+  return followFrom(siteAt(ranks_, *this, group, seq), missing);
+}
+
+WaitFinding WaitGraph::followFrom(WaitSite start, const std::vector<int64_t>& missing) const {
   SiteCache sites(*this);
   const auto found = loops(sites, missing);
   if (!found.empty()) return cycleOf(sites, found.front());
-  // No loop: the chain from the stuck collective, site by site.
+  // No loop: the chain from the stuck operation, site by site.
   WaitFinding f;
-  f.sites.push_back(siteAt(ranks_, *this, group, seq));
-  std::set<std::pair<std::string, uint64_t>> seen{{group, seq}};
+  std::set<SiteKey> seen{keyOf(start)};
+  f.sites.push_back(std::move(start));
   std::set<int64_t> visited(missing.begin(), missing.end()), ends;
   std::vector<int64_t> frontier = missing;
   while (!frontier.empty()) {
@@ -312,7 +461,7 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
         if (!knows(r)) f.endUnknown.push_back(r);
         continue;
       }
-      if (!seen.insert({s->group, s->seq}).second) continue;
+      if (!seen.insert(keyOf(*s)).second) continue;
       for (auto t : s->waitsFor) {
         if (visited.insert(t).second) after.push_back(t);
       }
@@ -345,9 +494,9 @@ std::string WaitFinding::describe(int64_t nowNs) const {
   std::ostringstream os;
   for (const auto& s : sites) {
     if (s.waiters.empty()) continue;
-    os << "\n  " << formatRanks(s.waiters) << (s.waiters.size() == 1 ? " waits" : " wait") << " in collective #"
-       << s.seq << " " << s.op << " on group \"" << s.label << "\" (at " << s.where << ", "
-       << secondsSince(s.startNs, nowNs) << ") for " << formatRanks(s.waitsFor);
+    os << "\n  " << formatRanks(s.waiters) << (s.waiters.size() == 1 ? " waits" : " wait") << " in " << s.what()
+       << " on group \"" << s.label << "\" (at " << s.where << ", " << secondsSince(s.startNs, nowNs) << ") for "
+       << formatRanks(s.waitsFor);
     // Where the ranks it waits for are, grouped by site.
     std::map<const WaitSite*, std::vector<int64_t>> by;
     std::vector<int64_t> idle;

@@ -37,14 +37,38 @@ struct GroupWait {
   std::string op;               // "all_reduce(float32[4], SUM)"
   std::string where;            // call site
   int64_t startNs = 0;          // wall clock when it was issued
+  // A pending send/recv (seq 0): its peer (global rank; -1: any source or
+  // unknown), its direction and tag. A recv waits for its peer's send, a send
+  // for its peer's recv, unless the peer waits in that counterpart already.
+  int64_t peer = -1;
+  bool recv = false;
+  int32_t tag = 0;
 
   bool waitsInCollective() const {
     return pending && seq > 0;
+  }
+  bool waitsInP2P() const {
+    return pending && seq == 0 && peer >= 0;
+  }
+  // Waits in an operation another rank must join (a collective or a send/recv).
+  bool waits() const {
+    return waitsInCollective() || waitsInP2P();
   }
 };
 
 Json toJson(const GroupWait& w);
 GroupWait groupWaitFromJson(const Json& j);
+
+// A rank's positions in all its groups as it published them job-wide (when it
+// answered an incident), so that an analyst of another group can follow a
+// wait out of its own group live. `timeNs`: when they were published.
+struct PublishedWaits {
+  int64_t timeNs = 0;
+  std::vector<GroupWait> waits;
+};
+std::string encodePublishedWaits(const PublishedWaits& p);
+// nullopt for text that is not such a record.
+std::optional<PublishedWaits> decodePublishedWaits(const std::string& text);
 
 // What the edges from a stuck collective form.
 enum class WaitShape : uint8_t {
@@ -63,18 +87,33 @@ struct EnumTable<WaitShape> {
 };
 
 // Where ranks wait: one collective of one group, the ranks waiting in it and
-// the ranks it waits for (members that have not issued it).
+// the ranks it waits for (members that have not issued it); or one rank's
+// send/recv (seq 0), waiting for its peer.
 struct WaitSite {
   std::string group;
   std::string label;
-  uint64_t seq = 0;
+  uint64_t seq = 0;                  // 0: a send/recv
+  int64_t peer = -1;                 // send/recv: the peer (global rank)
+  bool recv = false;                 // send/recv: a receive
   std::string op;
   std::string where;
   int64_t startNs = 0;               // the earliest issue among its waiters
   std::vector<int64_t> waiters;      // sorted
   std::vector<int64_t> waitsFor;     // sorted: members not known to have issued it
   std::vector<int64_t> members;      // the group's ranks
+
+  bool p2p() const {
+    return seq == 0;
+  }
+  // "collective #3 all_reduce(float32[4], SUM)" or "recv(float32[3], src=0, tag=0) from rank 2".
+  std::string what() const;
 };
+
+// "deadlock across groups dp and mp" for the labels of the groups on a cycle.
+std::string deadlockHeadline(const std::vector<std::string>& groups);
+
+Json toJson(const WaitSite& s);
+WaitSite waitSiteFromJson(const Json& j);
 
 struct WaitFinding {
   WaitShape shape = WaitShape::None;
@@ -93,7 +132,8 @@ struct WaitFinding {
   std::vector<int64_t> loop;
   // Cycle: the group (name) whose report logs it: the lowest-named group on
   // it that holds every rank of the loop, so its analyst saw them all and
-  // finds the same loop. Empty: no group holds them all, each report is logged.
+  // finds the same loop; when no group holds them all, the lowest-named group
+  // on it (its analyst follows the waits through published positions).
   std::string owner;
 
   // "dp and mp", "dp, mp and pp".
@@ -115,9 +155,9 @@ class WaitGraph {
   bool knows(int64_t rank) const {
     return ranks_.count(rank) > 0;
   }
-  // Where `rank` waits: the newest of its pending collectives (the one its
-  // main thread issued last, so most likely blocks in); null when it waits in
-  // none, or is not known.
+  // Where `rank` waits: the newest of its pending collectives and send/recvs
+  // (the one its main thread issued last, so most likely blocks in); null when
+  // it waits in none, or is not known.
   const GroupWait* waitOf(int64_t rank) const;
   // Whether `rank` is known to have issued collective `seq` of `group`.
   bool issued(int64_t rank, const std::string& group, uint64_t seq) const;
@@ -127,6 +167,8 @@ class WaitGraph {
   // are `missing`: a loop reachable from them (the one with the lowest rank
   // when several are), else a chain of two sites or more, else None.
   WaitFinding follow(const std::string& group, uint64_t seq, const std::vector<int64_t>& missing) const;
+  // The same from a site already known (a rank's send/recv: siteOf(rank)).
+  WaitFinding followFrom(WaitSite start, const std::vector<int64_t>& missing) const;
   // A cycle anywhere in the graph (post-mortem: no stuck collective given).
   WaitFinding anyCycle() const;
 

@@ -118,6 +118,11 @@ GroupWait groupWait(GroupState& state) {
     w.op = e.fp.describe();
     w.where = describeCallSite(CallSites::instance().frames(e.callSite));
     w.startNs = e.startNs;
+    if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
+      w.peer = id.globalRank(e.fp.root);
+      w.recv = e.fp.op == Op::Recv;
+      w.tag = e.fp.tag;
+    }
   }
   return w;
 }

@@ -13,6 +13,13 @@ namespace {
 // and how long others wait for its verdict before analysing themselves.
 constexpr int64_t kMinSnapWaitNs = 1'000'000'000;
 constexpr int64_t kMinReportWaitNs = 3'000'000'000;
+// Following waits out of the group: at most this many steps away, and this
+// many ranks' positions read per analysis.
+constexpr int kFollowSteps = 8;
+constexpr size_t kMaxFollowed = 32;
+// Groups larger than this do not hold their analysis back for positions from
+// outside (each retry reads every snapshot again): they go with what is there.
+constexpr int kMaxHoldBackSize = 256;
 
 int64_t ticksNs(double intervalS, int n) {
   return static_cast<int64_t>(n * intervalS * 1e9);
@@ -122,6 +129,56 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
 
 void IncidentProtocol::respond(const Incident& inc) {
   st_.store().set(keys::snapshot(inc.id(), st_.id().rank), hooks_.snapshot(inc));
+  GroupStore* job = st_.jobStore();
+  if (job != nullptr && hooks_.positions) {
+    const PublishedWaits mine{wallNs(), hooks_.positions()};
+    job->set(keys::waits(st_.id().globalRank(st_.id().rank)), encodePublishedWaits(mine));
+  }
+}
+
+bool IncidentProtocol::followOutside(const std::vector<RankInput>& inputs, int64_t nowNs, OtherWaits* others,
+                                     std::deque<std::vector<GroupWait>>* held) {
+  GroupStore* job = st_.jobStore();
+  if (job == nullptr) return true;
+  // A record older than this predates the waits of this incident (a hang
+  // that resolved earlier): its positions are not where the rank is now.
+  const int64_t oldest = nowNs - static_cast<int64_t>(st_.warnAfter().count()) * 1'000'000 -
+                         2 * reportWaitNs(st_.exchangeIntervalS());
+  std::set<int64_t> tried;
+  for (const auto& in : inputs) tried.insert(in.globalRank);
+  bool complete = true;
+  for (int step = 0; step < kFollowSteps && tried.size() < inputs.size() + kMaxFollowed; ++step) {
+    WaitGraph graph;
+    for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
+    for (const auto& in : inputs) {
+      if (in.responded) graph.addRankRef(in.globalRank, in.waits());
+    }
+    // The ranks some known rank waits for, whose positions nobody here has.
+    std::vector<int64_t> wanted;
+    for (int64_t rank : tried) {
+      auto site = graph.siteOf(rank);
+      if (!site) continue;
+      for (int64_t r : site->waitsFor) {
+        if (!graph.knows(r) && std::find(wanted.begin(), wanted.end(), r) == wanted.end()) wanted.push_back(r);
+      }
+    }
+    std::vector<int64_t> fresh;
+    for (int64_t r : wanted) {
+      if (!tried.insert(r).second) continue;
+      if (tried.size() > inputs.size() + kMaxFollowed) break;
+      auto text = job->get(keys::waits(r));
+      auto published = text ? decodePublishedWaits(*text) : std::nullopt;
+      if (!published || published->timeNs < oldest) {
+        complete = false;  // computing (no wait to publish), or not answered yet
+        continue;
+      }
+      held->push_back(std::move(published->waits));
+      (*others)[r] = &held->back();
+      fresh.push_back(r);
+    }
+    if (fresh.empty()) break;
+  }
+  return complete;
 }
 
 bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) {
@@ -170,7 +227,14 @@ bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) 
     }
   }
   if (store.health() != StoreHealth::Healthy) return false;
-  Verdict v = analyze(st_.label(), inputs, a.incident, nowNs);
+  // Where the waits lead out of the group: hold the analysis back (until the
+  // snapshot deadline) for ranks that have not published their positions yet;
+  // every rank of a deadlock answers an incident on one of its groups.
+  OtherWaits others;
+  std::deque<std::vector<GroupWait>> held;
+  const bool followed = followOutside(inputs, nowNs, &others, &held);
+  if (!followed && !force && id.size <= kMaxHoldBackSize) return false;
+  Verdict v = analyze(st_.label(), inputs, a.incident, nowNs, others.empty() ? nullptr : &others);
   store.set(keys::report(iid), v.toJson().dump());
   hooks_.act(a.incident, v);
   return true;

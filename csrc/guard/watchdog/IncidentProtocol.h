@@ -24,6 +24,7 @@
 #include "guard/report/Incident.h"
 #include "guard/report/Report.h"
 
+#include <deque>
 #include <functional>
 #include <optional>
 #include <set>
@@ -39,6 +40,9 @@ class IncidentProtocol {
     std::function<std::string(const Incident& inc)> snapshot;
     // Once per incident, with its verdict (published by the analyst or made here).
     std::function<void(const Incident& inc, const Verdict& v)> act;
+    // This rank's positions in all its groups, published job-wide with each
+    // answer (null: not published).
+    std::function<std::vector<GroupWait>()> positions;
   };
 
   IncidentProtocol(GroupState& state, Hooks hooks);
@@ -77,6 +81,11 @@ class IncidentProtocol {
   void respond(const Incident& inc);
   // True when done (a verdict was published and acted on).
   bool tryAnalyse(const Awaiting& a, bool force, int64_t nowNs);
+  // Follows the waits of `inputs` out of the group: reads the positions that
+  // ranks outside it published (StoreKeys.h waits/<rank>) into `others`.
+  // False while a rank the waits lead to has published none recent enough.
+  bool followOutside(const std::vector<RankInput>& inputs, int64_t nowNs, OtherWaits* others,
+                     std::deque<std::vector<GroupWait>>* held);
 
   GroupState& st_;
   Hooks hooks_;

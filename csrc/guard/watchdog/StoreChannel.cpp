@@ -466,6 +466,7 @@ StoreChannel::Opened StoreChannel::direct(const c10::intrusive_ptr<c10d::Store>&
   Opened out;
   out.channel = std::make_shared<StoreChannel>(store, std::move(address), timeout);
   out.view = out.channel->impl_->connection;
+  out.root = out.view;
   return out;
 }
 
@@ -513,6 +514,7 @@ StoreChannel::Opened StoreChannel::open(const c10::intrusive_ptr<c10d::Store>& g
     }
   }
   out.view = connection;
+  out.root = connection;
   for (auto it = prefixes.rbegin(); it != prefixes.rend(); ++it) {
     out.view = c10::make_intrusive<c10d::PrefixStore>(*it, out.view);
   }

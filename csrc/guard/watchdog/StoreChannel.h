@@ -110,6 +110,8 @@ class StoreChannel {
   struct Opened {
     std::shared_ptr<StoreChannel> channel;
     c10::intrusive_ptr<c10d::Store> view;
+    // The same connection without the group's prefixes: the job-wide keys.
+    c10::intrusive_ptr<c10d::Store> root;
   };
   static Opened open(const c10::intrusive_ptr<c10d::Store>& groupStore, StoreAddress address,
                      std::chrono::milliseconds timeout);

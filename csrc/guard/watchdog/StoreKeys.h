@@ -77,4 +77,15 @@ inline std::string p2pPrint(int src, int dst, int tag, uint64_t ordinal) {
          std::to_string(ordinal);
 }
 
+// waits/<global rank>: JOB-WIDE (in the store under every group's prefix, so
+// the one key of this file outside the lifetime rule above): the rank's
+// positions in all its groups (PublishedWaits), written by that rank each time
+// it answers an incident on any group; read by the analyst of another group
+// that follows a wait out of its own (a deadlock over pairwise groups, a mesh,
+// pipeline stages). One per rank, overwritten, never deleted: a reader ignores
+// a record older than the incident it analyses.
+inline std::string waits(int64_t globalRank) {
+  return "waits/" + std::to_string(globalRank);
+}
+
 } // namespace torch_ext::keys

@@ -60,7 +60,8 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                      dog.writeDump(inc.id(), std::string(), st);
                      return toJson(snap).dump();
                    },
-                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); }}) {}
+                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); },
+                   [&dog] { return dog.positions(); }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
   const std::string v = StatusRecord::of(RankPhase::Running, wallNs(), Progress{}).encode();
@@ -536,6 +537,14 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
   GroupState& st = *ctx.state;
   bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
   std::string text = v.text;
+  // The end of a collective that a hang verdict found deadlocked (its abort,
+  // or a peer's exit after its own abort) says so, even when a rank of the
+  // loop has left by then and this verdict no longer sees the loop.
+  if (v.kind == Verdict::Kind::Hang && v.shape == WaitShape::Cycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
+  if ((v.kind == Verdict::Kind::Failure || (v.kind == Verdict::Kind::Hang && inc.kind == IncidentKind::Abort)) &&
+      v.shape != WaitShape::Cycle && ctx.deadlock && ctx.deadlock->first == inc.subject) {
+    text = deadlockHeadline(ctx.deadlock->second) + ": " + text;
+  }
   if (v.kind == Verdict::Kind::Mismatch && reporter) {
     std::lock_guard<std::mutex> lock(mu_);
     if (loggedMismatches_.size() < 1024) {
@@ -559,6 +568,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       }
       break;
     case Verdict::Kind::Hang:
+      if (v.shape == WaitShape::Cycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
       if (inc.kind == IncidentKind::Abort) {
         text = abortText(st, text);
         if (reporter) logMessage(LogLevel::Error, text);
@@ -665,6 +675,18 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   // the report can follow a rank that has not arrived into the group where it
   // waits, with no store traffic beyond the snapshot itself.
   return takeSnapshot(reason, states, maxEntries, all);
+}
+
+std::vector<GroupWait> Watchdog::positions() {
+  std::vector<std::shared_ptr<GroupState>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& g : groups_) all.push_back(g->state);
+  }
+  std::vector<GroupWait> out;
+  out.reserve(all.size());
+  for (const auto& st : all) out.push_back(groupWait(*st));
+  return out;
 }
 
 std::string Watchdog::writeDump(const std::string& reason, const std::string& dirOverride, const GroupState* about) {

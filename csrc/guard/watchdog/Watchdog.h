@@ -78,6 +78,8 @@ class Watchdog {
 
   // This process's view of all its groups (or one), with the main thread's stack.
   RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
+  // This process's position in each of its groups (WaitGraph).
+  std::vector<GroupWait> positions();
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once. `reason`
   // is an incident id ("hang:57": the dump's cause, and what it waits for in
@@ -125,6 +127,10 @@ class Watchdog {
     IncidentProtocol protocol;
     std::set<int> seenNeighbours;
     StatusRecord lastPublished;
+    // The groups of the deadlock that the last hang verdict found, and its
+    // subject: the abort of the same collective says it even when a rank of
+    // the loop has left by then (its own abort came first).
+    std::optional<std::pair<IncidentSubject, std::vector<std::string>>> deadlock;
     int64_t lastPublishNs = 0;
     // Written by the I/O thread, read for local reports.
     std::mutex peersMu;
