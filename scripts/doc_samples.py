@@ -92,6 +92,13 @@ def _crossed_groups(cwd: str) -> str:
     return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
 
 
+def _pipeline_deadlock(cwd: str) -> str:
+    """examples/bugs/pipeline_deadlock.py, then ``python -m torch_ext.diagnose torch_ext_dumps --html report.html``."""
+    out = _run([os.path.join(ROOT, "examples", "bugs", "pipeline_deadlock.py")], cwd, 180)
+    cmd = "python -m torch_ext.diagnose torch_ext_dumps --html report.html"
+    return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+
+
 def _post_mortem(cwd: str) -> str:
     out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
     # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
@@ -113,6 +120,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "rank0_dies_stop": _example("examples/bugs/rank0_dies.py", "stop"),
     "post_mortem": _post_mortem,
     "crossed_groups": _crossed_groups,
+    "pipeline_deadlock": _pipeline_deadlock,
 }
 
 
@@ -186,6 +194,14 @@ def _logged(rank: int, first: int | None = None) -> Callable[[str], str]:
     def cut(out: str) -> str:
         lines = [line for line in out.splitlines() if re.match(rf"\[rank{rank}\] \d\d:\d\d:\d\d torch_ext ", line)]
         return "\n".join(lines[:first])
+    return cut
+
+
+def _warned(rank: int) -> Callable[[str], str]:
+    """Rank ``rank``'s labelled torch_ext WARNING lines (a hang report; the errors after it are a race)."""
+    def cut(out: str) -> str:
+        return "\n".join(line for line in out.splitlines()
+                         if re.match(rf"\[rank{rank}\] \d\d:\d\d:\d\d torch_ext WARNING:", line))
     return cut
 
 
@@ -277,6 +293,8 @@ SAMPLES: dict[str, Sample] = {
     "crossed-groups": Sample("crossed_groups", _logged(0)),
     "crossed-groups-error": Sample("crossed_groups", _deadlock_raised(1)),
     "crossed-groups-diagnose": Sample("crossed_groups", _deadlock_found("python -m torch_ext.diagnose")),
+    "pipeline-deadlock": Sample("pipeline_deadlock", _warned(0)),
+    "pipeline-deadlock-diagnose": Sample("pipeline_deadlock", _deadlock_found("python -m torch_ext.diagnose")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),

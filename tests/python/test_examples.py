@@ -141,6 +141,21 @@ def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path
     doc_samples.check_source("crossed_groups", out)
 
 
+def test_pipeline_deadlock_example_names_the_loop_through_send_recv_live_and_draws_it(tmp_path):
+    # python examples/bugs/pipeline_deadlock.py, then python -m torch_ext.diagnose torch_ext_dumps --html report.html
+    out = _source("pipeline_deadlock", tmp_path)
+    run, post = out.split("$ python -m torch_ext.diagnose")
+    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext WARNING: deadlock across groups dp and pp", run)
+    assert logged == ["0"], run[-8000:]  # no group holds the loop; still one report, by one rank
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError:\ndeadlock across groups dp and pp: ", run)) == [
+        "0", "1", "2", "3"], run[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "1") for r in range(4)], run
+    assert post.count("deadlock across groups dp and pp") >= 2 and "part of the deadlock across groups dp and pp" in post, post
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<svg class='cycle'") == 1 and page.count("class='wait'") == 4, page[:2000]
+    doc_samples.check_source("pipeline_deadlock", out)
+
+
 def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished(tmp_path):
     # python examples/bugs/slow_rank.py recovers, then python -m torch_ext.diagnose torch_ext_dumps
     out = _source("slow_rank_recovers", tmp_path)

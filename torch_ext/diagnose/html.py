@@ -415,7 +415,7 @@ def cycle_svg(verdict: dict[str, Any]) -> str:
             if r not in order:
                 order.append(int(r))
     n = len(order)
-    size, radius, node = 420, 140, 22
+    size, radius, node = 420, 140, 27
     cx = cy = size / 2
     pos = {r: (cx + radius * math.sin(2 * math.pi * k / n), cy - radius * math.cos(2 * math.pi * k / n))
            for k, r in enumerate(order)}
@@ -442,7 +442,7 @@ def cycle_svg(verdict: dict[str, Any]) -> str:
                              f"fill='#700'>{label}</text>")
     for r, (x, y) in pos.items():
         parts.append(f"<circle cx='{x:.1f}' cy='{y:.1f}' r='{node}' fill='#fff0f0' stroke='#d33' stroke-width='2'/>"
-                     f"<text x='{x:.1f}' y='{y + 4:.1f}' font-size='12' font-weight='bold' "
+                     f"<text x='{x:.1f}' y='{y + 4:.1f}' font-size='11' font-weight='bold' "
                      f"text-anchor='middle'>rank {r}</text>")
     parts.append("</svg>")
     return "".join(parts)

@@ -134,13 +134,30 @@ std::optional<Incident> oldestPending(const std::vector<RankInput>& inputs, int6
   return inc;
 }
 
+// The newest collective that ended the group: the last entry of some rank's
+// ledger, failed (an abort, a peer gone). Null when none did.
+std::optional<Incident> lastFailed(const std::vector<RankInput>& inputs, int64_t* startNs) {
+  std::optional<Incident> inc;
+  for (const auto& in : inputs) {
+    const auto* g = in.group();
+    if (g == nullptr || g->entries.empty()) continue;
+    const EntryView& e = g->entries.back();
+    if (e.isP2P || e.state != EntryState::Failed || (inc && e.seq <= inc->subject.seq)) continue;
+    *startNs = e.startNs;
+    inc = Incident{IncidentKind::Hang, IncidentSubject::collective(e.seq), g->rank, e.error};
+  }
+  return inc;
+}
+
 // Nothing pending: the dumps may have been written for a collective that has
 // failed since (incident "failure:2" after a peer died). It becomes the
-// subject, so the verdict names that collective as the live report did.
+// subject, so the verdict names that collective as the live report did. A
+// dump written for another group's incident (a rank's last dump follows the
+// job, not each group): the group's last failed collective.
 std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, const std::string& dumpIncident,
                                       int64_t* startNs) {
   const auto parsed = Incident::fromId(dumpIncident);
-  if (!parsed || parsed->subject.kind != IncidentSubject::Kind::Collective) return std::nullopt;
+  if (!parsed || parsed->subject.kind != IncidentSubject::Kind::Collective) return lastFailed(inputs, startNs);
   if (parsed->kind != IncidentKind::Failure && parsed->kind != IncidentKind::Abort &&
       parsed->kind != IncidentKind::Hang) {
     return std::nullopt;
@@ -153,7 +170,7 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
     return Incident{parsed->kind == IncidentKind::Failure ? IncidentKind::Failure : IncidentKind::Hang,
                     parsed->subject, g->rank, e->error};
   }
-  return std::nullopt;
+  return lastFailed(inputs, startNs);
 }
 
 } // namespace
