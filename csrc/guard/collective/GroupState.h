@@ -134,7 +134,6 @@ class GroupState {
   GroupIdentity id_;
   Config cfg_;
   std::shared_ptr<GroupStore> store_;
-  std::shared_ptr<GroupStore> jobStore_;
   std::chrono::milliseconds timeout_;
   Ledger ledger_;
 
@@ -147,6 +146,8 @@ class GroupState {
   std::function<void()> abortHook_;
   std::shared_ptr<Verifier> verifier_;
   bool streamOrdered_ = false;
+  // Last: the members above keep their offsets (the ledger's hot fields their cache lines).
+  std::shared_ptr<GroupStore> jobStore_;
 };
 
 } // namespace torch_ext
