@@ -108,6 +108,7 @@ def _chain(rank: int, world: int) -> dict:
     cap = _capture()
     dp = dist.new_group([0, 1, 2], backend="guard", group_desc="dp")
     mp = dist.new_group([1, 2], backend="guard", group_desc="mp")
+    start = time.monotonic()
     if rank == 0:
         sync_grads(dp)
     elif rank == 1:
@@ -117,18 +118,20 @@ def _chain(rank: int, world: int) -> dict:
         _compute(3.0)
         sync_embeddings(mp)
         sync_grads(dp)
-    return {"records": cap.records}
+    return {"start": start, "records": cap.records}
 
 
 @STORES
 def test_a_chain_of_waits_names_the_rank_everything_waits_for(store):
     env = dict(ENV, TORCH_EXT_ABORT_AFTER="20")
     values = assert_all_ok(run_ranks(_chain, 3, env=env, timeout=90, store=store))
-    texts = [msg for v in values for _, lvl, msg in v["records"] if lvl == "WARNING" and "has waited" in msg]
-    assert not any("deadlock" in t for t in texts), texts
-    dp = [t for t in texts if 'on group "dp"' in t.splitlines()[0]]
+    texts = [(t - v["start"], msg) for v in values for t, lvl, msg in v["records"]
+             if lvl == "WARNING" and "has waited" in msg]
+    assert not any("deadlock" in t for _, t in texts), texts
+    dp = [(after, t) for after, t in texts if 'on group "dp"' in t.splitlines()[0]]
     assert len(dp) == 1, texts
-    text = dp[0]
+    after, text = dp[0]
+    assert after < 1 + 3 + 1.5, (after, text)  # within warn_after + 3 s (slack for a loaded 2-core machine)
     assert 'rank 1 has not arrived: it waits in collective #1 all_reduce(float32[2], SUM) on group "mp"' in text, text
     assert '\n  rank 1 waits in collective #1 all_reduce(float32[2], SUM) on group "mp"' in text, text
     assert "\n  everything waits for rank 2: in no guarded collective" in text, text
@@ -159,10 +162,11 @@ def test_three_groups_over_four_ranks_are_one_deadlock_logged_once(store):
     values = assert_all_ok(results)
     for v in values:
         assert v["error"] and v["error"].startswith("deadlock across groups a, b and c: "), report(results)
-    warnings = [msg for v in values for _, lvl, msg in v["records"]
+    warnings = [(t - v["start"], msg) for v in values for t, lvl, msg in v["records"]
                 if lvl == "WARNING" and "deadlock across groups" in msg]
     assert len(warnings) == 1, [v["records"] for v in values]
-    text = warnings[0]
+    after, text = warnings[0]
+    assert after < 1 + 3 + 1.5, (after, text)
     assert 'ranks 0,3 wait in collective #1 all_reduce(float32[1], SUM) on group "a"' in text, text
     assert 'rank 1 waits in collective #1 all_reduce(float32[1], SUM) on group "b"' in text, text
     assert 'rank 2 waits in collective #1 all_reduce(float32[1], SUM) on group "c"' in text, text

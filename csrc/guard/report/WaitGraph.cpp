@@ -508,11 +508,18 @@ std::string WaitFinding::describe(int64_t nowNs) const {
         idle.push_back(r);
       }
     }
-    std::vector<std::string> parts;
-    for (const auto& [site, rs] : by) {
-      parts.push_back(std::string(rs.size() == 1 ? "which waits" : "which wait") + " in " + siteName(*site));
+    if (by.size() == 1 && by.begin()->second.size() == s.waitsFor.size()) {
+      // All of them in one place: ", which wait in #1 on group "mp"".
+      os << (s.waitsFor.size() == 1 ? ", which waits in " : ", which wait in ") << siteName(*by.begin()->first);
+    } else {
+      // Spread over several: "; rank 1 waits in #1 on group "b", rank 2 in #1 on group "c"".
+      bool first = true;
+      for (const auto& [site, rs] : by) {
+        os << (first ? "; " : ", ") << formatRanks(rs) << (first ? (rs.size() == 1 ? " waits" : " wait") : "")
+           << " in " << siteName(*site);
+        first = false;
+      }
     }
-    for (size_t i = 0; i < parts.size(); ++i) os << (i ? "; " : ", ") << parts[i];
   }
   if (shape == WaitShape::Chain && !end.empty()) {
     os << "\n  everything waits for " << formatRanks(end);

@@ -537,12 +537,19 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
   GroupState& st = *ctx.state;
   bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
   std::string text = v.text;
-  // The end of a collective that a hang verdict found deadlocked (its abort,
-  // or a peer's exit after its own abort) says so, even when a rank of the
-  // loop has left by then and this verdict no longer sees the loop.
-  if (v.kind == Verdict::Kind::Hang && v.shape == WaitShape::Cycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
+  // The end of a collective that the warn_after verdict found deadlocked (its
+  // abort, or a peer's exit after its own abort) says so, even when a rank of
+  // the loop has left by then and this verdict no longer sees the loop. Only
+  // the warn_after verdict counts: every rank of the loop was there to answer
+  // it, while a later one may see part of the loop (a rank gone).
+  if (inc.kind == IncidentKind::Hang && v.kind == Verdict::Kind::Hang && v.shape == WaitShape::Cycle &&
+      !(ctx.deadlock && ctx.deadlock->first == inc.subject)) {
+    ctx.deadlock.emplace(inc.subject, v.cycleGroups);
+  }
   if ((v.kind == Verdict::Kind::Failure || (v.kind == Verdict::Kind::Hang && inc.kind == IncidentKind::Abort)) &&
-      v.shape != WaitShape::Cycle && ctx.deadlock && ctx.deadlock->first == inc.subject) {
+      ctx.deadlock && ctx.deadlock->first == inc.subject) {
+    // The loop as seen at warn_after, in place of any partial one seen since.
+    if (v.shape == WaitShape::Cycle) text = text.substr(text.find(": ") + 2);
     text = deadlockHeadline(ctx.deadlock->second) + ": " + text;
   }
   if (v.kind == Verdict::Kind::Mismatch && reporter) {
