@@ -159,3 +159,92 @@ TEST(Labels, ReportsNameTheLabelAndSayItsHintOnce) {
     EXPECT_EQ(back.ops[0].hint, "log it on every rank");
   }
 }
+
+namespace {
+
+Label metricNamed(const std::string& name) {
+  Label l;
+  l.text = "metric '" + name + "'";
+  l.fields = {{"metric", name}};
+  l.hint = "log it on every rank";
+  return l;
+}
+
+} // namespace
+
+// Lightning#19106: self.log_dict with a key only rank 0 logs. Ranks 1 and 2 sync
+// val_loss and end; rank 0 waits in val_acc_c3's sync. The report names, per
+// rank, the metrics synced there and which one is missing where (ranks 1 and 2
+// sent no window: their syncs are read from rank 0's ledger up to their last seq).
+TEST(Labels, MetricSyncsPerRankNameTheMissingKey) {
+  auto& table = LabelTable::instance();
+  const uint32_t loss = table.intern(metricNamed("val_loss"));
+  const uint32_t acc = table.intern(metricNamed("val_acc_c3"));
+  const uint32_t site = CallSites::instance().intern({Frame{"/job/train.py", 88, "main", ""}});
+  Ledger l0(16), l1(16), l2(16);
+  uint64_t s0 = 0, s1 = 0, s2 = 0;
+  for (Ledger* l : {&l0, &l1, &l2}) {
+    uint64_t* s = l == &l0 ? &s0 : l == &l1 ? &s1 : &s2;
+    l->complete(l->record(allReduce(8), site, s), true);                              // #1 training
+    l->complete(l->record(allReduce(1), site, s, nullptr, nullptr, loss), true);     // #2 val_loss
+  }
+  l0.record(allReduce(1), site, &s0, nullptr, nullptr, acc);  // #3 val_acc_c3, rank 0 only
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 3))};
+    in[0].snapshot.groups[0].entries.back().startNs = kNow - 5 * kSec;
+    for (int r : {1, 2}) {
+      RankInput x;
+      x.groupRank = r;
+      x.globalRank = r;
+      x.groupName = "0";
+      x.statusKnown = true;
+      x.phase = RankPhase::Exited;
+      x.lastSeq = 2;
+      in.push_back(x);
+    }
+    Incident inc;
+    inc.kind = IncidentKind::Hang;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(3);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+    EXPECT_NE(v.text.find("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                          "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here"
+                          "\n  hint: log it on every rank"),
+              std::string::npos)
+        << v.text;
+  }
+  // Ranks 1 and 2 go on to the next epoch's training collective: a mismatch at #3,
+  // every rank's window at hand.
+  l1.record(allReduce(8), site, &s1);
+  l2.record(allReduce(8), site, &s2);
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 3)), responded(1, viewOf(l1, 1, 3)),
+                              responded(2, viewOf(l2, 2, 3))};
+    Incident inc;
+    inc.kind = IncidentKind::Mismatch;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(3);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_NE(v.text.find("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                          "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here"),
+              std::string::npos)
+        << v.text;
+  }
+  // Every rank synced the same metrics: nothing added.
+  Ledger a(16), b(16);
+  uint64_t sa = 0, sb = 0;
+  a.record(allReduce(1), site, &sa, nullptr, nullptr, loss);
+  b.record(allReduce(2), site, &sb, nullptr, nullptr, loss);
+  {
+    std::vector<RankInput> in{responded(0, viewOf(a, 0, 2)), responded(1, viewOf(b, 1, 2))};
+    Incident inc;
+    inc.kind = IncidentKind::Mismatch;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(1);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_EQ(v.text.find("metric syncs here"), std::string::npos) << v.text;
+  }
+}

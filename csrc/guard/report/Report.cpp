@@ -25,6 +25,131 @@ std::string stackText(const MainThreadStack& st) {
   return text;
 }
 
+// --- metric syncs per rank (Lightning#19106) ----------------------------------
+//
+// Labels with a "metric" field (ddp_guard's epoch-end syncs, torchmetrics, a
+// user's torch_ext.label(..., metric=...)) name what each collective synced. When
+// ranks sync different sets of metrics (self.log_dict with keys that differ
+// across ranks), the op they wait in says only where the first difference
+// surfaced; the run of metric syncs around it says which metrics each rank
+// synced and which are missing where.
+
+const std::string* metricOf(const EntryView* e) {
+  if (e == nullptr) return nullptr;
+  for (const auto& [k, v] : e->label.fields) {
+    if (k == "metric") return &v;
+  }
+  return nullptr;
+}
+
+struct MetricRun {
+  bool known = false;   // false: no window covers where the rank stands
+  bool inferred = false;  // read from another rank's ledger up to its last seq
+  std::vector<std::string> names;  // in sync order, each once
+};
+
+void addName(std::vector<std::string>& names, const std::string& n) {
+  if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+}
+
+// The run of consecutive metric-labelled entries of `g` around `seq` (or, for a
+// rank that has not issued `seq`, ending at its last issued entry), at most up
+// to `upTo`.
+std::vector<std::string> runAround(const GroupView& g, uint64_t seq, uint64_t upTo) {
+  std::vector<std::string> names;
+  uint64_t p = std::min({seq, g.lastSeq, upTo});
+  if (metricOf(g.bySeq(p)) == nullptr && p == seq && p > 0) --p;
+  if (metricOf(g.bySeq(p)) == nullptr) return names;
+  uint64_t lo = p;
+  while (lo > 1 && metricOf(g.bySeq(lo - 1)) != nullptr) --lo;
+  uint64_t hi = p;
+  while (hi < upTo && metricOf(g.bySeq(hi + 1)) != nullptr) ++hi;
+  for (uint64_t s = lo; s <= hi; ++s) addName(names, *metricOf(g.bySeq(s)));
+  return names;
+}
+
+std::string joinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+// "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced
+// val_loss only\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never logged
+// it"; "" when the op at `seq` is no metric sync or every rank synced the same.
+std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
+  bool subjectIsMetric = false;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (g && metricOf(g->bySeq(seq)) != nullptr) subjectIsMetric = true;
+  }
+  if (!subjectIsMetric) return "";
+  std::vector<MetricRun> runs(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (const GroupView* g = ranks[i].group()) {
+      runs[i].known = true;
+      runs[i].names = runAround(*g, seq, UINT64_MAX);
+    }
+  }
+  // A rank without a window (ended, gone) that issued collectives up to lastSeq
+  // issued the same ones as the ranks with windows (or a mismatch would have
+  // been found): read its metric syncs from theirs, up to where it stopped.
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (runs[i].known || !ranks[i].statusKnown || ranks[i].lastSeq >= seq) continue;
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (g == nullptr || g->bySeq(ranks[i].lastSeq) == nullptr) continue;
+      runs[i].known = true;
+      runs[i].inferred = true;
+      runs[i].names = runAround(*g, ranks[i].lastSeq, ranks[i].lastSeq);
+      break;
+    }
+  }
+  // Ranks grouped by the names they synced, in order of first appearance.
+  std::vector<std::pair<std::vector<std::string>, std::vector<int64_t>>> groups;
+  std::vector<std::string> all;
+  std::vector<int64_t> unknown;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!runs[i].known) {
+      unknown.push_back(ranks[i].globalRank);
+      continue;
+    }
+    for (const auto& n : runs[i].names) addName(all, n);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == runs[i].names; });
+    if (it == groups.end()) {
+      groups.push_back({runs[i].names, {ranks[i].globalRank}});
+    } else {
+      it->second.push_back(ranks[i].globalRank);
+    }
+  }
+  if (groups.size() < 2) return "";
+  std::ostringstream os;
+  os << "\n  metric syncs here: ";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& [names, who] = groups[i];
+    os << (i ? "; " : "") << formatRanks(who) << " synced ";
+    if (names.empty()) {
+      os << "none";
+    } else {
+      os << joinNames(names);
+      if (names.size() < all.size()) os << " only";  // `all` is the union: a strict subset
+    }
+  }
+  if (!unknown.empty()) os << "; " << formatRanks(unknown) << ": not known (no ledger window)";
+  for (const auto& n : all) {
+    std::vector<int64_t> with, without;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      if (!runs[i].known) continue;
+      const bool has = std::find(runs[i].names.begin(), runs[i].names.end(), n) != runs[i].names.end();
+      (has ? with : without).push_back(ranks[i].globalRank);
+    }
+    if (without.empty()) continue;
+    os << "\n  " << n << " is synced on " << formatRanks(with) << " only: " << formatRanks(without)
+       << " never synced it here";
+  }
+  return os.str();
+}
+
 struct Found {
   uint64_t seq = 0;
   std::vector<RankOp> ops;
@@ -350,7 +475,7 @@ std::string formatRanks(const std::vector<int64_t>& ranks) {
 }
 
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
-                           const std::vector<RankOp>& ops, const std::string& note) {
+                           const std::vector<RankOp>& ops, const std::string& note, const std::string& more) {
   // Group ranks by what they issued (fingerprint hash, not just its text: the
   // text shows only the first few tensors of a coalesced op) and where, in order
   // of first appearance.
@@ -396,6 +521,7 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     }
   }
   if (!note.empty()) os << "\n  " << note;
+  os << more;
   std::vector<std::string> hints;
   for (const auto& op : ops) {
     if (op.issued && !op.hint.empty() && std::find(hints.begin(), hints.end(), op.hint) == hints.end()) {
@@ -516,7 +642,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (auto m = findCollectiveMismatch(ranks)) {
     v.kind = Verdict::Kind::Mismatch;
     v.seq = m->seq;
-    v.text = formatMismatch(label, size, m->seq, m->ops, m->note);
+    v.text = formatMismatch(label, size, m->seq, m->ops, m->note, metricSyncLines(ranks, m->seq));
     int64_t lowest = -1;
     for (const auto& r : ranks) {
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
@@ -647,6 +773,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
   endedEarlyLines(os, ranks, gone);
+  if (subj.kind != IncidentSubject::Kind::P2P) os << metricSyncLines(ranks, subj.seq);
   for (const auto& r : ranks) {
     const GroupView* g = r.group();
     const EntryView* e = (g && subj.kind != IncidentSubject::Kind::P2P) ? g->bySeq(subj.seq) : nullptr;

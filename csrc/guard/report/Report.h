@@ -30,9 +30,11 @@ struct RankOp {
 };
 
 // "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one
-// line per distinct (fingerprint, call site), ranks grouped.
+// line per distinct (fingerprint, call site), ranks grouped; `more` (lines, each
+// starting with "\n  ") goes after them, before the labels' hints.
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
-                           const std::vector<RankOp>& ops, const std::string& note = std::string());
+                           const std::vector<RankOp>& ops, const std::string& note = std::string(),
+                           const std::string& more = std::string());
 
 // "ranks 0,1,3" / "rank 2".
 std::string formatRanks(const std::vector<int64_t>& ranks);
