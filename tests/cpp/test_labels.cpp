@@ -75,6 +75,10 @@ TEST(Labels, InternedOnceAndLookedUp) {
   EXPECT_TRUE(table.get(0xfffffff0u).empty());
   EXPECT_EQ(metric().describe(), "metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
   EXPECT_EQ(labelSuffix(Label{}), "");
+  // A library called from the line that asked for the work: the origin is that call site, said once.
+  EXPECT_EQ(labelSuffix(metric(), {Frame{"/job/model.py", 41, "Model.validation_step", ""}}), " for metric 'val_loss'");
+  EXPECT_EQ(labelSuffix(metric(), {Frame{"/job/model.py", 40, "Model.validation_step", ""}}),
+            " for metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
 }
 
 TEST(Labels, CurrentIsPerThread) {

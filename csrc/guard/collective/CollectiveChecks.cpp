@@ -22,7 +22,8 @@ namespace {
 // The call site and the label active on this (the issuing) thread, as the
 // strict checks' reports name them.
 std::string describeSite(uint32_t callSite) {
-  return CallSites::instance().describe(callSite) + labelSuffix(LabelTable::instance().get(LabelTable::current()));
+  const std::vector<Frame> frames = CallSites::instance().frames(callSite);
+  return describeCallSite(frames) + labelSuffix(LabelTable::instance().get(LabelTable::current()), frames);
 }
 
 } // namespace

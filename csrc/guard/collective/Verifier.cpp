@@ -380,7 +380,8 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   if (auto e = st->ledger().bySeq(first)) {
     text = e->fp.describe();
     const Label label = LabelTable::instance().get(e->label);
-    where = CallSites::instance().describe(e->callSite) + labelSuffix(label);
+    const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
+    where = describeCallSite(frames) + labelSuffix(label, frames);
     hint = label.hint;
     hash = e->fp.hash;
   }
