@@ -252,3 +252,26 @@ TEST(Labels, MetricSyncsPerRankNameTheMissingKey) {
     EXPECT_EQ(v.text.find("metric syncs here"), std::string::npos) << v.text;
   }
 }
+
+TEST(Labels, MetricRunAndFormatting) {
+  // #1 training, #2 val_loss, #3 val_acc_c3, #4 training.
+  auto at = [](uint64_t s) -> std::optional<std::string> {
+    if (s == 2) return "val_loss";
+    if (s == 3) return "val_acc_c3";
+    return std::nullopt;
+  };
+  EXPECT_EQ(metricRunAround(3, 4, UINT64_MAX, at), (std::vector<std::string>{"val_loss", "val_acc_c3"}));
+  EXPECT_EQ(metricRunAround(4, 4, UINT64_MAX, at), (std::vector<std::string>{"val_loss", "val_acc_c3"}));
+  EXPECT_EQ(metricRunAround(3, 2, UINT64_MAX, at), (std::vector<std::string>{"val_loss"}));  // stopped at #2
+  EXPECT_EQ(metricRunAround(3, 4, 2, at), (std::vector<std::string>{"val_loss"}));           // not past #2
+  EXPECT_TRUE(metricRunAround(1, 4, UINT64_MAX, at).empty());
+  EXPECT_TRUE(metricRunAround(0, 0, UINT64_MAX, at).empty());
+  std::vector<RankMetrics> ranks{{0, true, {"val_loss", "val_acc_c3"}}, {1, true, {"val_loss"}},
+                                 {2, false, {}}, {3, true, {"val_loss", "val_acc_c5"}}};
+  EXPECT_EQ(formatMetricSyncs(ranks),
+            "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; rank 1 synced val_loss only; rank 3 synced "
+            "val_loss, val_acc_c5; rank 2: not known (no ledger window)"
+            "\n  val_acc_c3 is synced on rank 0 only: ranks 1,3 never synced it here"
+            "\n  val_acc_c5 is synced on rank 3 only: ranks 0,1 never synced it here");
+  EXPECT_EQ(formatMetricSyncs({{0, true, {"a"}}, {1, true, {"a"}}, {2, false, {}}}), "");
+}

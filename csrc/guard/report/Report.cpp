@@ -3,6 +3,7 @@
 #include "guard/report/Messages.h"
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -42,30 +43,15 @@ const std::string* metricOf(const EntryView* e) {
   return nullptr;
 }
 
-struct MetricRun {
-  bool known = false;   // false: no window covers where the rank stands
-  bool inferred = false;  // read from another rank's ledger up to its last seq
-  std::vector<std::string> names;  // in sync order, each once
-};
+std::vector<std::string> runAround(const GroupView& g, uint64_t seq, uint64_t upTo) {
+  return metricRunAround(seq, g.lastSeq, upTo, [&g](uint64_t s) -> std::optional<std::string> {
+    const std::string* m = metricOf(g.bySeq(s));
+    return m ? std::optional<std::string>(*m) : std::nullopt;
+  });
+}
 
 void addName(std::vector<std::string>& names, const std::string& n) {
   if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
-}
-
-// The run of consecutive metric-labelled entries of `g` around `seq` (or, for a
-// rank that has not issued `seq`, ending at its last issued entry), at most up
-// to `upTo`.
-std::vector<std::string> runAround(const GroupView& g, uint64_t seq, uint64_t upTo) {
-  std::vector<std::string> names;
-  uint64_t p = std::min({seq, g.lastSeq, upTo});
-  if (metricOf(g.bySeq(p)) == nullptr && p == seq && p > 0) --p;
-  if (metricOf(g.bySeq(p)) == nullptr) return names;
-  uint64_t lo = p;
-  while (lo > 1 && metricOf(g.bySeq(lo - 1)) != nullptr) --lo;
-  uint64_t hi = p;
-  while (hi < upTo && metricOf(g.bySeq(hi + 1)) != nullptr) ++hi;
-  for (uint64_t s = lo; s <= hi; ++s) addName(names, *metricOf(g.bySeq(s)));
-  return names;
 }
 
 std::string joinNames(const std::vector<std::string>& names) {
@@ -74,9 +60,8 @@ std::string joinNames(const std::vector<std::string>& names) {
   return out;
 }
 
-// "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced
-// val_loss only\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never logged
-// it"; "" when the op at `seq` is no metric sync or every rank synced the same.
+// The lines for the op at `seq`, from the ranks' windows; "" when it is no
+// metric sync on any rank.
 std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
   bool subjectIsMetric = false;
   for (const auto& r : ranks) {
@@ -84,8 +69,9 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
     if (g && metricOf(g->bySeq(seq)) != nullptr) subjectIsMetric = true;
   }
   if (!subjectIsMetric) return "";
-  std::vector<MetricRun> runs(ranks.size());
+  std::vector<RankMetrics> runs(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
+    runs[i].globalRank = ranks[i].globalRank;
     if (const GroupView* g = ranks[i].group()) {
       runs[i].known = true;
       runs[i].names = runAround(*g, seq, UINT64_MAX);
@@ -100,26 +86,49 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
       const GroupView* g = r.group();
       if (g == nullptr || g->bySeq(ranks[i].lastSeq) == nullptr) continue;
       runs[i].known = true;
-      runs[i].inferred = true;
       runs[i].names = runAround(*g, ranks[i].lastSeq, ranks[i].lastSeq);
       break;
     }
   }
+  return formatMetricSyncs(runs);
+}
+
+} // namespace
+
+std::vector<std::string> metricRunAround(uint64_t seq, uint64_t lastSeq, uint64_t upTo,
+                                         const std::function<std::optional<std::string>(uint64_t)>& metricAt) {
+  std::vector<std::string> names;
+  upTo = std::min(upTo, lastSeq);  // nothing after the rank's last collective
+  uint64_t p = std::min(seq, upTo);
+  if (p == 0) return names;
+  if (!metricAt(p) && p == seq) --p;
+  if (p == 0 || !metricAt(p)) return names;
+  uint64_t lo = p;
+  while (lo > 1 && metricAt(lo - 1)) --lo;
+  uint64_t hi = p;
+  while (hi < upTo && metricAt(hi + 1)) ++hi;
+  for (uint64_t s = lo; s <= hi; ++s) {
+    if (auto m = metricAt(s)) addName(names, *m);
+  }
+  return names;
+}
+
+std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks) {
   // Ranks grouped by the names they synced, in order of first appearance.
   std::vector<std::pair<std::vector<std::string>, std::vector<int64_t>>> groups;
   std::vector<std::string> all;
   std::vector<int64_t> unknown;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    if (!runs[i].known) {
-      unknown.push_back(ranks[i].globalRank);
+  for (const auto& r : ranks) {
+    if (!r.known) {
+      unknown.push_back(r.globalRank);
       continue;
     }
-    for (const auto& n : runs[i].names) addName(all, n);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == runs[i].names; });
+    for (const auto& n : r.names) addName(all, n);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == r.names; });
     if (it == groups.end()) {
-      groups.push_back({runs[i].names, {ranks[i].globalRank}});
+      groups.push_back({r.names, {r.globalRank}});
     } else {
-      it->second.push_back(ranks[i].globalRank);
+      it->second.push_back(r.globalRank);
     }
   }
   if (groups.size() < 2) return "";
@@ -132,16 +141,22 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
       os << "none";
     } else {
       os << joinNames(names);
-      if (names.size() < all.size()) os << " only";  // `all` is the union: a strict subset
+      // "only": another rank synced these and more.
+      const bool fewer = std::any_of(groups.begin(), groups.end(), [&](const auto& g) {
+        return g.first.size() > names.size() && std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+                 return std::find(g.first.begin(), g.first.end(), n) != g.first.end();
+               });
+      });
+      if (fewer) os << " only";
     }
   }
   if (!unknown.empty()) os << "; " << formatRanks(unknown) << ": not known (no ledger window)";
   for (const auto& n : all) {
     std::vector<int64_t> with, without;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      if (!runs[i].known) continue;
-      const bool has = std::find(runs[i].names.begin(), runs[i].names.end(), n) != runs[i].names.end();
-      (has ? with : without).push_back(ranks[i].globalRank);
+    for (const auto& r : ranks) {
+      if (!r.known) continue;
+      const bool has = std::find(r.names.begin(), r.names.end(), n) != r.names.end();
+      (has ? with : without).push_back(r.globalRank);
     }
     if (without.empty()) continue;
     os << "\n  " << n << " is synced on " << formatRanks(with) << " only: " << formatRanks(without)
@@ -149,6 +164,8 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
   }
   return os.str();
 }
+
+namespace {
 
 struct Found {
   uint64_t seq = 0;
