@@ -203,10 +203,10 @@ def _metric_keys(rank: int, world: int) -> str:
     return "no error"
 
 
-@pytest.mark.parametrize("mode", ["verify", "async"])
+@pytest.mark.parametrize("mode", ["verify", "async", "strict"])
 def test_mismatch_report_names_the_metrics_each_rank_synced(mode):
-    # verify: the ranks exchange their words for the differing collective (each
-    # rank's metric syncs among them); async: the watchdog's report from the windows.
+    # verify and strict: the ranks exchange their words for the differing collective
+    # (each rank's metric syncs among them); async: the watchdog's report from the windows.
     texts = assert_all_ok(run_ranks(_metric_keys, 3, env=dict(FAST, TORCH_EXT_CHECK=mode), timeout=90))
     for text in texts:
         assert "collective #3 on group" in text, text
