@@ -90,7 +90,7 @@ def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tm
     line = _line("lightning_job.py", "log_rank0")
     assert (f"for metric 'val_loss' logged with sync_dist=True (asked for at lightning_job.py:{line} in "
             "Model.validation_step)") in out, out[-6000:]
-    assert "hint: a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`)" \
+    assert "hint: a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`" \
         in out, out[-6000:]
     assert "rank_zero_only=True and without sync_dist" in out, out[-6000:]
     assert _names_ranks_1_2_as_gone(out), out[-6000:]

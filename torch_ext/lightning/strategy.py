@@ -60,9 +60,10 @@ _LIGHTNING_DIR = os.path.dirname(os.path.abspath(lightning.__file__)) + os.sep
 _RESULT_FILE = os.path.join("logger_connector", "result.py")
 
 METRIC_SYNC_HINT = (
-    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`) makes "
-    "those ranks wait in its sync while the others never join: log it on every rank, or log it with "
-    "rank_zero_only=True and without sync_dist"
+    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`, or a "
+    "self.log_dict key that only some ranks' batches produce) makes those ranks wait in its sync while the others "
+    "never join: log it on every rank (a neutral value where a rank has none), or log it with rank_zero_only=True "
+    "and without sync_dist"
 )
 
 
