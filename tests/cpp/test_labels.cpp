@@ -275,3 +275,48 @@ TEST(Labels, MetricRunAndFormatting) {
             "\n  val_acc_c5 is synced on rank 3 only: ranks 0,1 never synced it here");
   EXPECT_EQ(formatMetricSyncs({{0, true, {"a"}}, {1, true, {"a"}}, {2, false, {}}}), "");
 }
+
+namespace {
+
+struct FakeCode {
+  const char* file;
+  const char* name;
+};
+
+bool resolveFake(const OriginRef& ref, Frame* out) {
+  const auto* c = static_cast<const FakeCode*>(ref.code);
+  if (c->file == nullptr) return false;
+  *out = Frame{c->file, ref.line, c->name, ""};
+  return true;
+}
+
+} // namespace
+
+// Origins interned as code objects are resolved by the installed resolver when the
+// label is first read, then kept; without a resolver they read "(code object)".
+TEST(Labels, LazyOriginsAreResolvedWhenFirstRead) {
+  auto& table = LabelTable::instance();
+  static const FakeCode code{"/job/model.py", "Model.validation_step"};
+  static const FakeCode unreadable{nullptr, nullptr};
+  Label l;
+  l.text = "metric 'lazy'";
+  const size_t before = table.unresolved();
+  table.setResolver(nullptr);
+  const uint32_t id = table.intern(l, {OriginRef{&code, 41}});
+  EXPECT_EQ(table.intern(l, {OriginRef{&code, 41}}), id);
+  EXPECT_NE(table.intern(l, {OriginRef{&code, 42}}), id);  // another line, another label
+  EXPECT_EQ(table.unresolved(), before + 2);
+  Label seen = table.get(id);
+  ASSERT_EQ(seen.origin.size(), 1u);
+  EXPECT_EQ(seen.origin[0].filename, "(code object)");  // no resolver yet: not kept
+  EXPECT_EQ(table.unresolved(), before + 2);
+  table.setResolver(&resolveFake);
+  seen = table.get(id);
+  EXPECT_EQ(seen.describe(), "metric 'lazy' (asked for at model.py:41 in Model.validation_step)");
+  EXPECT_EQ(table.unresolved(), before + 1);
+  const uint32_t bad = table.intern(l, {OriginRef{&unreadable, 7}});
+  EXPECT_EQ(table.get(bad).origin.at(0).filename, "(code object)");  // the resolver could not read it
+  table.resolveAll();
+  EXPECT_EQ(table.unresolved(), 0u);
+  table.setResolver(nullptr);
+}

@@ -213,3 +213,27 @@ def test_mismatch_report_names_the_metrics_each_rank_synced(mode):
         assert ("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
                 "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here") in text, text
         assert text.count(f"hint: {HINT}") == 1, text
+
+
+def _lazy(rank: int, world: int) -> dict:
+    from torch_ext import _C
+
+    ns: dict = {}
+    exec(compile("def asked_here():\n    pass\n", "/job/lazy_model.py", "exec"), ns)
+    origin = (ns["asked_here"].__code__, 2)
+    before = _C._labels_unresolved()
+    with torch_ext.label("metric 'lazy'", origin=origin, metric="lazy"):
+        entered = _C._labels_unresolved()  # entering it resolved nothing
+        dist.all_reduce(torch.ones(1))
+    issued = _C._labels_unresolved()  # nor did the collective
+    (entry,) = [e for e in torch_ext.ledger() if e.get("label")]
+    return {"before": before, "entered": entered, "issued": issued, "read": _C._labels_unresolved(),
+            "origin": entry["label"]["origin"]}
+
+
+def test_an_origin_is_resolved_when_first_read_not_when_entered():
+    for v in assert_all_ok(run_ranks(_lazy, 2, timeout=90)):
+        assert v["entered"] == v["issued"] == v["before"] + 1, v
+        assert v["read"] == v["before"], v  # torch_ext.ledger() read it: resolved, and kept
+        (o,) = v["origin"]
+        assert (o["filename"], o["line"], o["name"]) == ("/job/lazy_model.py", 2, "asked_here"), o
