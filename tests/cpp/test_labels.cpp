@@ -213,6 +213,7 @@ TEST(Labels, MetricSyncsPerRankNameTheMissingKey) {
     Verdict v = analyze("default_pg", in, inc, kNow);
     EXPECT_EQ(v.kind, Verdict::Kind::Hang);
     EXPECT_NE(v.text.find("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                          " (ranks 1,2 sent no ledger: read from rank 0's, up to the last collective each issued)"
                           "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here"
                           "\n  hint: log it on every rank"),
               std::string::npos)

@@ -87,6 +87,7 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
       if (g == nullptr || g->bySeq(ranks[i].lastSeq) == nullptr) continue;
       runs[i].known = true;
       runs[i].names = runAround(*g, ranks[i].lastSeq, ranks[i].lastSeq);
+      runs[i].readFrom = r.globalRank;
       break;
     }
   }
@@ -151,6 +152,15 @@ std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks) {
     }
   }
   if (!unknown.empty()) os << "; " << formatRanks(unknown) << ": not known (no ledger window)";
+  // Said, for ranks that sent no ledger: where their list comes from.
+  std::map<int64_t, std::vector<int64_t>> readFrom;
+  for (const auto& r : ranks) {
+    if (r.known && r.readFrom >= 0) readFrom[r.readFrom].push_back(r.globalRank);
+  }
+  for (const auto& [from, who] : readFrom) {
+    os << " (" << formatRanks(who) << " sent no ledger: read from rank " << from
+       << "'s, up to the last collective " << (who.size() == 1 ? "it" : "each") << " issued)";
+  }
   for (const auto& n : all) {
     std::vector<int64_t> with, without;
     for (const auto& r : ranks) {

@@ -54,6 +54,7 @@ struct RankMetrics {
   int64_t globalRank = 0;
   bool known = false;              // false: nothing tells what it synced there
   std::vector<std::string> names;  // metricRunAround's
+  int64_t readFrom = -1;           // >= 0: read from this rank's ledger (it sent none)
 };
 
 // "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced
