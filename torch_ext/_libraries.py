@@ -89,6 +89,23 @@ def _torchmetrics_call(frame: FrameType | None, skip: tuple[str, ...]) -> str:
     return name
 
 
+# Frameworks that compute metrics for the user (Lightning's epoch end) name them
+# better than the class: ``fn(frame, class_name)`` gets the first frame outside
+# torchmetrics and returns the label to use, or None. ddp_guard registers one.
+_torchmetrics_labellers: list[Callable[[FrameType, str], Any]] = []
+
+
+def register_torchmetrics_labeller(fn: Callable[[FrameType, str], Any]) -> None:
+    if fn not in _torchmetrics_labellers:
+        _torchmetrics_labellers.append(fn)
+
+
+def _first_outside(frame: FrameType | None, skip: tuple[str, ...]) -> FrameType | None:
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    return frame
+
+
 def _wrap_torchmetrics() -> bool:
     mod = sys.modules.get("torchmetrics.metric")
     metric_cls = getattr(mod, "Metric", None)
@@ -101,12 +118,22 @@ def _wrap_torchmetrics() -> bool:
 
     @functools.wraps(sync)
     def labelled_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if getattr(_local, "busy", False):
+        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
+        if not should_sync or getattr(_local, "busy", False):
+            # forward() without dist_sync_on_step asks for no sync: nothing to label.
             return sync(self, *args, **kwargs)
         f = sys._getframe(1)
         name = type(self).__name__
-        lab = label(f"torchmetrics {name}.{_torchmetrics_call(f, skip)}()", origin=_caller(f, skip),
-                    hint=TORCHMETRICS_HINT, metric=name, library="torchmetrics")
+        lab = None
+        outside = _first_outside(f, skip)
+        for labeller in _torchmetrics_labellers if outside is not None else ():
+            lab = labeller(outside, name)
+            if lab is not None:
+                break
+        if lab is None:
+            origin = Origin(outside.f_code, outside.f_lineno) if outside is not None else None
+            lab = label(f"torchmetrics {name}.{_torchmetrics_call(f, skip)}()", origin=origin,
+                        hint=TORCHMETRICS_HINT, metric=name, library="torchmetrics")
         _local.busy = True
         try:
             with lab:

@@ -118,6 +118,24 @@ def test_lightning_log_dict_key_on_one_rank_names_the_key_and_the_log_dict_line(
     assert proc.returncode != 0
 
 
+def test_lightning_torchmetric_on_rank0_only_names_the_metric_its_log_line_and_a_hint(tmp_path):
+    """Issue 29: a torchmetrics metric updated and logged on rank 0 only; Lightning computes
+    it (torchmetrics syncs its state) at epoch end. The report names the logged name, the
+    metric's class, the user's self.log line and what to do."""
+    pytest.importorskip("lightning")
+    pytest.importorskip("torchmetrics")
+    _copy(tmp_path, "lightning_job.py")
+    proc, out = _run(tmp_path, "lightning_job.py", ["torchmetric_rank0"], None)  # Lightning's own launcher
+    line = _line("lightning_job.py", "torchmetric_rank0")
+    assert (f"for metric 'val_mse' (MeanSquaredError, torchmetrics) logged with self.log (asked for at "
+            f"lightning_job.py:{line} in Model.validation_step)") in out, out[-6000:]
+    assert "hint: a torchmetrics metric logged with self.log(name, metric) is synced across all ranks" in out, \
+        out[-6000:]
+    assert "val_mse is synced on rank 0 only" in out, out[-6000:]
+    assert _names_ranks_1_2_as_gone(out), out[-6000:]
+    assert proc.returncode != 0  # rank 0's collective failed; every process ended by itself
+
+
 @pytest.mark.parametrize("nproc", LAUNCHERS)
 def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
     pytest.importorskip("lightning")
