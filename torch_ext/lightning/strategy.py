@@ -27,7 +27,10 @@ user's ``validation_step`` is no longer on the stack. The strategy wraps the
 by this strategy) to remember, per metric name, the code object and line of the
 user's ``self.log`` call and the hook it ran in (a dict store, no strings built), and runs each ``reduce`` Lightning asks for a logged metric
 inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
-origin=...)``: reports then name the metric and that line, with a hint.
+origin=...)``: reports then name the metric and that line, with a hint. A torchmetrics
+metric logged as an object (``self.log("val_acc", self.acc)``) syncs itself when Lightning
+computes it at epoch end; its line is remembered too, and the sync (labelled by
+``torch_ext._libraries``' torchmetrics wrapper) names the logged name and that line.
 """
 from __future__ import annotations
 
