@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C, _compat, _runtime
+from torch_ext import _C, _compat, _libraries, _runtime
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "store_health", "monitored_barrier"]
@@ -214,6 +214,8 @@ def _store_host(store: dist.Store, global_ranks: list[int]) -> tuple[str, int]:
 def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     """Creator registered with ``Backend.register_backend(extended_api=True)``."""
     global _default_overrides
+    # Labels for torchmetrics' and Accelerate's collectives, if they are imported.
+    _libraries.install()
     overrides = _overrides_from(pg_options)
     cfg = _C.resolve_config(overrides)  # ValueError naming the bad setting
     if list(cfg["library_packages"]) != _runtime.library_packages():

@@ -11,8 +11,10 @@ mismatch and hang reports, the Flight Recorder export and the Perfetto trace::
 ``origin`` is a call site captured earlier, where the work was asked for (a
 deferred collective, e.g. a metric synced at epoch end, runs far from that line):
 :func:`here` captures it as a code object and a line number, which costs about as
-much as reading an attribute; file, function and library are resolved when the
-label is entered, once per distinct label.
+much as reading an attribute. The label keeps the code object; file, function and
+library are resolved when the label is first read (a report, a dump,
+``torch_ext.ledger()``), once, and kept (a code object whose file or function name
+is not ASCII is resolved when the label is first entered instead).
 
 Costs: the C++ side keeps one id per thread (a ``thread_local``), which every
 guarded collective reads whether a label is active or not. Entering a label is a

@@ -1,6 +1,7 @@
 #include "python/PyRuntime.h"
 
 #include "guard/collective/CallSite.h"
+#include "guard/collective/LabelTable.h"
 #include "guard/Runtime.h"
 #include "guard/watchdog/Watchdog.h"
 
@@ -549,6 +550,44 @@ PyThreadState* findThreadState(unsigned long threadId) {
 
 } // namespace
 
+// --- label origins, resolved when first read --------------------------------
+
+// `s` as UTF-8 if it is a compact ASCII string: its characters follow the
+// object header and are immutable, so they can be read without the GIL (the
+// object is kept alive by a reference of ours). Nothing is allocated.
+static bool asciiWithoutGil(PyObject* s, std::string* out) {
+  if (s == nullptr || !PyUnicode_Check(s) || !PyUnicode_IS_COMPACT_ASCII(s)) return false;
+  out->assign(static_cast<const char*>(PyUnicode_DATA(s)), static_cast<size_t>(PyUnicode_GET_LENGTH(s)));
+  return true;
+}
+
+static PyObject* nameOf(PyCodeObject* code) {
+#if PY_VERSION_HEX >= 0x030B0000
+  return code->co_qualname;
+#else
+  return code->co_name;
+#endif
+}
+
+// LabelTable's resolver. With the GIL (torch_ext.ledger(), the exit flush): the
+// cached classification of call sites. Without it (the watchdog writing a
+// report or a dump, the verifier): the code object's strings read in place, as
+// keepForLazyOrigin checked they can be, and the file classified by its path.
+static bool resolveOrigin(const OriginRef& ref, Frame* out) {
+  auto* code = static_cast<PyCodeObject*>(const_cast<void*>(ref.code));
+  if (code == nullptr) return false;
+  if (g_installed.load() && Py_IsInitialized() && PyGILState_Check()) {
+    *out = frameOfCode(reinterpret_cast<PyObject*>(code), ref.line);
+    return !out->filename.empty();
+  }
+  Frame f;
+  f.line = ref.line;
+  if (!asciiWithoutGil(code->co_filename, &f.filename) || !asciiWithoutGil(nameOf(code), &f.function)) return false;
+  f.library = classifyFile(f.filename).library;
+  *out = std::move(f);
+  return true;
+}
+
 void installRuntime(const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
                     const std::vector<std::string>& sitePackages, unsigned long mainThreadId) {
   g_internal.clear();
@@ -565,6 +604,7 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
   g_mainTstate = findThreadState(mainThreadId);
   g_installed = true;
   CallSites::instance().setProvider(&captureCallSite);
+  LabelTable::instance().setResolver(&resolveOrigin);
   Runtime::instance().install(&sampleMainStack, &logViaPython, [] { helper().stop(); });
 }
 
@@ -573,6 +613,10 @@ bool flushLogs(std::chrono::milliseconds timeout) {
 }
 
 void uninstallRuntime() {
+  // Label origins still unresolved are resolved now, with the GIL, while their
+  // code objects can still be read: reports and dumps written after this see text.
+  LabelTable::instance().resolveAll();
+  LabelTable::instance().setResolver(nullptr);
   g_installed = false;
   CallSites::instance().setProvider(nullptr);
   Runtime::instance().uninstall();
@@ -589,6 +633,15 @@ Frame frameOfCode(PyObject* code, int line) {
   }
   const CodeInfo& info = codeInfo(reinterpret_cast<PyCodeObject*>(code));
   return Frame{info.filename, line, info.function, info.library};
+}
+
+bool keepForLazyOrigin(PyObject* code) {
+  if (code == nullptr || !PyCode_Check(code)) return false;
+  auto* c = reinterpret_cast<PyCodeObject*>(code);
+  std::string unused;
+  if (!asciiWithoutGil(c->co_filename, &unused) || !asciiWithoutGil(nameOf(c), &unused)) return false;
+  Py_INCREF(code);  // kept for good: LabelTable keeps its labels for good
+  return true;
 }
 
 void setCallSitesEnabled(bool enabled) {

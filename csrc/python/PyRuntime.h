@@ -46,6 +46,12 @@ bool flushLogs(std::chrono::milliseconds timeout);
 // sites are (the library it belongs to, if any; each code object's strings and
 // kind are cached). An empty frame for anything but a code object.
 Frame frameOfCode(_object* code, int line);
+// With the GIL held: true if `code` is a code object whose file name and
+// (qualified) name can be read later without the GIL (compact ASCII strings,
+// as faulthandler reads them); it then takes a reference to it, kept for good,
+// so LabelTable can resolve it when a label is first read (see resolveOrigin in
+// PyRuntime.cpp, installed as LabelTable's resolver).
+bool keepForLazyOrigin(_object* code);
 // Turns call-site capture on or off process-wide.
 void setCallSitesEnabled(bool enabled);
 // With the GIL held: (folder prefix, package name) of each package the user

@@ -371,18 +371,34 @@ PYBIND11_MODULE(_C, m) {
         label.fields = fields;
         label.hint = hint;
         for (const auto& [code, line] : origin) {
-          torch_ext::Frame f = torch_ext::py::frameOfCode(code.ptr(), line);
-          if (f.filename.empty()) {
+          if (!PyCode_Check(code.ptr())) {
             throw py::type_error("torch_ext.label: an origin must be a code object and a line, got " +
                                  std::string(py::str(py::type::of(code))));
           }
-          label.origin.push_back(std::move(f));
         }
-        return torch_ext::LabelTable::instance().intern(label);
+        // Resolved when the label is first read (a report, a dump, torch_ext.ledger()),
+        // unless a name cannot be read without the GIL then (not ASCII): resolved now.
+        std::vector<torch_ext::OriginRef> lazy;
+        bool allLazy = true;
+        for (const auto& [code, line] : origin) {
+          if (!torch_ext::py::keepForLazyOrigin(code.ptr())) {
+            allLazy = false;
+            break;
+          }
+          lazy.push_back(torch_ext::OriginRef{code.ptr(), line});
+        }
+        if (!allLazy) {
+          lazy.clear();
+          for (const auto& [code, line] : origin) label.origin.push_back(torch_ext::py::frameOfCode(code.ptr(), line));
+        }
+        return torch_ext::LabelTable::instance().intern(label, lazy);
       },
       py::arg("text"), py::arg("fields"), py::arg("hint"), py::arg("origin"),
       "Interns a label (text, fields, hint, origin frames as (code object, line), innermost first); 0 when the "
       "table is full.");
+  m.def(
+      "_labels_unresolved", [] { return torch_ext::LabelTable::instance().unresolved(); },
+      "How many interned labels still hold origins not resolved to text (tests).");
   m.def("_set_label", &torch_ext::LabelTable::setCurrent, py::arg("id"),
         "Sets the calling thread's current label id (0: none); returns the previous one.");
   m.def("_set_listed_libraries", &torch_ext::py::setListedLibraries,

@@ -75,6 +75,10 @@ TEST(Labels, InternedOnceAndLookedUp) {
   EXPECT_TRUE(table.get(0xfffffff0u).empty());
   EXPECT_EQ(metric().describe(), "metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
   EXPECT_EQ(labelSuffix(Label{}), "");
+  // A library called from the line that asked for the work: the origin is that call site, said once.
+  EXPECT_EQ(labelSuffix(metric(), {Frame{"/job/model.py", 41, "Model.validation_step", ""}}), " for metric 'val_loss'");
+  EXPECT_EQ(labelSuffix(metric(), {Frame{"/job/model.py", 40, "Model.validation_step", ""}}),
+            " for metric 'val_loss' (asked for at model.py:41 in Model.validation_step)");
 }
 
 TEST(Labels, CurrentIsPerThread) {
@@ -158,4 +162,162 @@ TEST(Labels, ReportsNameTheLabelAndSayItsHintOnce) {
     ASSERT_EQ(back.ops.size(), 2u);
     EXPECT_EQ(back.ops[0].hint, "log it on every rank");
   }
+}
+
+namespace {
+
+Label metricNamed(const std::string& name) {
+  Label l;
+  l.text = "metric '" + name + "'";
+  l.fields = {{"metric", name}};
+  l.hint = "log it on every rank";
+  return l;
+}
+
+} // namespace
+
+// Lightning#19106: self.log_dict with a key only rank 0 logs. Ranks 1 and 2 sync
+// val_loss and end; rank 0 waits in val_acc_c3's sync. The report names, per
+// rank, the metrics synced there and which one is missing where (ranks 1 and 2
+// sent no window: their syncs are read from rank 0's ledger up to their last seq).
+TEST(Labels, MetricSyncsPerRankNameTheMissingKey) {
+  auto& table = LabelTable::instance();
+  const uint32_t loss = table.intern(metricNamed("val_loss"));
+  const uint32_t acc = table.intern(metricNamed("val_acc_c3"));
+  const uint32_t site = CallSites::instance().intern({Frame{"/job/train.py", 88, "main", ""}});
+  Ledger l0(16), l1(16), l2(16);
+  uint64_t s0 = 0, s1 = 0, s2 = 0;
+  for (Ledger* l : {&l0, &l1, &l2}) {
+    uint64_t* s = l == &l0 ? &s0 : l == &l1 ? &s1 : &s2;
+    l->complete(l->record(allReduce(8), site, s), true);                              // #1 training
+    l->complete(l->record(allReduce(1), site, s, nullptr, nullptr, loss), true);     // #2 val_loss
+  }
+  l0.record(allReduce(1), site, &s0, nullptr, nullptr, acc);  // #3 val_acc_c3, rank 0 only
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 3))};
+    in[0].snapshot.groups[0].entries.back().startNs = kNow - 5 * kSec;
+    for (int r : {1, 2}) {
+      RankInput x;
+      x.groupRank = r;
+      x.globalRank = r;
+      x.groupName = "0";
+      x.statusKnown = true;
+      x.phase = RankPhase::Exited;
+      x.lastSeq = 2;
+      in.push_back(x);
+    }
+    Incident inc;
+    inc.kind = IncidentKind::Hang;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(3);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+    EXPECT_NE(v.text.find("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                          " (ranks 1,2 sent no ledger: read from rank 0's, up to the last collective each issued)"
+                          "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here"
+                          "\n  hint: log it on every rank"),
+              std::string::npos)
+        << v.text;
+  }
+  // Ranks 1 and 2 go on to the next epoch's training collective: a mismatch at #3,
+  // every rank's window at hand.
+  l1.record(allReduce(8), site, &s1);
+  l2.record(allReduce(8), site, &s2);
+  {
+    std::vector<RankInput> in{responded(0, viewOf(l0, 0, 3)), responded(1, viewOf(l1, 1, 3)),
+                              responded(2, viewOf(l2, 2, 3))};
+    Incident inc;
+    inc.kind = IncidentKind::Mismatch;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(3);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_NE(v.text.find("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                          "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here"),
+              std::string::npos)
+        << v.text;
+  }
+  // Every rank synced the same metrics: nothing added.
+  Ledger a(16), b(16);
+  uint64_t sa = 0, sb = 0;
+  a.record(allReduce(1), site, &sa, nullptr, nullptr, loss);
+  b.record(allReduce(2), site, &sb, nullptr, nullptr, loss);
+  {
+    std::vector<RankInput> in{responded(0, viewOf(a, 0, 2)), responded(1, viewOf(b, 1, 2))};
+    Incident inc;
+    inc.kind = IncidentKind::Mismatch;
+    inc.poster = 0;
+    inc.subject = IncidentSubject::collective(1);
+    Verdict v = analyze("default_pg", in, inc, kNow);
+    EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
+    EXPECT_EQ(v.text.find("metric syncs here"), std::string::npos) << v.text;
+  }
+}
+
+TEST(Labels, MetricRunAndFormatting) {
+  // #1 training, #2 val_loss, #3 val_acc_c3, #4 training.
+  auto at = [](uint64_t s) -> std::optional<std::string> {
+    if (s == 2) return "val_loss";
+    if (s == 3) return "val_acc_c3";
+    return std::nullopt;
+  };
+  EXPECT_EQ(metricRunAround(3, 4, UINT64_MAX, at), (std::vector<std::string>{"val_loss", "val_acc_c3"}));
+  EXPECT_EQ(metricRunAround(4, 4, UINT64_MAX, at), (std::vector<std::string>{"val_loss", "val_acc_c3"}));
+  EXPECT_EQ(metricRunAround(3, 2, UINT64_MAX, at), (std::vector<std::string>{"val_loss"}));  // stopped at #2
+  EXPECT_EQ(metricRunAround(3, 4, 2, at), (std::vector<std::string>{"val_loss"}));           // not past #2
+  EXPECT_TRUE(metricRunAround(1, 4, UINT64_MAX, at).empty());
+  EXPECT_TRUE(metricRunAround(0, 0, UINT64_MAX, at).empty());
+  std::vector<RankMetrics> ranks{{0, true, {"val_loss", "val_acc_c3"}}, {1, true, {"val_loss"}},
+                                 {2, false, {}}, {3, true, {"val_loss", "val_acc_c5"}}};
+  EXPECT_EQ(formatMetricSyncs(ranks),
+            "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; rank 1 synced val_loss only; rank 3 synced "
+            "val_loss, val_acc_c5; rank 2: not known (no ledger window)"
+            "\n  val_acc_c3 is synced on rank 0 only: ranks 1,3 never synced it here"
+            "\n  val_acc_c5 is synced on rank 3 only: ranks 0,1 never synced it here");
+  EXPECT_EQ(formatMetricSyncs({{0, true, {"a"}}, {1, true, {"a"}}, {2, false, {}}}), "");
+}
+
+namespace {
+
+struct FakeCode {
+  const char* file;
+  const char* name;
+};
+
+bool resolveFake(const OriginRef& ref, Frame* out) {
+  const auto* c = static_cast<const FakeCode*>(ref.code);
+  if (c->file == nullptr) return false;
+  *out = Frame{c->file, ref.line, c->name, ""};
+  return true;
+}
+
+} // namespace
+
+// Origins interned as code objects are resolved by the installed resolver when the
+// label is first read, then kept; without a resolver they read "(code object)".
+TEST(Labels, LazyOriginsAreResolvedWhenFirstRead) {
+  auto& table = LabelTable::instance();
+  static const FakeCode code{"/job/model.py", "Model.validation_step"};
+  static const FakeCode unreadable{nullptr, nullptr};
+  Label l;
+  l.text = "metric 'lazy'";
+  const size_t before = table.unresolved();
+  table.setResolver(nullptr);
+  const uint32_t id = table.intern(l, {OriginRef{&code, 41}});
+  EXPECT_EQ(table.intern(l, {OriginRef{&code, 41}}), id);
+  EXPECT_NE(table.intern(l, {OriginRef{&code, 42}}), id);  // another line, another label
+  EXPECT_EQ(table.unresolved(), before + 2);
+  Label seen = table.get(id);
+  ASSERT_EQ(seen.origin.size(), 1u);
+  EXPECT_EQ(seen.origin[0].filename, "(code object)");  // no resolver yet: not kept
+  EXPECT_EQ(table.unresolved(), before + 2);
+  table.setResolver(&resolveFake);
+  seen = table.get(id);
+  EXPECT_EQ(seen.describe(), "metric 'lazy' (asked for at model.py:41 in Model.validation_step)");
+  EXPECT_EQ(table.unresolved(), before + 1);
+  const uint32_t bad = table.intern(l, {OriginRef{&unreadable, 7}});
+  EXPECT_EQ(table.get(bad).origin.at(0).filename, "(code object)");  // the resolver could not read it
+  table.resolveAll();
+  EXPECT_EQ(table.unresolved(), 0u);
+  table.setResolver(nullptr);
 }

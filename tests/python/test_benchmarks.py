@@ -6,6 +6,7 @@ against the current torch_ext, so its published command keeps working.
 """
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -28,6 +29,19 @@ def test_overhead_added_prints_every_figure():
     assert "guard(gloo) / gloo =" in text and "goal <= 1.03x:" in text, text
     assert "of which on the calling thread:" in text and "of which on the other threads:" in text, text
     assert "voluntary context switches per call: gloo" in text, text
+
+
+@pytest.mark.timeout(120)
+def test_labels_prints_every_figure():
+    pytest.importorskip("lightning")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "labels.py"), "--rounds", "3", "--n", "200", "--cold", "20",
+         "--log-calls", "5"],
+        capture_output=True, text=True, timeout=100, cwd=ROOT, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert out.returncode == 0, out.stderr[-4000:]
+    for row in ("torch_ext.here()", "enter a seen label", "enter a new label", "self.log, Lightning's",
+                "self.log, ddp_guard's", "added per self.log", "recording the origin"):
+        assert f"{row} " in out.stdout and " us  [" in out.stdout, out.stdout
 
 
 @pytest.mark.timeout(120)

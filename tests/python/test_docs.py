@@ -89,8 +89,8 @@ NOT_GENERATED = {
         "(tests/python/jobs/callsites), about 30 s: checked in substance by test_call_sites",
     ("docs/diagnostics.md", "collective #7 all_gather(float32[1])"): "Accelerate job (tests/python/jobs/callsites)",
     ("docs/diagnostics.md", "collective #25 barrier()"): "Lightning job (tests/python/jobs/callsites)",
-    ("README.md", "collective #28 barrier()"): "Lightning job (tests/python/jobs/callsites), about 30 s: "
-        "checked in substance by test_call_sites' epoch metric sync test",
+    ("docs/diagnostics.md", "collective #1 on group \"default_pg\" (3 ranks)"): "from a test function "
+        "(test_library_labels.py::_accelerate_rank0), checked in substance there",
     ("docs/diagnostics.md", "collective #28 barrier()"): "Lightning job (tests/python/jobs/callsites), about 30 s: "
         "checked in substance by test_call_sites' epoch metric sync test",
     ("docs/performance.md", "collective #2 all_reduce(float32[1], SUM)"): "32 ranks (benchmarks/checks.py scale): "

@@ -68,13 +68,28 @@ def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
 # examples/bugs: each classic bug becomes an error on every rank
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation", "deferred_metric"])
+@pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation", "deferred_metric",
+                                  "rank0_metric_compute"])
 def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
     out = _source(name, tmp_path)  # python examples/bugs/<name>.py
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1", "2"], out[-8000:]
     assert "differs across ranks" in out, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
     doc_samples.check_source(name, out)
+
+
+def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_path):
+    # Lightning#19106 under Lightning's own launcher: every rank raises, rank 0's report
+    # names the metric, the self.log_dict line in validation_step, the keys per rank and the hint.
+    pytest.importorskip("lightning")
+    out = _source("lightning_metric_keys", tmp_path)  # python examples/bugs/lightning_metric_keys.py
+    raised = dict(re.findall(r"\[rank(\d)\] raised (\w+):", out))
+    assert raised == {"0": "CollectiveMismatchError", "1": "DistBackendError", "2": "DistBackendError"}, out[-8000:]
+    assert "for metric 'val_acc_c3' logged with sync_dist=True (asked for at lightning_metric_keys.py:" in out
+    assert "in Classifier.validation_step)" in out, out[-8000:]
+    assert "val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here" in out, out[-8000:]
+    assert "hint: a metric logged with sync_dist=True on some ranks only" in out, out[-8000:]
+    doc_samples.check_source("lightning_metric_keys", out)
 
 
 def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(tmp_path):

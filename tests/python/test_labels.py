@@ -181,3 +181,59 @@ def test_hang_dumps_report_fr_and_trace_carry_the_label(tmp_path):
     page = tmp_path / "page.html"
     _diagnose(str(dumps), "--html", str(page))
     assert f"for metric 'val_loss' (asked for at test_labels.py:{line} in _asked_here)" in page.read_text()
+
+
+def _metric_keys(rank: int, world: int) -> str:
+    """Lightning#19106 without Lightning: a key only rank 0 logs, synced at epoch end."""
+    dist.all_reduce(torch.ones(16))  # #1 a training step
+    try:
+        with torch_ext.label("metric 'val_loss'", metric="val_loss"):
+            dist.all_reduce(torch.ones(1))  # #2 every rank
+        if rank == 0:
+            with torch_ext.label("metric 'val_acc_c3'", metric="val_acc_c3", hint=HINT):
+                dist.all_reduce(torch.ones(1))  # #3 rank 0 only
+        # The next steps: as many bytes as rank 0's extra sync (gloo aborts a process
+        # over differing sizes), another reduce op; until the group fails on the
+        # difference (async mode finds it off the hot path, a few steps later).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            dist.all_reduce(torch.ones(1), op=dist.ReduceOp.MAX)
+    except torch_ext.CollectiveMismatchError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("mode", ["verify", "async", "strict"])
+def test_mismatch_report_names_the_metrics_each_rank_synced(mode):
+    # verify and strict: the ranks exchange their words for the differing collective
+    # (each rank's metric syncs among them); async: the watchdog's report from the windows.
+    texts = assert_all_ok(run_ranks(_metric_keys, 3, env=dict(FAST, TORCH_EXT_CHECK=mode), timeout=90))
+    for text in texts:
+        assert "collective #3 on group" in text, text
+        assert ("\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced val_loss only"
+                "\n  val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here") in text, text
+        assert text.count(f"hint: {HINT}") == 1, text
+
+
+def _lazy(rank: int, world: int) -> dict:
+    from torch_ext import _C
+
+    ns: dict = {}
+    exec(compile("def asked_here():\n    pass\n", "/job/lazy_model.py", "exec"), ns)
+    origin = (ns["asked_here"].__code__, 2)
+    before = _C._labels_unresolved()
+    with torch_ext.label("metric 'lazy'", origin=origin, metric="lazy"):
+        entered = _C._labels_unresolved()  # entering it resolved nothing
+        dist.all_reduce(torch.ones(1))
+    issued = _C._labels_unresolved()  # nor did the collective
+    (entry,) = [e for e in torch_ext.ledger() if e.get("label")]
+    return {"before": before, "entered": entered, "issued": issued, "read": _C._labels_unresolved(),
+            "origin": entry["label"]["origin"]}
+
+
+def test_an_origin_is_resolved_when_first_read_not_when_entered():
+    for v in assert_all_ok(run_ranks(_lazy, 2, timeout=90)):
+        assert v["entered"] == v["issued"] == v["before"] + 1, v
+        assert v["read"] == v["before"], v  # torch_ext.ledger() read it: resolved, and kept
+        (o,) = v["origin"]
+        assert (o["filename"], o["line"], o["name"]) == ("/job/lazy_model.py", 2, "asked_here"), o

@@ -37,13 +37,16 @@ def _where(frames: list[dict[str, Any]]) -> str:
     return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
 
 
-def _labelled(where: str, label: dict[str, Any] | None) -> str:
-    """The call site followed by the entry's torch_ext.label, as the text report writes it."""
+def _labelled(where: str, label: dict[str, Any] | None, site: list[dict[str, Any]] | None = None) -> str:
+    """The call site followed by the entry's torch_ext.label, as the text report writes it
+    (the origin left out when it is the call site's own line)."""
     if not label:
         return where
     text = f"{where} for {label.get('text', '')}"
-    if label.get("origin"):
-        text += f" (asked for at {_where(label['origin'])})"
+    origin = label.get("origin")
+    same = bool(origin and site and (origin[0]["filename"], origin[0]["line"]) == (site[0]["filename"], site[0]["line"]))
+    if origin and not same:
+        text += f" (asked for at {_where(origin)})"
     return text
 
 
@@ -146,7 +149,7 @@ def page_model(a: Analysis) -> dict[str, Any]:
         for d, g, placed in lanes_raw:
             cells = []
             for key, e, is_stuck in placed:
-                desc = (e.get("fingerprint", e["op"]), _labelled(_where(e.get("frames", [])), e.get("label")), json.dumps(e["input_sizes"]),
+                desc = (e.get("fingerprint", e["op"]), _labelled(_where(e.get("frames", [])), e.get("label"), e.get("frames")), json.dumps(e["input_sizes"]),
                         ",".join(e["input_dtypes"]))
                 if desc not in op_index:
                     op_index[desc] = len(ops)

@@ -27,7 +27,10 @@ user's ``validation_step`` is no longer on the stack. The strategy wraps the
 by this strategy) to remember, per metric name, the code object and line of the
 user's ``self.log`` call and the hook it ran in (a dict store, no strings built), and runs each ``reduce`` Lightning asks for a logged metric
 inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
-origin=...)``: reports then name the metric and that line, with a hint.
+origin=...)``: reports then name the metric and that line, with a hint. A torchmetrics
+metric logged as an object (``self.log("val_acc", self.acc)``) syncs itself when Lightning
+computes it at epoch end; its line is remembered too, and the sync (labelled by
+``torch_ext._libraries``' torchmetrics wrapper) names the logged name and that line.
 """
 from __future__ import annotations
 
@@ -36,6 +39,7 @@ import contextlib
 import functools
 import os
 import sys
+import weakref
 from types import CodeType
 from typing import Any
 
@@ -52,17 +56,23 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import torch_ext
-from torch_ext import GuardOptions, _compat
+from torch_ext import GuardOptions, _compat, _libraries
 
 __all__ = ["GuardDDPStrategy"]
 
 _LIGHTNING_DIR = os.path.dirname(os.path.abspath(lightning.__file__)) + os.sep
 _RESULT_FILE = os.path.join("logger_connector", "result.py")
 
+TORCHMETRICS_LOG_HINT = (
+    "a torchmetrics metric logged with self.log(name, metric) is synced across all ranks when Lightning computes "
+    "it at the end of the epoch: update and log it on every rank (not under `if self.trainer.is_global_zero:`)"
+)
+
 METRIC_SYNC_HINT = (
-    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`) makes "
-    "those ranks wait in its sync while the others never join: log it on every rank, or log it with "
-    "rank_zero_only=True and without sync_dist"
+    "a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`, or a "
+    "self.log_dict key that only some ranks' batches produce) makes those ranks wait in its sync while the others "
+    "never join: log it on every rank (a neutral value where a rank has none), or log it with rank_zero_only=True "
+    "and without sync_dist"
 )
 
 
@@ -147,6 +157,10 @@ class GuardDDPStrategy(DDPStrategy):
 
     def setup(self, trainer: Any) -> None:
         super().setup(trainer)
+        # For the torchmetrics labeller: Lightning computes a logged torchmetrics metric
+        # at epoch end without the strategy on the stack.
+        global _current
+        _current = weakref.ref(self)
         _install_log_wrapper()
         if self.inner_backend() == "gloo":
             # Lightning evaluates under no_grad rather than inference_mode on gloo.
@@ -169,7 +183,8 @@ def _install_log_wrapper() -> None:
 
     @functools.wraps(log)
     def logged(self: Any, name: str, value: Any, *args: Any, **kwargs: Any) -> Any:
-        if kwargs.get("sync_dist"):
+        # sync_dist=True: Lightning syncs the value; a torchmetrics metric syncs itself.
+        if kwargs.get("sync_dist") or _is_torchmetric(value):
             trainer = getattr(self, "_trainer", None)
             strategy = getattr(trainer, "strategy", None)
             if isinstance(strategy, GuardDDPStrategy):
@@ -178,6 +193,32 @@ def _install_log_wrapper() -> None:
 
     logged._torch_ext_wrapped = True  # type: ignore[attr-defined]
     LightningModule.log = logged  # type: ignore[method-assign]
+
+
+_current: Any = None  # weakref to the GuardDDPStrategy set up last
+
+
+def _is_torchmetric(value: Any) -> bool:
+    tm = sys.modules.get("torchmetrics")
+    return tm is not None and isinstance(value, tm.Metric)
+
+
+def _torchmetrics_label(frame: Any, class_name: str) -> Any:
+    """The label of a torchmetrics metric Lightning computes at epoch end (its result
+    frame calls compute()): the name it was logged as, and that self.log line."""
+    code = frame.f_code
+    if code.co_name != "compute" or not code.co_filename.endswith(_RESULT_FILE):
+        return None
+    meta = getattr(frame.f_locals.get("self"), "meta", None)
+    name = getattr(meta, "name", None)
+    if not isinstance(name, str):
+        return None
+    strategy = _current() if _current is not None else None
+    where = strategy._log_origins.get(name) if isinstance(strategy, GuardDDPStrategy) else None
+    origin = torch_ext.Origin(where[0], where[1]) if where is not None else None
+    hook = (where[2] if where is not None else "") or getattr(meta, "fx", "") or ""
+    return torch_ext.label(f"metric {name!r} ({class_name}, torchmetrics) logged with self.log", origin=origin,
+                           hint=TORCHMETRICS_LOG_HINT, metric=name, hook=hook, library="torchmetrics")
 
 
 def _first_frame_outside_lightning() -> Any:
@@ -230,3 +271,4 @@ def register(registry: Any = StrategyRegistry) -> None:
 
 
 register()
+_libraries.register_torchmetrics_labeller(_torchmetrics_label)

@@ -22,7 +22,8 @@ namespace {
 // The call site and the label active on this (the issuing) thread, as the
 // strict checks' reports name them.
 std::string describeSite(uint32_t callSite) {
-  return CallSites::instance().describe(callSite) + labelSuffix(LabelTable::instance().get(LabelTable::current()));
+  const std::vector<Frame> frames = CallSites::instance().frames(callSite);
+  return describeCallSite(frames) + labelSuffix(LabelTable::instance().get(LabelTable::current()), frames);
 }
 
 } // namespace
@@ -96,10 +97,34 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   // Slow path, taken by every rank since all saw the same reduction: fetch the
   // full fingerprints through the store and raise the same report everywhere.
   const int size = state_->id().size;
+  // This rank's metric syncs around #seq (the op at hand carries the current label).
+  auto metricOf = [](uint32_t labelId) -> std::optional<std::string> {
+    if (labelId == 0) return std::nullopt;
+    for (const auto& [k, v] : LabelTable::instance().get(labelId).fields) {
+      if (k == "metric") return v;
+    }
+    return std::nullopt;
+  };
+  const Ledger& ledger = state_->ledger();
+  auto metricAt = [&](uint64_t s) -> std::optional<std::string> {
+    if (s == seq) return metricOf(LabelTable::current());
+    auto e = ledger.bySeq(s);
+    return e ? metricOf(e->label) : std::nullopt;
+  };
+  std::vector<RankMetrics> metrics(1);
+  metrics[0].known = metricAt(seq).has_value();
+  metrics[0].names = metricRunAround(seq, seq, seq, metricAt);
   std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, describeSite(callSite),
-                                                         LabelTable::instance().get(LabelTable::current()).hint);
-  std::string report = formatMismatch(state_->label(), size, seq, ops,
-                                      same ? messages::kSplitsDoNotPair : "");
+                                                         LabelTable::instance().get(LabelTable::current()).hint,
+                                                         &metrics);
+  // Shown when the op is a metric sync on some rank; every rank's list is known.
+  bool metricSync = false;
+  for (auto& m : metrics) {
+    metricSync = metricSync || m.known;
+    m.known = true;
+  }
+  std::string report = formatMismatch(state_->label(), size, seq, ops, same ? messages::kSplitsDoNotPair : "",
+                                      metricSync ? formatMetricSyncs(metrics) : std::string());
   state_->fail(GuardErrorKind::Mismatch, report);
   state_->throwFailure("");
 }

@@ -19,7 +19,7 @@ void appendField(std::string& key, const std::string& s) {
 
 } // namespace
 
-uint32_t LabelTable::intern(const Label& label) {
+uint32_t LabelTable::intern(const Label& label, const std::vector<OriginRef>& lazyOrigin) {
   if (label.empty()) return 0;
   // Length-prefixed parts: no text can be confused with another split.
   std::string key;
@@ -36,21 +36,71 @@ uint32_t LabelTable::intern(const Label& label) {
     appendField(key, f.function);
     appendField(key, f.library);
   }
+  key += '|';
+  for (const auto& r : lazyOrigin) {
+    appendField(key, std::to_string(reinterpret_cast<uintptr_t>(r.code)));
+    appendField(key, std::to_string(r.line));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto it = byKey_.find(key);
   if (it != byKey_.end()) return it->second;
   if (labels_.size() >= kMaxLabels) return 0;
   const auto id = static_cast<uint32_t>(labels_.size());
-  labels_.push_back(label);
+  labels_.push_back(Stored{label, lazyOrigin});
   byKey_.emplace(std::move(key), id);
   return id;
 }
 
+void LabelTable::resolve(uint32_t id) const {
+  std::vector<OriginRef> pending;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending = labels_[id].pending;
+  }
+  if (pending.empty()) return;
+  const Resolver resolver = resolver_.load(std::memory_order_acquire);
+  if (resolver == nullptr) return;  // read as "(code object)" until one is installed
+  std::vector<Frame> frames;
+  for (const auto& r : pending) {
+    Frame f;
+    if (!resolver(r, &f)) f = Frame{"(code object)", r.line, "", ""};
+    frames.push_back(std::move(f));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  Stored& s = labels_[id];
+  if (s.pending.empty()) return;  // another reader resolved it meanwhile
+  for (auto& f : frames) s.label.origin.push_back(std::move(f));
+  s.pending.clear();
+}
+
 Label LabelTable::get(uint32_t id) const {
   if (id == 0) return Label{};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id >= labels_.size()) return Label{};
+    if (labels_[id].pending.empty()) return labels_[id].label;
+  }
+  resolve(id);
   std::lock_guard<std::mutex> lock(mu_);
-  if (id >= labels_.size()) return Label{};
-  return labels_[id];
+  Label out = labels_[id].label;
+  for (const auto& r : labels_[id].pending) out.origin.push_back(Frame{"(code object)", r.line, "", ""});
+  return out;
+}
+
+void LabelTable::resolveAll() {
+  size_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    n = labels_.size();
+  }
+  for (size_t id = 1; id < n; ++id) resolve(static_cast<uint32_t>(id));
+}
+
+size_t LabelTable::unresolved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& s : labels_) n += s.pending.empty() ? 0 : 1;
+  return n;
 }
 
 } // namespace torch_ext

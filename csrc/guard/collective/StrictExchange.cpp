@@ -39,12 +39,19 @@ void awaitKeys(GroupState& st, const std::vector<std::string>& keys, const std::
 } // namespace
 
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
-                                               const std::string& where, const std::string& hint) {
+                                               const std::string& where, const std::string& hint,
+                                               std::vector<RankMetrics>* metrics) {
   const auto& id = st.id();
   Json mine = Json::object();
   mine.set("text", fp.describe());
   mine.set("where", where);
   if (!hint.empty()) mine.set("hint", hint);
+  if (metrics != nullptr && !metrics->empty()) {
+    Json names = Json::array();
+    for (const auto& n : metrics->front().names) names.push(n);
+    mine.set("metrics", names);
+    mine.set("metric_sync", metrics->front().known);
+  }
   mine.set("hash", hex64(fp.hash));
   const std::string op = "the strict check of #" + std::to_string(seq);
   if (!st.store().set(keys::strictPrint(seq, id.rank), mine.dump())) storeFailed(st, op);
@@ -55,20 +62,30 @@ std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint
   auto values = st.store().multiGet(prints);
   if (!values.ok()) storeFailed(st, op);
   std::vector<RankOp> ops;
+  std::vector<RankMetrics> theirs;
   for (int r = 0; r < id.size; ++r) {
     RankOp o;
     o.globalRank = id.globalRank(r);
+    RankMetrics m;
+    m.globalRank = o.globalRank;
     try {
       Json j = Json::parse(values.value[r]);
       o.text = j.at("text").asString();
       o.where = j.at("where").asString();
       if (const Json* h = j.get("hint"); h != nullptr && h->isString()) o.hint = h->asString();
       o.hash = parseHex64(j.at("hash").asString(), "hash");
+      if (const Json* a = j.get("metrics"); a != nullptr && a->isArray()) {
+        for (const auto& n : a->asArray()) m.names.push_back(n.asString("metric"));
+        const Json* s = j.get("metric_sync");
+        m.known = s != nullptr && s->asBool("metric_sync");
+      }
     } catch (const std::exception& e) {
       o.text = std::string("(unreadable fingerprint: ") + e.what() + ")";
     }
     ops.push_back(std::move(o));
+    theirs.push_back(std::move(m));
   }
+  if (metrics != nullptr) *metrics = std::move(theirs);
   auto done = st.store().add(keys::strictDone(seq), 1);
   if (done.ok() && done.value >= id.size) {
     prints.push_back(keys::strictDone(seq));

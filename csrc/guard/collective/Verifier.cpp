@@ -377,14 +377,30 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   // same report.
   std::string text = "(no longer in this rank's ledger)", where, hint;
   uint64_t hash = 0;
-  if (auto e = st->ledger().bySeq(first)) {
+  // The metrics this rank synced around it ("*" first when the op itself is a
+  // metric sync; names joined by \x1e): the report compares them across ranks.
+  auto& ledger = st->ledger();
+  auto metricAt = [&ledger](uint64_t s) -> std::optional<std::string> {
+    auto e = ledger.bySeq(s);
+    if (!e || e->label == 0) return std::nullopt;
+    for (const auto& [k, v] : LabelTable::instance().get(e->label).fields) {
+      if (k == "metric") return v;
+    }
+    return std::nullopt;
+  };
+  std::string metrics = metricAt(first) ? "*" : "";
+  for (const auto& n : metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt)) {
+    metrics += n + '\x1e';
+  }
+  if (auto e = ledger.bySeq(first)) {
     text = e->fp.describe();
     const Label label = LabelTable::instance().get(e->label);
-    where = CallSites::instance().describe(e->callSite) + labelSuffix(label);
+    const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
+    where = describeCallSite(frames) + labelSuffix(label, frames);
     hint = label.hint;
     hash = e->fp.hash;
   }
-  std::vector<int64_t> mine = packText(text + '\x1f' + where + '\x1f' + hint);
+  std::vector<int64_t> mine = packText(text + '\x1f' + where + '\x1f' + metrics + '\x1f' + hint);
   mine.push_back(static_cast<int64_t>(hash));
   auto self = shared_from_this();
   gather(std::move(mine), [self, first, splitsOnly](const std::vector<int64_t>& texts) {
@@ -392,22 +408,48 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     if (!state) return;
     const size_t stride = kTextBytes / sizeof(int64_t) + 1;
     std::vector<RankOp> ops;
+    std::vector<RankMetrics> metrics;
+    bool metricSync = false;  // the op at `first` is a metric sync on some rank
     for (int r = 0; r < self->size_; ++r) {
       const int64_t* w = texts.data() + r * stride;
-      // "text \x1f where \x1f hint" (each rank's own words, see above).
+      // "text \x1f where \x1f metrics \x1f hint" (each rank's own words, see above).
+      std::vector<std::string> parts;
       const std::string all = unpackText(w);
-      const auto sep = all.find('\x1f');
-      const auto sep2 = sep == std::string::npos ? sep : all.find('\x1f', sep + 1);
+      for (size_t at = 0;;) {
+        const auto sep = all.find('\x1f', at);
+        if (parts.size() == 3 || sep == std::string::npos) {
+          parts.push_back(all.substr(at));
+          break;
+        }
+        parts.push_back(all.substr(at, sep - at));
+        at = sep + 1;
+      }
+      parts.resize(4);
       RankOp op;
       op.globalRank = state->id().globalRank(r);
-      op.text = all.substr(0, sep);
-      if (sep != std::string::npos) op.where = all.substr(sep + 1, sep2 == std::string::npos ? sep2 : sep2 - sep - 1);
-      if (sep2 != std::string::npos) op.hint = all.substr(sep2 + 1);
+      op.text = parts[0];
+      op.where = parts[1];
+      op.hint = parts[3];
       op.hash = static_cast<uint64_t>(w[stride - 1]);
       ops.push_back(std::move(op));
+      RankMetrics m;
+      m.globalRank = state->id().globalRank(r);
+      m.known = true;
+      std::string names = parts[2];
+      if (!names.empty() && names[0] == '*') {
+        metricSync = true;
+        names.erase(0, 1);
+      }
+      for (size_t at = 0; at < names.size();) {
+        const auto sep = names.find('\x1e', at);
+        m.names.push_back(names.substr(at, sep == std::string::npos ? std::string::npos : sep - at));
+        at = sep == std::string::npos ? names.size() : sep + 1;
+      }
+      metrics.push_back(std::move(m));
     }
     const std::string report =
-        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "");
+        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "",
+                       metricSync ? formatMetricSyncs(metrics) : std::string());
     self->failWithReport(*state, first, report);
   });
 }

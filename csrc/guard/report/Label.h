@@ -25,10 +25,13 @@ struct Label {
     return text.empty();
   }
   // "metric 'val_loss' (asked for at model.py:41 in validation_step)"; "" when empty.
-  std::string describe() const;
+  // The origin is left out when it is the line of `site` (the call site the
+  // label is appended to, innermost first): a library called from the line that
+  // asked for the work.
+  std::string describe(const std::vector<Frame>& site = {}) const;
 };
 
-// " for metric 'val_loss' (...)", appended to a call site; "" when empty.
-std::string labelSuffix(const Label& label);
+// " for metric 'val_loss' (...)", appended to the call site `site`; "" when empty.
+std::string labelSuffix(const Label& label, const std::vector<Frame>& site = {});
 
 } // namespace torch_ext

@@ -3,6 +3,7 @@
 #include "guard/report/Messages.h"
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -24,6 +25,157 @@ std::string stackText(const MainThreadStack& st) {
   if (!st.note.empty()) text += " [" + st.note + "]";
   return text;
 }
+
+// --- metric syncs per rank (Lightning#19106) ----------------------------------
+//
+// Labels with a "metric" field (ddp_guard's epoch-end syncs, torchmetrics, a
+// user's torch_ext.label(..., metric=...)) name what each collective synced. When
+// ranks sync different sets of metrics (self.log_dict with keys that differ
+// across ranks), the op they wait in says only where the first difference
+// surfaced; the run of metric syncs around it says which metrics each rank
+// synced and which are missing where.
+
+const std::string* metricOf(const EntryView* e) {
+  if (e == nullptr) return nullptr;
+  for (const auto& [k, v] : e->label.fields) {
+    if (k == "metric") return &v;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> runAround(const GroupView& g, uint64_t seq, uint64_t upTo) {
+  return metricRunAround(seq, g.lastSeq, upTo, [&g](uint64_t s) -> std::optional<std::string> {
+    const std::string* m = metricOf(g.bySeq(s));
+    return m ? std::optional<std::string>(*m) : std::nullopt;
+  });
+}
+
+void addName(std::vector<std::string>& names, const std::string& n) {
+  if (std::find(names.begin(), names.end(), n) == names.end()) names.push_back(n);
+}
+
+std::string joinNames(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size(); ++i) out += (i ? ", " : "") + names[i];
+  return out;
+}
+
+// The lines for the op at `seq`, from the ranks' windows; "" when it is no
+// metric sync on any rank.
+std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
+  bool subjectIsMetric = false;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (g && metricOf(g->bySeq(seq)) != nullptr) subjectIsMetric = true;
+  }
+  if (!subjectIsMetric) return "";
+  std::vector<RankMetrics> runs(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    runs[i].globalRank = ranks[i].globalRank;
+    if (const GroupView* g = ranks[i].group()) {
+      runs[i].known = true;
+      runs[i].names = runAround(*g, seq, UINT64_MAX);
+    }
+  }
+  // A rank without a window (ended, gone) that issued collectives up to lastSeq
+  // issued the same ones as the ranks with windows (or a mismatch would have
+  // been found): read its metric syncs from theirs, up to where it stopped.
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (runs[i].known || !ranks[i].statusKnown || ranks[i].lastSeq >= seq) continue;
+    for (const auto& r : ranks) {
+      const GroupView* g = r.group();
+      if (g == nullptr || g->bySeq(ranks[i].lastSeq) == nullptr) continue;
+      runs[i].known = true;
+      runs[i].names = runAround(*g, ranks[i].lastSeq, ranks[i].lastSeq);
+      runs[i].readFrom = r.globalRank;
+      break;
+    }
+  }
+  return formatMetricSyncs(runs);
+}
+
+} // namespace
+
+std::vector<std::string> metricRunAround(uint64_t seq, uint64_t lastSeq, uint64_t upTo,
+                                         const std::function<std::optional<std::string>(uint64_t)>& metricAt) {
+  std::vector<std::string> names;
+  upTo = std::min(upTo, lastSeq);  // nothing after the rank's last collective
+  uint64_t p = std::min(seq, upTo);
+  if (p == 0) return names;
+  if (!metricAt(p) && p == seq) --p;
+  if (p == 0 || !metricAt(p)) return names;
+  uint64_t lo = p;
+  while (lo > 1 && metricAt(lo - 1)) --lo;
+  uint64_t hi = p;
+  while (hi < upTo && metricAt(hi + 1)) ++hi;
+  for (uint64_t s = lo; s <= hi; ++s) {
+    if (auto m = metricAt(s)) addName(names, *m);
+  }
+  return names;
+}
+
+std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks) {
+  // Ranks grouped by the names they synced, in order of first appearance.
+  std::vector<std::pair<std::vector<std::string>, std::vector<int64_t>>> groups;
+  std::vector<std::string> all;
+  std::vector<int64_t> unknown;
+  for (const auto& r : ranks) {
+    if (!r.known) {
+      unknown.push_back(r.globalRank);
+      continue;
+    }
+    for (const auto& n : r.names) addName(all, n);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == r.names; });
+    if (it == groups.end()) {
+      groups.push_back({r.names, {r.globalRank}});
+    } else {
+      it->second.push_back(r.globalRank);
+    }
+  }
+  if (groups.size() < 2) return "";
+  std::ostringstream os;
+  os << "\n  metric syncs here: ";
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const auto& [names, who] = groups[i];
+    os << (i ? "; " : "") << formatRanks(who) << " synced ";
+    if (names.empty()) {
+      os << "none";
+    } else {
+      os << joinNames(names);
+      // "only": another rank synced these and more.
+      const bool fewer = std::any_of(groups.begin(), groups.end(), [&](const auto& g) {
+        return g.first.size() > names.size() && std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+                 return std::find(g.first.begin(), g.first.end(), n) != g.first.end();
+               });
+      });
+      if (fewer) os << " only";
+    }
+  }
+  if (!unknown.empty()) os << "; " << formatRanks(unknown) << ": not known (no ledger window)";
+  // Said, for ranks that sent no ledger: where their list comes from.
+  std::map<int64_t, std::vector<int64_t>> readFrom;
+  for (const auto& r : ranks) {
+    if (r.known && r.readFrom >= 0) readFrom[r.readFrom].push_back(r.globalRank);
+  }
+  for (const auto& [from, who] : readFrom) {
+    os << " (" << formatRanks(who) << " sent no ledger: read from rank " << from
+       << "'s, up to the last collective " << (who.size() == 1 ? "it" : "each") << " issued)";
+  }
+  for (const auto& n : all) {
+    std::vector<int64_t> with, without;
+    for (const auto& r : ranks) {
+      if (!r.known) continue;
+      const bool has = std::find(r.names.begin(), r.names.end(), n) != r.names.end();
+      (has ? with : without).push_back(r.globalRank);
+    }
+    if (without.empty()) continue;
+    os << "\n  " << n << " is synced on " << formatRanks(with) << " only: " << formatRanks(without)
+       << " never synced it here";
+  }
+  return os.str();
+}
+
+namespace {
 
 struct Found {
   uint64_t seq = 0;
@@ -355,7 +507,7 @@ std::string formatRanks(const std::vector<int64_t>& ranks) {
 }
 
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
-                           const std::vector<RankOp>& ops, const std::string& note) {
+                           const std::vector<RankOp>& ops, const std::string& note, const std::string& more) {
   // Group ranks by what they issued (fingerprint hash, not just its text: the
   // text shows only the first few tensors of a coalesced op) and where, in order
   // of first appearance.
@@ -401,6 +553,7 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     }
   }
   if (!note.empty()) os << "\n  " << note;
+  os << more;
   std::vector<std::string> hints;
   for (const auto& op : ops) {
     if (op.issued && !op.hint.empty() && std::find(hints.begin(), hints.end(), op.hint) == hints.end()) {
@@ -529,7 +682,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (auto m = findCollectiveMismatch(ranks)) {
     v.kind = Verdict::Kind::Mismatch;
     v.seq = m->seq;
-    v.text = formatMismatch(label, size, m->seq, m->ops, m->note);
+    v.text = formatMismatch(label, size, m->seq, m->ops, m->note, metricSyncLines(ranks, m->seq));
     int64_t lowest = -1;
     for (const auto& r : ranks) {
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
@@ -666,6 +819,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
   endedEarlyLines(os, ranks, gone);
+  if (subj.kind != IncidentSubject::Kind::P2P) os << metricSyncLines(ranks, subj.seq);
   for (const auto& r : ranks) {
     const GroupView* g = r.group();
     const EntryView* e = (g && subj.kind != IncidentSubject::Kind::P2P) ? g->bySeq(subj.seq) : nullptr;

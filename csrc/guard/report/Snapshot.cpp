@@ -23,7 +23,7 @@ uint64_t parseHex64(const std::string& s, const char* what) {
 }
 
 std::string EntryView::where() const {
-  return describeCallSite(frames) + labelSuffix(label);
+  return describeCallSite(frames) + labelSuffix(label, frames);
 }
 
 const EntryView* GroupView::bySeq(uint64_t seq) const {

@@ -5,6 +5,7 @@
 
 CASE: log_rank0 / log_rank0_step (rank-0-only self.log(sync_dist=True), synced at
 epoch end / at the step), log_dict_keys (self.log_dict with a key only rank 0 logs),
+torchmetric_rank0 (a torchmetrics metric updated and logged on rank 0 only),
 validate_rank0 (a
 collective only rank 0 runs in validation), hang (rank 1 stalls in
 training_step while the others sync). The lines marked "# LINE:name" are the
@@ -30,6 +31,10 @@ class Model(pl.LightningModule):
     def __init__(self):
         super().__init__()
         self.net = torch.nn.Linear(4, 1)
+        if CASE == "torchmetric_rank0":
+            import torchmetrics
+
+            self.val_mse = torchmetrics.MeanSquaredError()
 
     def training_step(self, batch, batch_idx):
         x, y = batch
@@ -55,6 +60,10 @@ class Model(pl.LightningModule):
             if self.global_rank == 0 and batch_idx == 0:
                 metrics["val_acc_c3"] = loss
             self.log_dict(metrics, sync_dist=True)  # LINE:log_dict
+        if CASE == "torchmetric_rank0" and self.trainer.is_global_zero:
+            # A torchmetrics metric logged on rank 0 only: Lightning computes it (a sync) at epoch end.
+            self.val_mse(self.net(x), y)
+            self.log("val_mse", self.val_mse)  # LINE:torchmetric_rank0
         if CASE == "validate_rank0" and self.trainer.is_global_zero:
             self.all_gather(loss)  # LINE:validate_rank0
 

@@ -1,0 +1,230 @@
+"""Labels for the collectives of metric libraries: torchmetrics and Accelerate.
+
+A metric computed on some ranks only is the classic hang of evaluation code: the
+collective runs inside the library (``torchmetrics``'s state sync, Accelerate's
+``gather``), so the call site a report names is the line that called the
+library, and the report does not say which metric or call it was. When the guard
+backend creates a process group, :func:`install` wraps, on the class and once:
+
+- ``torchmetrics.Metric.sync`` (every state sync goes through it: ``compute()``,
+  ``forward()`` with ``dist_sync_on_step``, an explicit ``sync()``): its
+  collectives are labelled ``torchmetrics MulticlassAccuracy.compute()`` with
+  ``metric=<class name>``, the line that called ``compute()`` as the origin, and
+  a hint;
+- ``accelerate.Accelerator.gather`` / ``gather_for_metrics`` / ``reduce``:
+  labelled ``accelerate gather_for_metrics()`` with ``call=<name>``, the caller's
+  line as the origin, and a hint. The outermost call names the label
+  (``gather_for_metrics`` calls ``gather``).
+
+Nothing is imported and no dependency is added: a library already imported
+(``sys.modules``) is wrapped at once, one imported later is wrapped right after
+its import (a finder on ``sys.meta_path`` that looks at two module names and
+lets the import system do the rest). Each wrapper captures a code object and a
+line (no strings) and enters a label: a dict lookup per call.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import os
+import sys
+import threading
+from types import FrameType
+from typing import Any, Callable
+
+import torch
+
+import torch_ext
+from torch_ext.labels import Origin, label
+
+__all__ = ["install"]
+
+TORCHMETRICS_HINT = (
+    "a torchmetrics metric syncs its state across all ranks when it is computed: call compute() on every rank "
+    "(not under `if rank == 0:`), or create the metric with sync_on_compute=False for a rank-local value"
+)
+ACCELERATE_HINT = (
+    "Accelerator.gather / gather_for_metrics / reduce are collectives: every process must call them, not only "
+    "the main one (not under `if accelerator.is_main_process:`); gather first, then print or save on the main process"
+)
+
+_WRAPPED = "_torch_ext_labelled"
+_local = threading.local()  # .busy: inside a wrapped call on this thread (the outermost names the label)
+_lock = threading.Lock()
+# torch, torch_ext, and contextlib (torchmetrics' sync_context is a generator
+# context manager) are never the line that asked.
+_SKIP = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torch_ext)  # type: ignore[arg-type]
+) + (contextlib.__file__,)
+
+
+def _package_dir(module_name: str) -> str | None:
+    mod = sys.modules.get(module_name)
+    path = getattr(mod, "__file__", None)
+    return os.path.dirname(os.path.abspath(path)) + os.sep if path else None
+
+
+def _caller(frame: FrameType | None, skip: tuple[str, ...]) -> Origin | None:
+    """The first frame outside the library, torch and torch_ext: the line that called it."""
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    return Origin(frame.f_code, frame.f_lineno) if frame is not None else None
+
+
+# --- torchmetrics -----------------------------------------------------------------
+
+
+def _torchmetrics_call(frame: FrameType | None, skip: tuple[str, ...]) -> str:
+    """Which public call of the metric asked for the sync: compute, forward or sync."""
+    name = "sync"
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        co = frame.f_code.co_name
+        if co == "sync_context":
+            name = "compute"
+        elif co in ("forward", "__call__", "_forward_reduce_state_update", "_forward_full_state_update"):
+            name = "forward"
+            break
+        frame = frame.f_back
+    return name
+
+
+# Frameworks that compute metrics for the user (Lightning's epoch end) name them
+# better than the class: ``fn(frame, class_name)`` gets the first frame outside
+# torchmetrics and returns the label to use, or None. ddp_guard registers one.
+_torchmetrics_labellers: list[Callable[[FrameType, str], Any]] = []
+
+
+def register_torchmetrics_labeller(fn: Callable[[FrameType, str], Any]) -> None:
+    if fn not in _torchmetrics_labellers:
+        _torchmetrics_labellers.append(fn)
+
+
+def _first_outside(frame: FrameType | None, skip: tuple[str, ...]) -> FrameType | None:
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    return frame
+
+
+def _wrap_torchmetrics() -> bool:
+    mod = sys.modules.get("torchmetrics.metric")
+    metric_cls = getattr(mod, "Metric", None)
+    if metric_cls is None:
+        return False
+    sync = metric_cls.sync
+    if getattr(sync, _WRAPPED, False):
+        return True
+    skip = (_package_dir("torchmetrics") or "\0",) + _SKIP
+
+    @functools.wraps(sync)
+    def labelled_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
+        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
+        if not should_sync or getattr(_local, "busy", False):
+            # forward() without dist_sync_on_step asks for no sync: nothing to label.
+            return sync(self, *args, **kwargs)
+        f = sys._getframe(1)
+        name = type(self).__name__
+        lab = None
+        outside = _first_outside(f, skip)
+        for labeller in _torchmetrics_labellers if outside is not None else ():
+            lab = labeller(outside, name)
+            if lab is not None:
+                break
+        if lab is None:
+            origin = Origin(outside.f_code, outside.f_lineno) if outside is not None else None
+            lab = label(f"torchmetrics {name}.{_torchmetrics_call(f, skip)}()", origin=origin,
+                        hint=TORCHMETRICS_HINT, metric=name, library="torchmetrics")
+        _local.busy = True
+        try:
+            with lab:
+                return sync(self, *args, **kwargs)
+        finally:
+            _local.busy = False
+
+    setattr(labelled_sync, _WRAPPED, True)
+    metric_cls.sync = labelled_sync
+    return True
+
+
+# --- Accelerate -------------------------------------------------------------------
+
+
+def _accelerate_wrapper(method: Callable[..., Any], call: str, skip: tuple[str, ...]) -> Callable[..., Any]:
+    @functools.wraps(method)
+    def labelled(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, "busy", False):
+            return method(self, *args, **kwargs)
+        lab = label(f"accelerate {call}()", origin=_caller(sys._getframe(1), skip), hint=ACCELERATE_HINT,
+                    call=call, library="accelerate")
+        _local.busy = True
+        try:
+            with lab:
+                return method(self, *args, **kwargs)
+        finally:
+            _local.busy = False
+
+    setattr(labelled, _WRAPPED, True)
+    return labelled
+
+
+def _wrap_accelerate() -> bool:
+    mod = sys.modules.get("accelerate.accelerator")
+    cls = getattr(mod, "Accelerator", None)
+    if cls is None:
+        return False
+    skip = (_package_dir("accelerate") or "\0",) + _SKIP
+    for call in ("gather", "gather_for_metrics", "reduce"):
+        method = getattr(cls, call, None)
+        if method is None or getattr(method, _WRAPPED, False):
+            continue
+        setattr(cls, call, _accelerate_wrapper(method, call, skip))
+    return True
+
+
+# --- libraries imported later -------------------------------------------------------
+
+_WATCHED = {"torchmetrics.metric": _wrap_torchmetrics, "accelerate.accelerator": _wrap_accelerate}
+
+
+class _Watcher(importlib.abc.MetaPathFinder):
+    """Wraps a watched module right after it is first imported (a library imported
+    after the process group was created). Any other import: one dict lookup."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        wrap = _WATCHED.get(fullname)
+        if wrap is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def exec_and_wrap(module: Any) -> None:
+            exec_module(module)
+            sys.modules[fullname] = module  # as the import system will (wrap reads it)
+            with _lock:
+                wrap()
+
+        loader.exec_module = exec_and_wrap  # this module's loader object only
+        return spec
+
+
+_watcher = _Watcher()
+
+
+def install() -> dict[str, bool]:
+    """Wraps the libraries already imported (idempotent), and watches for the
+    others' import; says which are wrapped now."""
+    with _lock:
+        done = {"torchmetrics": _wrap_torchmetrics(), "accelerate": _wrap_accelerate()}
+        if not all(done.values()) and _watcher not in sys.meta_path:
+            sys.meta_path.insert(0, _watcher)
+        return done
