@@ -253,10 +253,14 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         # check, async mode's all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     hosted_by, host_rank = _store_host(store, global_ranks)
-    return _C._create_backend(
+    backend = _C._create_backend(
         store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper,
         hosted_by, host_rank,
     )
+    if not dist_opts.global_ranks_in_group:
+        # The default group: `torch-ext-diagnose live HOST:PORT` finds its keys from here (rank 0 writes it).
+        _C._publish_live_directory(backend)
+    return backend
 
 
 def register() -> None:

@@ -104,6 +104,14 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
     auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
     if (nl2 == std::string::npos) continue;
     const std::string iid = desc->substr(0, nl1);
+    if (keys::isLiveRequest(iid)) {
+      // Answered at once (a snapshot costs no store call but its set); nothing to await.
+      if (hooks_.live) {
+        store.set(keys::snapshot(iid, st_.id().rank), hooks_.live(iid));
+        ++liveAnswered_;
+      }
+      continue;
+    }
     auto inc = Incident::fromId(iid);
     if (!inc) continue;
     inc->poster = std::atoll(desc->substr(nl1 + 1, nl2 - nl1 - 1).c_str());

@@ -14,6 +14,11 @@
 // (a strict p2p check) publishes it before the alert, so the others act on it
 // even if it exits at once.
 //
+// Live requests (`torch-ext-diagnose live`) come in as alerts too, so they
+// cost a job that is never asked nothing beyond the alerts read each exchange
+// already does: each rank answers one with its snapshot and moves on (no
+// analyst, no verdict; the asker analyses).
+//
 // The protocol does store I/O only through GroupStore (bounded calls), takes
 // the time as an argument (tests drive it with a fake clock) and calls back for
 // what it cannot know: this rank's snapshot, and what to do with a verdict.
@@ -39,6 +44,9 @@ class IncidentProtocol {
     std::function<std::string(const Incident& inc)> snapshot;
     // Once per incident, with its verdict (published by the analyst or made here).
     std::function<void(const Incident& inc, const Verdict& v)> act;
+    // This rank's answer to a live request ("live:<token>", StoreKeys.h): its
+    // process-wide snapshot as JSON text. Unset: live requests are ignored.
+    std::function<std::string(const std::string& requestId)> live;
   };
 
   IncidentProtocol(GroupState& state, Hooks hooks);
@@ -57,6 +65,10 @@ class IncidentProtocol {
     return !awaiting_.empty();
   }
   std::vector<Incident> openIncidents() const;
+  // Live requests answered so far.
+  uint64_t liveAnswered() const {
+    return liveAnswered_;
+  }
 
   // The keys of every incident of the group, for the last rank that leaves.
   std::vector<std::string> incidentKeys();
@@ -81,6 +93,7 @@ class IncidentProtocol {
   GroupState& st_;
   Hooks hooks_;
   uint64_t alertsSeen_ = 0;
+  uint64_t liveAnswered_ = 0;
   std::set<std::string> posted_;
   std::set<std::string> handled_;
   std::vector<Awaiting> awaiting_;

@@ -60,11 +60,32 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                      dog.writeDump(inc.id(), std::string(), st);
                      return toJson(snap).dump();
                    },
-                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); }}) {}
+                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); },
+                   [&dog](const std::string& requestId) {
+                     // Every group, a window of each: the asker analyses them all.
+                     ++dog.liveAnswered_;
+                     return toJson(dog.snapshot(requestId, nullptr, kHangWindow)).dump();
+                   }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
   const std::string v = StatusRecord::of(RankPhase::Running, wallNs(), Progress{}).encode();
   store.set(keys::kPrefix + keys::status(rank), std::vector<uint8_t>(v.begin(), v.end()));
+}
+
+void Watchdog::publishLiveDirectory(const std::shared_ptr<GroupState>& state) {
+  if (state->id().rank != 0) return;
+  GroupStore& store = state->store();
+  const std::string prefix = store.fullPrefix();
+  if (prefix.empty()) return;  // a store without a base we can reach: no live reports
+  Json j = Json::object();
+  j.set("version", 1);
+  j.set("prefix", prefix);
+  j.set("size", state->id().size);
+  j.set("group", state->id().name);
+  j.set("exchange_s", state->exchangeIntervalS());  // how often ranks read requests: the asker's default deadline
+  const std::string text = j.dump();
+  // On the I/O thread: creating the group never waits on the store for this.
+  store.channel().post([st = state, text] { st->store().setRoot(keys::kLiveDirectory, text); });
 }
 
 void Watchdog::add(const std::shared_ptr<GroupState>& state) {
@@ -269,6 +290,7 @@ Watchdog::Stats Watchdog::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& g : groups_) s.storeOps += g->state->store().ops();
   s.groups = groups_.size();
+  s.liveAnswered = liveAnswered_.load();
   s.running = thread_.joinable();
   return s;
 }
