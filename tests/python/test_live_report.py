@@ -1,0 +1,212 @@
+"""Live reports of a running job, asked from outside it (issue 27).
+
+A 4-rank job in which rank 1 sleeps in Python and rank 2 holds the GIL in a C
+call (a ctypes.PyDLL call into libc: the GIL stays held), while ranks 0 and 3
+wait in an all_reduce for them. `torch-ext-diagnose live HOST:PORT`, run from
+another process, must name each rank's state and stack and the ranks everyone
+waits for, within its deadline; the job must not notice (same result, no
+exception, every rank exits normally). Run with the store in the test process
+(like torchrun's agent) and in rank 0's process (plain env://).
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import ROOT, assert_all_ok, run_ranks
+
+# No deadline fires while the job is looked at: what the report shows is live.
+ENV = {"TORCH_EXT_WARN_AFTER": "120", "TORCH_EXT_ABORT_AFTER": "240", "TORCH_EXT_INTERVAL": "0.1"}
+DEADLINE_S = 5.0
+
+
+def _sleep_in_python(release: str) -> None:
+    while not os.path.exists(release):
+        time.sleep(0.02)  # a rank-local validation, in Python, until the test has looked
+
+
+def _hold_gil_in_c(fifo: str) -> None:
+    libc = ctypes.PyDLL(ctypes.util.find_library("c"), use_errno=True)  # PyDLL: the GIL stays held in the call
+    fd = libc.open(fifo.encode(), os.O_RDONLY)  # blocks, GIL held, until the test opens the FIFO to write
+    if fd >= 0:
+        libc.close(fd)
+
+
+def _job(rank: int, world: int, ctl: str) -> dict:
+    dist.all_reduce(torch.ones(1))  # #1 completes everywhere
+    with open(os.path.join(ctl, f"ready{rank}"), "w") as f:
+        json.dump({"pid": os.getpid(), "port": int(os.environ["MASTER_PORT"])}, f)
+    if rank == 1:
+        _sleep_in_python(os.path.join(ctl, "release"))
+    elif rank == 2:
+        _hold_gil_in_c(os.path.join(ctl, "gil"))
+    t = torch.full((4,), float(rank + 1))
+    dist.all_reduce(t)  # #2: ranks 0 and 3 wait here for ranks 1 and 2
+    dist.all_reduce(torch.ones(1))  # #3: the job goes on normally afterwards
+    return {"value": t.tolist()}
+
+
+def _wait(cond, what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _in_syscall(pid: int, numbers: set[int]) -> bool:
+    try:
+        with open(f"/proc/{pid}/syscall") as f:
+            return int(f.read().split()[0]) in numbers
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _release(ctl: str) -> None:
+    open(os.path.join(ctl, "release"), "w").close()
+    end = time.monotonic() + 30
+    while True:  # the reader (rank 2) is blocked in open(): a writer's open lets it go
+        try:
+            os.close(os.open(os.path.join(ctl, "gil"), os.O_WRONLY | os.O_NONBLOCK))
+            return
+        except OSError:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+
+
+def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "torch_ext.diagnose", "live", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+@pytest.mark.parametrize("store", ["parent", "rank0"])
+def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
+    ctl = str(tmp_path)
+    os.mkfifo(os.path.join(ctl, "gil"))
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(results=run_ranks(_job, 4, ctl, env=ENV, timeout=120,
+                                                                           store=store)))
+    runner.start()
+    try:
+        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(4)), "the ranks")
+        info = {r: json.load(open(ready(r))) for r in range(4)}
+        address = f"127.0.0.1:{info[0]['port']}"
+        # Rank 2 is inside open() (openat), holding the GIL: it cannot run Python.
+        _wait(lambda: _in_syscall(info[2]["pid"], {2, 257}), "rank 2 to block in open() with the GIL held")
+        from torch_ext.diagnose.live import ask
+
+        # Ranks 0 and 3 have entered collective #2 (asked in-process, through the same path as the CLI).
+        def waiting() -> bool:
+            rep = ask(address, timeout=DEADLINE_S)
+            return all(rep.ranks[r].state == "in_collective" for r in (0, 3))
+        _wait(waiting, "ranks 0 and 3 to wait in collective #2")
+
+        start = time.monotonic()
+        p = _cli(address, "--timeout", str(DEADLINE_S))
+        took = time.monotonic() - start
+        text = p.stdout
+        print(text)  # shown by pytest -s, and on failure
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert took < DEADLINE_S + 10, (took, text)  # the CLI's own start (import torch) is most of the rest
+        assert "4 of 4 answered" in text, text
+        lines = {r: next(line for line in text.splitlines() if line.startswith(f"[live] rank {r} ")) for r in range(4)}
+        for r in (0, 3):
+            assert "in collective #2 all_reduce(float32[4], SUM)" in lines[r], text
+            assert "last completed #1" in lines[r], text
+            assert "in _job" in text.split(lines[r])[1].split("[live] rank")[0], text
+        for r in (1, 2):
+            assert "computing since" in lines[r] and "after #1" in lines[r], text
+        stack = lambda r: text.split(lines[r])[1].split("\n[")[0]  # noqa: E731
+        assert "in _sleep_in_python" in stack(1), text
+        assert "in _hold_gil_in_c" in stack(2) and "held the GIL" in stack(2), text
+        assert "has not arrived" in text and "rank 1" in text and "rank 2" in text, text
+        assert "[live] collective #2 all_reduce(float32[4], SUM)" in text, text
+        assert "waiting: ranks 0,3" in text, text
+
+        # --json and --ranks, from the same running job.
+        p = _cli(address, "--json", "--ranks", "1-2", "--timeout", str(DEADLINE_S))
+        assert p.returncode == 0, p.stdout + p.stderr
+        data = json.loads(p.stdout)
+        assert data["live"] is True and data["world_size"] == 4 and data["answered"] == [0, 1, 2, 3]
+        assert [r["rank"] for r in data["ranks"]] == [1, 2]
+        assert [r["state"] for r in data["ranks"]] == ["computing", "computing"]
+        hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
+        assert hang and sorted(hang[0]["not_arrived"]) == [1, 2], data["verdicts"]
+    finally:
+        _release(ctl)
+        runner.join(150)
+    results = out["results"]
+    values = assert_all_ok(results)  # every rank returned normally: no exception, no timeout
+    assert [v["value"] for v in values] == [[10.0] * 4] * 4  # the same result as a job nobody looked at
+    assert all(r.exitcode == 0 for r in results)
+
+
+def _plain_job(rank: int, world: int, ctl: str, gone_rank: int) -> dict:
+    dist.all_reduce(torch.ones(1))
+    with open(os.path.join(ctl, f"ready{rank}"), "w") as f:
+        json.dump({"pid": os.getpid(), "port": int(os.environ["MASTER_PORT"])}, f)
+    _sleep_in_python(os.path.join(ctl, "release"))
+    dist.all_reduce(torch.ones(1))
+    return {}
+
+
+def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
+    """A rank that cannot answer at all (SIGSTOP: its watchdog thread is stopped too) is named, not waited on."""
+    import signal
+
+    ctl = str(tmp_path)
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(
+        results=run_ranks(_plain_job, 3, ctl, 2, env=ENV, timeout=120, store="parent")))
+    runner.start()
+    stopped = None
+    try:
+        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(3)), "the ranks")
+        info = {r: json.load(open(ready(r))) for r in range(3)}
+        stopped = info[2]["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        p = _cli(f"127.0.0.1:{info[0]['port']}", "--timeout", "2")
+        took = time.monotonic() - start
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "2 of 3 answered" in p.stdout, p.stdout
+        assert "[absent] rank 2: did not answer within 2.0 s: last heartbeat" in p.stdout, p.stdout
+        assert took < 2 + 10, took
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        open(os.path.join(ctl, "release"), "w").close()
+        runner.join(150)
+    assert_all_ok(out["results"])
+
+
+def test_store_unreachable_is_said_at_once():
+    from harness import free_port
+
+    start = time.monotonic()
+    p = _cli(f"127.0.0.1:{free_port()}", "--timeout", "30")
+    took = time.monotonic() - start
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "is unreachable" in p.stderr and "MASTER_ADDR:MASTER_PORT" in p.stderr, p.stderr
+    assert took < 15, took  # not the 30 s deadline: a refused connection is final
+
+
+def test_a_store_without_a_guarded_job_is_named():
+    server = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)
+    p = _cli(f"127.0.0.1:{server.port}", "--timeout", "2")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "no guarded job at" in p.stderr and "backend='guard'" in p.stderr, p.stderr
