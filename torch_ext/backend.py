@@ -357,6 +357,22 @@ def dump(dir: str | os.PathLike[str] | None = None, reason: str = "manual") -> s
     return _C._dump(reason, os.fspath(dir) if dir is not None else "")
 
 
+def live_report(timeout: float | None = None, ranks: list[int] | None = None):
+    """The live report of the job this process belongs to, as ``torch-ext-diagnose live`` prints it.
+
+    Every rank's host, pid, the collective it is in (or since when it computes)
+    and its main thread's stack, and who waits for whom, asked through a store
+    connection of its own and answered by each rank's watchdog thread (so ranks
+    holding the GIL or blocked in a collective answer too). Returns a
+    :class:`torch_ext.diagnose.live.LiveReport` (``.text()``, ``.to_json()``)
+    within ``timeout`` seconds (default 5), naming ranks that did not answer.
+    Any rank may call it, any time; the others need not.
+    """
+    from torch_ext.diagnose.live import live_report as _live_report
+
+    return _live_report(timeout=timeout, ranks=ranks)
+
+
 def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta | None = None,
                       wait_all_ranks: bool = False) -> None:
     """``torch.distributed.monitored_barrier`` for guarded groups.

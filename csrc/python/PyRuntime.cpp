@@ -512,7 +512,7 @@ MainThreadStack sampleMainStack(std::chrono::milliseconds budget) {
     auto frames = readMainFramesWithoutGil(&why);
     result.frames = filterFrames(std::move(frames));
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "main thread has held the GIL for %.1f s (blocked in native code?)",
+    std::snprintf(buf, sizeof(buf), "main thread has held the GIL for at least %.1f s (blocked in native code?)",
                   static_cast<double>(heldNs) / 1e9);
     result.note = buf;
     if (!why.empty()) result.note += "; " + why;

@@ -321,7 +321,8 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "_analyze_dumps",
-      [](const std::vector<std::string>& texts, const std::map<int64_t, std::string>& statuses) {
+      [](const std::vector<std::string>& texts, const std::map<int64_t, std::string>& statuses,
+         const std::set<int64_t>& notAsked) {
         std::vector<torch_ext::RankSnapshot> snaps;
         for (size_t i = 0; i < texts.size(); ++i) {
           snaps.push_back(torch_ext::readDump({"dump " + std::to_string(i), texts[i]}));
@@ -331,7 +332,7 @@ PYBIND11_MODULE(_C, m) {
           if (auto rec = torch_ext::StatusRecord::decode(text)) absent[rank] = *rec;
         }
         std::vector<std::string> out;
-        for (const auto& f : torch_ext::analyzeDumps(snaps, &absent)) {
+        for (const auto& f : torch_ext::analyzeDumps(snaps, &absent, &notAsked)) {
           auto j = f.verdict.toJson();
           j.set("group_name", f.groupName);
           j.set("pending", f.pending);
@@ -341,8 +342,10 @@ PYBIND11_MODULE(_C, m) {
         return out;
       },
       py::arg("texts"), py::arg("statuses") = std::map<int64_t, std::string>(),
+      py::arg("not_asked") = std::set<int64_t>(),
       "Cross-rank analysis of dump texts (already validated); one verdict JSON per group. `statuses`: the "
-      "last status record (st/<rank> in the store) of global ranks without a dump, when known (a live report).");
+      "last status record (st/<rank> in the store) of global ranks without a dump, when known (a live report); "
+      "`not_asked`: global ranks a narrowed live report did not ask.");
   m.def(
       "_decode_status",
       [](const std::string& text) -> py::object {

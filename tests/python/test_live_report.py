@@ -136,15 +136,27 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert "[live] collective #2 all_reduce(float32[4], SUM)" in text, text
         assert "waiting: ranks 0,3" in text, text
 
-        # --json and --ranks, from the same running job.
-        p = _cli(address, "--json", "--ranks", "1-2", "--timeout", str(DEADLINE_S))
+        # --json: the same report as data.
+        p = _cli(address, "--json", "--timeout", str(DEADLINE_S))
         assert p.returncode == 0, p.stdout + p.stderr
         data = json.loads(p.stdout)
         assert data["live"] is True and data["world_size"] == 4 and data["answered"] == [0, 1, 2, 3]
-        assert [r["rank"] for r in data["ranks"]] == [1, 2]
-        assert [r["state"] for r in data["ranks"]] == ["computing", "computing"]
+        assert [r["state"] for r in data["ranks"]] == ["in_collective", "computing", "computing", "in_collective"]
+        assert data["ranks"][2]["stack"][0]["name"] == "_hold_gil_in_c", data["ranks"][2]
         hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
-        assert hang and sorted(hang[0]["not_arrived"]) == [1, 2], data["verdicts"]
+        assert hang and sorted(hang[0]["not_arrived"]) == [1, 2] and sorted(hang[0]["waiting"]) == [0, 3], data
+
+        # --ranks: only those ranks are asked (and answer); the verdict covers them alone.
+        p = _cli(address, "--json", "--ranks", "0,2-2", "--timeout", str(DEADLINE_S))
+        assert p.returncode == 0, p.stdout + p.stderr
+        data = json.loads(p.stdout)
+        assert data["answered"] == [0, 2] and data["not_answered"] == [], data
+        assert [(r["rank"], r["state"]) for r in data["ranks"]] == [(0, "in_collective"), (2, "computing")]
+        hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
+        assert hang and hang[0]["not_arrived"] == [2] and hang[0]["gone"] == [], data["verdicts"]
+        assert "not asked (outside the live report's ranks): ranks 1,3" in hang[0]["text"], hang[0]["text"]
+        p = _cli(address, "--ranks", "0,9", "--timeout", str(DEADLINE_S))
+        assert p.returncode == 2 and "rank(s) 9 outside the job's 4 ranks (0-3)" in p.stderr, p.stderr
     finally:
         _release(ctl)
         runner.join(150)
@@ -210,3 +222,37 @@ def test_a_store_without_a_guarded_job_is_named():
     p = _cli(f"127.0.0.1:{server.port}", "--timeout", "2")
     assert p.returncode == 2, p.stdout + p.stderr
     assert "no guarded job at" in p.stderr and "backend='guard'" in p.stderr, p.stderr
+
+
+def _asks_itself(rank: int, world: int, ctl: str) -> dict:
+    import torch_ext
+
+    dist.all_reduce(torch.ones(1))
+    release = os.path.join(ctl, "release")
+    out: dict = {}
+    if rank == 0:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # until ranks 1 and 2 wait in #2 (a condition, with a deadline)
+            rep = torch_ext.live_report(timeout=DEADLINE_S)
+            if all(rep.ranks[r].state == "in_collective" for r in (1, 2)):
+                break
+        out = {"text": rep.text(), "json": rep.to_json()}
+        open(release, "w").close()
+    elif rank == 3:
+        _sleep_in_python(release)
+    dist.all_reduce(torch.ones(1))
+    return out
+
+
+def test_live_report_in_process():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as ctl:
+        values = assert_all_ok(run_ranks(_asks_itself, 4, ctl, env=ENV, timeout=120))
+    data, text = values[0]["json"], values[0]["text"]
+    assert data["answered"] == [0, 1, 2, 3], text
+    states = [r["state"] for r in data["ranks"]]
+    assert states == ["computing", "in_collective", "in_collective", "computing"], text
+    assert "in _sleep_in_python" in text and "in _asks_itself" in text, text
+    hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
+    assert hang and sorted(hang[0]["not_arrived"]) == [0, 3], text

@@ -35,6 +35,9 @@ __all__ = ["LiveError", "LiveReport", "RankLive", "parse_ranks", "live_report", 
 DIRECTORY_KEY = "torch_ext/live"
 REQUEST_PREFIX = "live:"
 DEFAULT_TIMEOUT_S = 5.0
+# Asking more ranks than this needs --ranks or all_ranks=True: each rank asked writes one snapshot of
+# up to about 55 KB + 18 bytes per rank of the job into the store (docs/performance.md, "Live reports").
+MAX_RANKS_BY_DEFAULT = 1024
 _POLL_S = 0.05
 
 
@@ -120,11 +123,13 @@ def _split_address(address: str) -> tuple[str, int]:
 class _Collect:
     """The store side of one request; runs on a daemon thread, leaves what it got in its fields."""
 
-    def __init__(self, host: str, port: int, timeout_s: float | None, wanted: list[int] | None, store: Any = None):
+    def __init__(self, host: str, port: int, timeout_s: float | None, wanted: list[int] | None, store: Any = None,
+                 all_ranks: bool = False):
         self.host, self.port = host, port
         self.timeout_s = timeout_s
         self.wanted = wanted
         self.store = store
+        self.all_ranks = all_ranks
         self.error: BaseException | None = None
         self.directory: dict[str, Any] | None = None
         self.deadline = 0.0
@@ -167,6 +172,16 @@ class _Collect:
                 "reports); pass the store of the job you mean (MASTER_ADDR:MASTER_PORT, or torchrun's --rdzv-endpoint)")
         self.directory = d = json.loads(store.get(DIRECTORY_KEY))
         prefix, size = str(d["prefix"]), int(d["size"])
+        outside = [r for r in (self.wanted or []) if r >= size]
+        if outside:
+            raise LiveError(f"rank(s) {','.join(map(str, outside))} outside the job's {size} ranks (0-{size - 1}); "
+                            "pass ranks the job has")
+        asked = self.wanted if self.wanted is not None else list(range(size))
+        if self.wanted is None and size > MAX_RANKS_BY_DEFAULT and not self.all_ranks:
+            raise LiveError(
+                f"the job has {size} ranks: a live report of every one writes about "
+                f"{size * (55_000 + 18 * size) / 1e9:.1f} GB of snapshots into its store; pass --ranks (e.g. "
+                f"--ranks 0-63), or --all-ranks to ask every rank anyway")
         if self.timeout_s is None:
             # A large group exchanges less often than every tick (the store budget): give it three exchanges.
             self.timeout_s = max(DEFAULT_TIMEOUT_S, 3 * float(d.get("exchange_s", 0.2)) + 1.0)
@@ -175,40 +190,56 @@ class _Collect:
         self.stage = "posting the request"
         self.asked_ns = time.time_ns()
         k = store.add(prefix + "alerts", 1)
-        store.set(prefix + f"alert/{k}", f"{token}\n-1\n")
-        snap_key = {r: prefix + f"snap/{token}/{r}" for r in range(size)}
-        missing = set(range(size))
+        spec = "" if self.wanted is None else _spec(self.wanted)
+        store.set(prefix + f"alert/{k}", f"{token}\n-1\n{spec}")
+        snap_key = {r: prefix + f"snap/{token}/{r}" for r in asked}
+        missing = set(asked)
         self.stage = "waiting for the ranks' snapshots"
         while missing:
             batch = sorted(missing)
-            if len(batch) > 64:
-                # One call for all while many are missing; rank by rank once few are.
-                if store.check([snap_key[r] for r in batch]):
-                    found = batch
-                else:
-                    found = []
+            final = time.monotonic() >= self.deadline
+            if len(batch) > 64 and not final:
+                # One call for all while many are missing; rank by rank once few are, or at the deadline.
+                found = batch if store.check([snap_key[r] for r in batch]) else []
             else:
                 found = [r for r in batch if store.check([snap_key[r]])]
             for r in found:
                 self.snaps[r] = store.get(snap_key[r]).decode("utf-8", "replace")
                 store.delete_key(snap_key[r])
                 missing.discard(r)
-            if not missing or time.monotonic() >= self.deadline:
+            if not missing or final:
                 break
             time.sleep(_POLL_S)  # polling the store for the answers, bounded by the deadline
         for r in sorted(missing):
-            if len(missing) > 64 and r > 64 and self.wanted is not None and r not in self.wanted:
-                continue
             key = prefix + f"st/{r}"
             if store.check([key]):
                 self.statuses[r] = store.get(key).decode("utf-8", "replace")
         self.stage = "done"
 
 
-def ask(address: str, *, timeout: float | None = None, ranks: list[int] | None = None, _store: Any = None) -> LiveReport:
-    """Asks the job whose store is at ``address`` ("HOST:PORT") for a live report; see the module doc."""
+def _spec(ranks: list[int]) -> str:
+    """[0, 1, 2, 3, 7] -> "0-3,7": the request's rank list, as IncidentProtocol::liveRequestAsks reads it."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def ask(address: str, *, timeout: float | None = None, ranks: list[int] | None = None,
+        all_ranks: bool = False, _store: Any = None) -> LiveReport:
+    """Asks the job whose store is at ``address`` ("HOST:PORT") for a live report; see the module doc.
+
+    ``ranks``: ask only these (global) ranks; the verdict then covers them only.
+    Jobs over :data:`MAX_RANKS_BY_DEFAULT` ranks need ``ranks`` or ``all_ranks=True``.
+    """
     host, port = _split_address(address)
-    c = _Collect(host, port, timeout, ranks, _store)
+    c = _Collect(host, port, timeout, ranks, _store, all_ranks)
     t = threading.Thread(target=c.run, name="torch_ext_live", daemon=True)
     t.start()
     start = time.monotonic()
@@ -304,27 +335,45 @@ def _build(address: str, c: _Collect, elapsed: float, store_note: str) -> LiveRe
         snaps[r] = data
         texts.append(text)
     statuses = {r: s for r, s in c.statuses.items() if r not in snaps}
-    verdicts = [json.loads(v) for v in _C._analyze_dumps(texts, statuses)] if texts else []
+    not_asked = set() if c.wanted is None else set(range(size)) - set(c.wanted)
+    verdicts = [json.loads(v) for v in _C._analyze_dumps(texts, statuses, not_asked)] if texts else []
     now_ns = max([int(s.get("time_ns", 0)) for s in snaps.values()] + [c.asked_ns])
     wanted = c.wanted if c.wanted is not None else list(range(size))
     ranks = [_rank_of(c, r, snaps.get(r), now_ns) for r in wanted if 0 <= r < size]
     return LiveReport(address, size, c.asked_ns, round(elapsed, 3), float(c.timeout_s or DEFAULT_TIMEOUT_S), ranks,
-                      sorted(snaps), sorted(set(range(size)) - set(snaps)), verdicts, store_note)
+                      sorted(snaps), sorted(set(wanted) - set(snaps)), verdicts, store_note)
 
 
 def _frame(f: dict[str, Any]) -> str:
-    lib = f"{f['library']} " if f.get("library") else ""
-    return f"{lib}{f.get('filename', '?')}:{f.get('line', 0)} in {f.get('name', '?')}"
+    """As the reports write a frame (Frame::describe): "train.py:120 in step", "torch .../distributed_c10d.py:..."."""
+    base = os.path.basename(str(f.get("filename", "?"))) or "?"
+    where = f"{f['library']} .../{base}" if f.get("library") else base
+    return f"{where}:{f.get('line', 0)} in {f.get('name', '?')}"
+
+
+def _stack_lines(frames: list[dict[str, Any]], max_frames: int) -> list[str]:
+    """Innermost first, up to the outermost user frame; the library frames beyond it (the launcher) folded."""
+    # "<string>", "<frozen runpy>": the interpreter's entry, not the user's code.
+    users = [i for i, f in enumerate(frames) if not f.get("library") and not str(f.get("filename", "")).startswith("<")]
+    keep = (users[-1] + 1) if users else min(len(frames), 3)
+    keep = min(keep, max_frames)
+    lines = [_frame(f) for f in frames[:keep]]
+    rest = frames[keep:]
+    if rest:
+        libs = sorted({str(f.get("library") or "entry") for f in rest})
+        lines.append(f"... {len(rest)} outer {', '.join(libs)} frame{'s' if len(rest) > 1 else ''} ...")
+    return lines
 
 
 def _ranks(rs: list[int]) -> str:
     return ",".join(map(str, rs)) if rs else "(none)"
 
 
-def format_text(rep: LiveReport, max_frames: int = 12) -> str:
+def format_text(rep: LiveReport, max_frames: int = 24) -> str:
     asked = datetime.datetime.fromtimestamp(rep.asked_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    n_asked = len(rep.ranks)
     out = [f"torch_ext live report of the job at {rep.address} ({rep.world_size} ranks), asked {asked}; "
-           f"{len(rep.answered)} of {rep.world_size} answered within {rep.elapsed_s:.1f} s (deadline {rep.timeout_s:.1f} s)",
+           f"{len(rep.answered)} of {n_asked}{'' if n_asked == rep.world_size else ' asked'} answered within {rep.elapsed_s:.1f} s (deadline {rep.timeout_s:.1f} s)",
            "[live] lines show the job as it runs now (no deadline has passed for them); [absent] lines come from a "
            "rank's last status in the store"]
     if rep.store_note:
@@ -334,12 +383,10 @@ def format_text(rep: LiveReport, max_frames: int = 12) -> str:
             out.append(f"\n[absent] rank {r.rank}: {r.summary}")
             continue
         out.append(f"\n[live] rank {r.rank} (host {r.host}, pid {r.pid}): {r.summary}")
-        note = f" ({r.stack_note})" if r.stack_note else ""
+        note = r.stack_note[len("main thread "):] if r.stack_note.startswith("main thread ") else r.stack_note
+        note = f" ({note})" if note else ""
         out.append(f"  main thread{note}:" if r.stack else f"  main thread: no Python stack{note}")
-        for f in r.stack[:max_frames]:
-            out.append(f"    {_frame(f)}")
-        if len(r.stack) > max_frames:
-            out.append(f"    ... {len(r.stack) - max_frames} outer frames")
+        out.extend(f"    {line}" for line in _stack_lines(r.stack, max_frames))
     if rep.not_answered:
         out.append(f"\nnot answering: rank(s) {_ranks(rep.not_answered)}")
     for v in rep.verdicts:

@@ -159,7 +159,8 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
 } // namespace
 
 std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
-                                       const std::map<int64_t, StatusRecord>* absent) {
+                                       const std::map<int64_t, StatusRecord>* absent,
+                                       const std::set<int64_t>* notAsked) {
   std::map<std::string, GroupInfo> groups;
   std::map<const RankSnapshot*, std::vector<GroupWait>> waits;  // each dump's, shared by its groups' inputs
   int64_t now = 0;
@@ -185,6 +186,7 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
     f.groupName = name;
     auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
     for (auto& in : inputs) {
+      if (!in.responded && notAsked != nullptr && notAsked->count(in.globalRank)) in.notAsked = true;
       if (in.responded || absent == nullptr) continue;
       auto it = absent->find(in.globalRank);
       if (it == absent->end()) continue;

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,7 +60,9 @@ struct GroupFinding {
 // the last status record of ranks (by global rank) that have no snapshot,
 // when known (a live report reads them from the store), so the report says
 // "exited", "left" or how old their heartbeat is.
+// `notAsked`: global ranks a narrowed live report did not ask (RankInput::notAsked).
 std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snapshots,
-                                       const std::map<int64_t, StatusRecord>* absent = nullptr);
+                                       const std::map<int64_t, StatusRecord>* absent = nullptr,
+                                       const std::set<int64_t>* notAsked = nullptr);
 
 } // namespace torch_ext

@@ -49,8 +49,9 @@ inline std::string once(const std::string& incidentId) {
 // A live report (`torch-ext-diagnose live`, torch_ext.live_report()) rides on
 // the alerts above, so a job nobody asks costs no store operation: the asker
 // (any store client, the CLI's included) adds 1 to alerts and writes
-// alert/<k> = "live:<token>\n-1\n". Every rank sees it at its next exchange
-// and answers under snap/live:<token>/<rank> with its process-wide snapshot;
+// alert/<k> = "live:<token>\n-1\n<ranks>" (<ranks>: "" for every rank, or
+// "0-7,12"). Every rank asked sees it at its next exchange and answers under
+// snap/live:<token>/<rank> with its process-wide snapshot;
 // no analyst, no verdict, no once/ key. The asker reads and deletes the
 // snapshots; leave deletes what is left, like any incident's keys.
 inline constexpr const char* kLiveRequestPrefix = "live:";
