@@ -136,8 +136,9 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert "[live] collective #2 all_reduce(float32[4], SUM)" in text, text
         assert "waiting: ranks 0,3" in text, text
 
-        # --json: the same report as data.
-        p = _cli(address, "--json", "--timeout", str(DEADLINE_S))
+        # --json: the same report as data; --html: the post-mortem's page of the live state.
+        page = os.path.join(ctl, "live.html")
+        p = _cli(address, "--json", "--html", page, "--timeout", str(DEADLINE_S))
         assert p.returncode == 0, p.stdout + p.stderr
         data = json.loads(p.stdout)
         assert data["live"] is True and data["world_size"] == 4 and data["answered"] == [0, 1, 2, 3]
@@ -145,6 +146,8 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert data["ranks"][2]["stack"][0]["name"] == "_hold_gil_in_c", data["ranks"][2]
         hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
         assert hang and sorted(hang[0]["not_arrived"]) == [1, 2] and sorted(hang[0]["waiting"]) == [0, 3], data
+        html = open(page).read()
+        assert '"culprits":{"1":"has not arrived","2":"has not arrived"}' in html, html[-3000:]
 
         # --ranks: only those ranks are asked (and answer); the verdict covers them alone.
         p = _cli(address, "--json", "--ranks", "0,2-2", "--timeout", str(DEADLINE_S))

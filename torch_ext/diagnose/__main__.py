@@ -126,6 +126,8 @@ def live_main(argv: list[str]) -> int:
                     "up to about 55 KB + 18 bytes per rank of the job into the store)")
     ap.add_argument("--all-ranks", action="store_true", help="ask every rank of a job over 1024 ranks anyway")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--html", metavar="FILE", help="also write the post-mortem's page (one lane per rank, the stuck "
+                    "op and the culprits marked) for the live state; rewritten at each --watch refresh")
     ap.add_argument("--watch", type=float, default=None, metavar="S",
                     help="ask again every S seconds until interrupted (Ctrl-C)")
     args = ap.parse_args(argv)
@@ -144,6 +146,15 @@ def live_main(argv: list[str]) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         print(json.dumps(rep.to_json(), indent=2) if args.json else format_text(rep), flush=True)
+        if args.html:
+            stamp = datetime.datetime.fromtimestamp(rep.asked_ns / 1e9, datetime.timezone.utc)
+            err = _write_text(args.html, render(rep.analysis(), title=f"torch_ext live report: {args.address} at "
+                                                f"{stamp:%Y-%m-%d %H:%M:%S} UTC"), "--html")
+            if err:
+                print(err, file=sys.stderr)
+                return 1
+            if not args.json:
+                print(f"\nwrote {args.html}")
         if args.watch is None:
             return 0
         try:

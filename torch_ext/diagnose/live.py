@@ -79,6 +79,15 @@ class LiveReport:
     def text(self) -> str:
         return format_text(self)
 
+    def analysis(self):
+        """The report as the post-mortem's :class:`torch_ext.diagnose.Analysis` (one "dump" per rank that
+        answered), for its outputs: ``html.render(rep.analysis())`` is ``--html``."""
+        from torch_ext.diagnose import Analysis, Dump
+
+        dumps = [Dump(f"rank {r.rank} (live)", r.rank, r.snapshot, json.dumps(r.snapshot))
+                 for r in self.ranks if r.snapshot is not None]
+        return Analysis(dumps, [], self.verdicts)
+
     def to_json(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         for r in out["ranks"]:
