@@ -62,6 +62,9 @@ class GuardOptions:
             in call sites and stacks, e.g. ``["mylab"]`` or ``"mylab,other"``
             (TORCH_EXT_LIBRARY_PACKAGES). Process-wide: the last guard group
             created decides.
+        live_signal: signal that makes a rank log the whole job's live report,
+            ``"SIGUSR2"`` (default), ``"SIGUSR1"``, ``"SIGRTMIN+N"`` or ``"off"``
+            (TORCH_EXT_LIVE_SIGNAL). Process-wide: the first guard group decides.
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -75,6 +78,7 @@ class GuardOptions:
     store_timeout: float | None = None
     store_budget: int | None = None
     library_packages: Sequence[str] | str | None = None
+    live_signal: str | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""

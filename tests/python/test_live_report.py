@@ -42,8 +42,17 @@ def _hold_gil_in_c(fifo: str) -> None:
         libc.close(fd)
 
 
+def _loader(release: str) -> None:
+    while not os.path.exists(release):
+        time.sleep(0.02)  # a data-loading thread of the application's own
+
+
 def _job(rank: int, world: int, ctl: str) -> dict:
     dist.all_reduce(torch.ones(1))  # #1 completes everywhere
+    if rank == 3:
+        loader = threading.Thread(target=_loader, args=(os.path.join(ctl, "release"),), name="data_loader",
+                                  daemon=True)
+        loader.start()
     with open(os.path.join(ctl, f"ready{rank}"), "w") as f:
         json.dump({"pid": os.getpid(), "port": int(os.environ["MASTER_PORT"])}, f)
     if rank == 1:
@@ -131,6 +140,7 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
             assert "computing since" in lines[r] and "after #1" in lines[r], text
         stack = lambda r: text.split(lines[r])[1].split("\n[")[0]  # noqa: E731
         assert "in _sleep_in_python" in stack(1), text
+        assert "thread data_loader (" in stack(3) and "in _loader" in stack(3), text  # every Python thread's stack
         assert "in _hold_gil_in_c" in stack(2) and "held the GIL" in stack(2), text
         assert "has not arrived" in text and "rank 1" in text and "rank 2" in text, text
         assert "[live] collective #2 all_reduce(float32[4], SUM)" in text, text
@@ -259,3 +269,87 @@ def test_live_report_in_process():
     assert "in _sleep_in_python" in text and "in _asks_itself" in text, text
     hang = [v for v in data["verdicts"] if v["kind"] == "hang"]
     assert hang and sorted(hang[0]["not_arrived"]) == [0, 3], text
+
+
+# --- TORCH_EXT_LIVE_SIGNAL: a signal to any rank logs the whole job's report ----------------
+
+class _Marker:
+    """A logging handler that keeps the torch_ext records and drops a file once the live report is logged."""
+
+    def __init__(self, path: str):
+        import logging
+
+        self.records: list[str] = []
+        marker = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                msg = record.getMessage()
+                marker.records.append(msg)
+                if "live report asked by" in msg:
+                    with open(path, "w") as f:
+                        f.write(msg)
+
+        logging.getLogger("torch_ext").addHandler(Handler())
+
+
+def _signalled(rank: int, world: int, ctl: str) -> dict:
+    import signal as _signal
+
+    dist.all_reduce(torch.ones(1))
+    marker = _Marker(os.path.join(ctl, "logged")) if rank == 0 else None
+    with open(os.path.join(ctl, f"ready{rank}"), "w") as f:
+        json.dump({"pid": os.getpid(), "port": int(os.environ["MASTER_PORT"])}, f)
+    if rank == 1:
+        _sleep_in_python(os.path.join(ctl, "release"))
+    dist.all_reduce(torch.ones(2))  # rank 0 (signalled) and rank 2 wait here for rank 1
+    with open("/proc/self/status") as f:
+        caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+    return {"records": marker.records if marker else [], "handled": bool(caught & (1 << (_signal.SIGUSR2 - 1)))}
+
+
+def test_a_signal_to_a_rank_blocked_in_a_collective_logs_the_live_report(tmp_path):
+    import signal
+
+    ctl = str(tmp_path)
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(
+        results=run_ranks(_signalled, 3, ctl, env=ENV, timeout=120, store="rank0")))
+    runner.start()
+    try:
+        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(3)), "the ranks")
+        info = json.load(open(ready(0)))
+        from torch_ext.diagnose.live import ask
+
+        _wait(lambda: ask(f"127.0.0.1:{info['port']}", timeout=DEADLINE_S).ranks[0].state == "in_collective",
+              "rank 0 to wait in the all_reduce")
+        os.kill(info["pid"], signal.SIGUSR2)  # rank 0, blocked in the all_reduce, logs the report and goes on
+        _wait(lambda: os.path.exists(os.path.join(ctl, "logged")), "rank 0 to log the live report")
+    finally:
+        open(os.path.join(ctl, "release"), "w").close()
+        runner.join(150)
+    values = assert_all_ok(out["results"])  # the signal killed nobody, failed nothing
+    text = next(m for m in values[0]["records"] if "live report asked by" in m)
+    assert text.startswith("live report asked by SIGUSR2 (TORCH_EXT_LIVE_SIGNAL):"), text
+    assert "3 of 3 answered" in text and "rank 1 has not arrived" in text and "in _sleep_in_python" in text, text
+    assert all(v["handled"] for v in values)
+
+
+def _handled(rank: int, world: int) -> bool:
+    import signal as _signal
+
+    with open("/proc/self/status") as f:
+        caught = int(next(line for line in f if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (_signal.SIGUSR2 - 1)))
+
+
+def test_the_signal_handler_is_off_by_config():
+    values = assert_all_ok(run_ranks(_handled, 1, env={"TORCH_EXT_LIVE_SIGNAL": "off"}, timeout=60))
+    assert values == [False]
+    values = assert_all_ok(run_ranks(_handled, 1, env={"TORCH_EXT_LIVE_SIGNAL": "SIGUSR1"}, timeout=60))
+    assert values == [False]
+    with pytest.raises(ValueError, match=r"live_signal.*SIGTERM.*SIGUSR1, SIGUSR2, SIGRTMIN\+N"):
+        import torch_ext
+
+        torch_ext.GuardOptions(live_signal="SIGTERM").resolved()

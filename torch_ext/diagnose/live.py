@@ -58,6 +58,7 @@ class RankLive:
     groups: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # one per group (waits + progress)
     stack: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # main thread, innermost first
     stack_note: str = ""
+    threads: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # other Python threads: id, name, frames
     snapshot: dict[str, Any] | None = None  # the rank's whole snapshot (dump format), when it answered
 
 
@@ -328,7 +329,7 @@ def _rank_of(c: _Collect, r: int, snap: dict[str, Any] | None, now_ns: int) -> R
             lines.append(f"computing: no collective completed yet on group \"{g['label']}\"")
     main = snap.get("main_thread") or {}
     return RankLive(r, True, state, "; ".join(lines) or "no group", snap.get("hostname"), snap.get("pid"), groups,
-                    list(main.get("frames", [])), main.get("note", ""), snap)
+                    list(main.get("frames", [])), main.get("note", ""), list(snap.get("threads", [])), snap)
 
 
 def _build(address: str, c: _Collect, elapsed: float, store_note: str) -> LiveReport:
@@ -396,6 +397,9 @@ def format_text(rep: LiveReport, max_frames: int = 24) -> str:
         note = f" ({note})" if note else ""
         out.append(f"  main thread{note}:" if r.stack else f"  main thread: no Python stack{note}")
         out.extend(f"    {line}" for line in _stack_lines(r.stack, max_frames))
+        for t in r.threads:
+            out.append(f"  thread {t.get('name') or '(unnamed)'} ({t.get('id', 0):#x}):")
+            out.extend(f"    {line}" for line in _stack_lines(list(t.get("frames", [])), max_frames))
     if rep.not_answered:
         out.append(f"\nnot answering: rank(s) {_ranks(rep.not_answered)}")
     for v in rep.verdicts:
@@ -406,6 +410,31 @@ def format_text(rep: LiveReport, max_frames: int = 24) -> str:
             continue
         out.append(f"[live] {v['text']}")
     return "\n".join(out)
+
+
+def _log_live_report(sig: int) -> None:
+    """TORCH_EXT_LIVE_SIGNAL arrived (the watchdog calls this through the runtime): log the job's live report.
+
+    On a thread of its own, so the runtime's helper thread (the one that logs) is free at once.
+    """
+    import logging
+    import signal as _signal
+
+    log = logging.getLogger("torch_ext")
+    try:
+        name = _signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+
+    def run() -> None:
+        try:
+            rep = live_report()
+        except Exception as e:  # noqa: BLE001 - a report that cannot be made is logged, never raised
+            log.warning("live report asked by %s: not made: %s", name, e)
+            return
+        log.warning("live report asked by %s (TORCH_EXT_LIVE_SIGNAL):\n%s", name, format_text(rep))
+
+    threading.Thread(target=run, name="torch_ext_live_signal", daemon=True).start()
 
 
 def live_report(timeout: float | None = None, ranks: list[int] | None = None) -> LiveReport:
