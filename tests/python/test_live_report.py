@@ -353,3 +353,50 @@ def test_the_signal_handler_is_off_by_config():
         import torch_ext
 
         torch_ext.GuardOptions(live_signal="SIGTERM").resolved()
+
+
+# --- the device path (guard over cpu:nccl_sim): a rank is in its oldest pending collective ----
+
+def _runs_ahead(rank: int, world: int, ctl: str) -> dict:
+    from torch_ext.testing import nccl_sim
+
+    t = torch.ones(4)
+    works = [dist.all_reduce(t, async_op=True) for _ in range(6)]  # the host issues all six at once
+    with open(os.path.join(ctl, f"ready{rank}"), "w") as f:
+        json.dump({"pid": os.getpid(), "port": int(os.environ["MASTER_PORT"])}, f)
+    for w in works:
+        w.wait()  # returns at once, as on NCCL
+    nccl_sim.synchronize()  # the sync point: rank 1's stream is slow
+    return {"value": t.tolist()}
+
+
+def test_on_the_device_path_a_rank_is_in_its_oldest_pending_collective(tmp_path):
+    ctl = str(tmp_path)
+    env = dict(ENV, TORCH_EXT_INNER="cpu:nccl_sim", TORCH_EXT_NCCL_SIM_SLOW="1:1500")
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(results=run_ranks(_runs_ahead, 2, ctl, env=env, timeout=120)))
+    runner.start()
+    try:
+        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(2)), "the ranks")
+        address = f"127.0.0.1:{json.load(open(ready(0)))['port']}"
+        from torch_ext.diagnose.live import ask
+
+        seen: dict = {}
+
+        def ahead() -> bool:
+            rep = ask(address, timeout=DEADLINE_S)
+            seen["rep"] = rep
+            return rep.ranks[1].state == "in_collective" and rep.ranks[1].groups[0]["issued_beyond"] >= 1
+        _wait(ahead, "rank 1 to wait in a collective with more issued beyond it")
+        rep = seen["rep"]
+        g = rep.ranks[1].groups[0]
+        seq = g["pending"]["collective_seq_id"]
+        assert g["last_seq"] == 6 and g["issued_beyond"] == 6 - seq, g
+        assert g["last_completed_seq"] == seq - 1, g  # in its oldest pending collective, not its newest
+        assert f"in collective #{seq} all_reduce(float32[4], SUM)" in rep.ranks[1].summary, rep.text()
+        assert f"issued {6 - seq} more beyond it" in rep.ranks[1].summary, rep.text()
+    finally:
+        runner.join(150)
+    values = assert_all_ok(out["results"])
+    assert [v["value"] for v in values] == [[64.0] * 4] * 2  # 2**6: six all_reduces of 2 ranks
