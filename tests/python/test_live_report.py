@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -170,6 +171,22 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert "not asked (outside the live report's ranks): ranks 1,3" in hang[0]["text"], hang[0]["text"]
         p = _cli(address, "--ranks", "0,9", "--timeout", str(DEADLINE_S))
         assert p.returncode == 2 and "rank(s) 9 outside the job's 4 ranks (0-3)" in p.stderr, p.stderr
+
+        # --watch: a report every period until Ctrl-C, which ends it cleanly.
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        w = subprocess.Popen([sys.executable, "-m", "torch_ext.diagnose", "live", address, "--watch", "0.2",
+                              "--ranks", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        try:
+            heads = 0
+            end = time.monotonic() + 60
+            while heads < 2 and time.monotonic() < end:
+                line = w.stdout.readline()
+                heads += line.startswith("torch_ext live report of the job at")
+            assert heads == 2
+            w.send_signal(signal.SIGINT)
+            assert w.wait(30) == 0, w.stderr.read()
+        finally:
+            w.kill()
     finally:
         _release(ctl)
         runner.join(150)
@@ -190,8 +207,6 @@ def _plain_job(rank: int, world: int, ctl: str, gone_rank: int) -> dict:
 
 def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
     """A rank that cannot answer at all (SIGSTOP: its watchdog thread is stopped too) is named, not waited on."""
-    import signal
-
     ctl = str(tmp_path)
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(
@@ -210,6 +225,36 @@ def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
         assert p.returncode == 0, p.stdout + p.stderr
         assert "2 of 3 answered" in p.stdout, p.stdout
         assert "[absent] rank 2: did not answer within 2.0 s: last heartbeat" in p.stdout, p.stdout
+        assert took < 2 + 10, took
+    finally:
+        if stopped:
+            os.kill(stopped, signal.SIGCONT)
+        open(os.path.join(ctl, "release"), "w").close()
+        runner.join(150)
+    assert_all_ok(out["results"])
+
+
+def test_a_stopped_store_host_is_named_within_the_deadline(tmp_path):
+    """Under plain env:// rank 0's process serves the store: stopped, it cannot answer, and the command says so."""
+    ctl = str(tmp_path)
+    out: dict = {}
+    runner = threading.Thread(target=lambda: out.update(
+        results=run_ranks(_plain_job, 2, ctl, 0, env=ENV, timeout=120, store="rank0")))
+    runner.start()
+    stopped = None
+    try:
+        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(2)), "the ranks")
+        info = json.load(open(ready(0)))
+        stopped = info["pid"]
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        p = _cli(f"127.0.0.1:{info['port']}", "--timeout", "2")
+        took = time.monotonic() - start
+        os.kill(stopped, signal.SIGCONT)  # well within the job's store timeout: the job goes on
+        stopped = None
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert "does not answer" in p.stderr and "frozen, stopped or overloaded" in p.stderr, p.stderr
         assert took < 2 + 10, took
     finally:
         if stopped:
@@ -309,8 +354,6 @@ def _signalled(rank: int, world: int, ctl: str) -> dict:
 
 
 def test_a_signal_to_a_rank_blocked_in_a_collective_logs_the_live_report(tmp_path):
-    import signal
-
     ctl = str(tmp_path)
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(

@@ -139,6 +139,15 @@ def live_main(argv: list[str]) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    try:
+        return _live_loop(args, wanted)
+    except KeyboardInterrupt:  # Ctrl-C: how --watch ends
+        return 0
+
+
+def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
+    from torch_ext.diagnose.live import LiveError, ask, format_text
+
     while True:
         try:
             rep = ask(args.address, timeout=args.timeout, ranks=wanted, all_ranks=args.all_ranks)
@@ -157,10 +166,7 @@ def live_main(argv: list[str]) -> int:
                 print(f"\nwrote {args.html}")
         if args.watch is None:
             return 0
-        try:
-            time.sleep(args.watch)  # --watch: the user's refresh period
-        except KeyboardInterrupt:
-            return 0
+        time.sleep(args.watch)  # --watch: the user's refresh period
         if not args.json:
             print("\n" + "=" * 79)
 
