@@ -329,4 +329,9 @@ TEST(IncidentProtocol, ALiveRequestForSomeRanksIsAnsweredByThoseOnly) {
   EXPECT_EQ(v.notArrived, (std::vector<int64_t>{2}));
   EXPECT_TRUE(v.gone.empty());
   EXPECT_NE(v.text.find("not asked (outside the live report's ranks): rank 0"), std::string::npos) << v.text;
+  // At leave, only the ranks it asked may have left a snapshot behind.
+  const auto left = w.ranks[0].protocol->incidentKeys();
+  EXPECT_EQ(std::find(left.begin(), left.end(), keys::snapshot(id, 0)), left.end());
+  EXPECT_NE(std::find(left.begin(), left.end(), keys::snapshot(id, 2)), left.end());
+  EXPECT_EQ(std::find(left.begin(), left.end(), keys::once(id)), left.end());
 }

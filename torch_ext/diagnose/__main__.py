@@ -166,7 +166,13 @@ def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
                 print(f"\nwrote {args.html}")
         if args.watch is None:
             return 0
-        time.sleep(args.watch)  # --watch: the user's refresh period
+        # Every rank reads each request once (2 store ops): at most one request per 2 exchange periods, and
+        # per second, keeps a watched job within its store budget.
+        period = max(args.watch, 1.0, 2 * rep.exchange_s)
+        if period > args.watch and not args.json:
+            print(f"(--watch {args.watch:g}: asking every {period:.1f} s, the fastest that keeps this job within "
+                  "its store budget)")
+        time.sleep(period)  # --watch: the refresh period
         if not args.json:
             print("\n" + "=" * 79)
 

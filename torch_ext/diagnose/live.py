@@ -76,6 +76,7 @@ class LiveReport:
     not_answered: list[int]
     verdicts: list[dict[str, Any]]  # one per group, as the post-mortem's (kind, text, waiting, not_arrived, ...)
     store_note: str = ""  # set when the store stopped answering while collecting
+    exchange_s: float = 0.2  # how often the job's ranks read requests (their exchange period)
 
     def text(self) -> str:
         return format_text(self)
@@ -351,7 +352,8 @@ def _build(address: str, c: _Collect, elapsed: float, store_note: str) -> LiveRe
     wanted = c.wanted if c.wanted is not None else list(range(size))
     ranks = [_rank_of(c, r, snaps.get(r), now_ns) for r in wanted if 0 <= r < size]
     return LiveReport(address, size, c.asked_ns, round(elapsed, 3), float(c.timeout_s or DEFAULT_TIMEOUT_S), ranks,
-                      sorted(snaps), sorted(set(wanted) - set(snaps)), verdicts, store_note)
+                      sorted(snaps), sorted(set(wanted) - set(snaps)), verdicts, store_note,
+                      float(c.directory.get("exchange_s", 0.2)))
 
 
 def _frame(f: dict[str, Any]) -> str:

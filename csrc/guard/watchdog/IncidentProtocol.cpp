@@ -215,6 +215,16 @@ std::vector<std::string> IncidentProtocol::incidentKeys() {
     if (!desc) continue;
     const std::string iid = desc->substr(0, desc->find('\n'));
     out.push_back(alert);
+    if (keys::isLiveRequest(iid)) {
+      // Only the ranks it asked may have answered (after the asker left, if late).
+      auto nl1 = desc->find('\n');
+      auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
+      const std::string spec = nl2 == std::string::npos ? std::string() : desc->substr(nl2 + 1);
+      for (int r = 0; r < size; ++r) {
+        if (liveRequestAsks(spec, st_.id().globalRank(r))) out.push_back(keys::snapshot(iid, r));
+      }
+      continue;
+    }
     out.push_back(keys::once(iid));
     out.push_back(keys::report(iid));
     for (int r = 0; r < size; ++r) out.push_back(keys::snapshot(iid, r));
