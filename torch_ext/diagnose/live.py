@@ -147,6 +147,7 @@ class _Collect:
         self.asked_ns = 0
         self.snaps: dict[int, str] = {}
         self.statuses: dict[int, str] = {}
+        self.status_read: set[int] = set()  # silent ranks whose status was looked for
         self.done = False
         self.stage = "connecting"
 
@@ -221,7 +222,9 @@ class _Collect:
             if not missing or final:
                 break
             time.sleep(_POLL_S)  # polling the store for the answers, bounded by the deadline
-        for r in sorted(missing):
+        # The last statuses of those that did not answer (a few store calls each: only while they are few).
+        for r in sorted(missing)[:256]:
+            self.status_read.add(r)
             key = prefix + f"st/{r}"
             if store.check([key]):
                 self.statuses[r] = store.get(key).decode("utf-8", "replace")
@@ -258,7 +261,7 @@ def ask(address: str, *, timeout: float | None = None, ranks: list[int] | None =
     # The directory read decides the default deadline; until then the first bound holds.
     while not c.done:
         limit = c.deadline if c.deadline else start + bound
-        if time.monotonic() >= limit + 0.5:
+        if time.monotonic() >= limit + 1.0:  # the last reads after the deadline (statuses of the silent ranks)
             break
         t.join(0.05)
     elapsed = time.monotonic() - start
@@ -286,6 +289,9 @@ def _rank_of(c: _Collect, r: int, snap: dict[str, Any] | None, now_ns: int) -> R
     if snap is None:
         status = _C._decode_status(c.statuses[r]) if r in c.statuses else None
         waited = f"did not answer within {c.timeout_s:.1f} s"
+        if status is None and r not in c.status_read:
+            return RankLive(r, False, "not_answering", f"{waited} (its last status was not read: too many ranks were "
+                                                       "silent)")
         if status is None:
             return RankLive(r, False, "not_answering", f"{waited}; no status in the store (never started, or gone)")
         beat = now_ns - int(status["heartbeat_ns"])
