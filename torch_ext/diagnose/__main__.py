@@ -112,8 +112,8 @@ def live_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(
         prog="torch-ext-diagnose live",
         description="Live cross-rank report of a running guarded job, asked through its store, without stopping it: "
-                    "each rank's host, pid, the collective it is in (or since when it computes) and its main "
-                    "thread's Python stack, then who waits for whom. Ranks that do not answer within the deadline "
+                    "each rank's host, pid, the collective it is in (or since when it computes) and its Python "
+                    "threads' stacks, then who waits for whom. Ranks that do not answer within the deadline "
                     "are named, never waited on.",
     )
     ap.add_argument("address", metavar="HOST:PORT",
@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m torch_ext.diagnose",
         description="Cross-rank analysis of the per-rank dumps a guarded job wrote to TORCH_EXT_DUMP_DIR.",
+        epilog="A job that is running now: torch-ext-diagnose live HOST:PORT (see: live --help).",
     )
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
     ap.add_argument("--html", metavar="FILE", help="also write a self-contained page: one lane per rank, the stuck op "
