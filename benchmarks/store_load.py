@@ -24,6 +24,17 @@ and its exchange needs about 3 ticks.
 
     python benchmarks/store_load.py                     # W = 1024, 4096, 16384
     python benchmarks/store_load.py --worlds 1024 --seconds 5 --clients 2 --threads 8
+    python benchmarks/store_load.py --live 64 1024      # + one live report of 64, then 1024 ranks
+
+A live report (`torch-ext-diagnose live`) adds no operation to the tick: its
+request rides on the `alerts` counter every rank already reads. With --live N,
+halfway through each run (with the budget) the real asker of torch_ext
+(torch_ext.diagnose.live, the CLI's code) asks N ranks; each simulated rank
+asked answers at its next tick as the watchdog does (read the request: check +
+get, then set its snapshot of 55 KB + 18 bytes per rank of the job, a real
+snapshot's size with a full 64-entry ledger window). Printed per N: how long
+until every answer was collected, the extra store ops and bytes, and the
+bystander's get latency while it ran.
 
 On a 2-core machine the simulated clients share the cores with the server, so
 the achieved rate is a floor of what the server can take; the bystander's
@@ -64,6 +75,21 @@ def _record(rank: int, seq: int) -> bytes:
     return f"v2 run {time.time_ns()} {seq} {seq} {rank * 2654435761 % 2**64:016x} 0".encode()
 
 
+def snapshot_bytes(world: int) -> int:
+    """A live snapshot's size: ~55 KB (a 64-entry ledger window, call sites, the stack) + 3 rank lists of the group."""
+    return 55_000 + 18 * world
+
+
+def _asks(spec: str, rank: int) -> bool:
+    if not spec:
+        return True
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if int(lo) <= rank <= int(hi or lo):
+            return True
+    return False
+
+
 def _client(port: int, ranks: list[int], world: int, tick: float, seconds: float, threads: int, out: mp.Queue) -> None:
     # Each thread has its own connection (TCPStore calls release the GIL), so a
     # process keeps several requests in flight, as many ranks would.
@@ -83,13 +109,25 @@ def _client(port: int, ranks: list[int], world: int, tick: float, seconds: float
         start = time.monotonic()
         next_tick = start
         seq = 0
+        seen = {r: 0 for r in mine}  # alerts read so far, per simulated rank (IncidentProtocol::alertsSeen_)
+        payload = b"x" * snapshot_bytes(world)
         while time.monotonic() - start < seconds:
             seq += 1
             for r in mine:
                 store.set(f"{prefix}st/{r}", _record(r, seq))
                 store.multi_get([f"{prefix}st/{(r + 1) % world}", f"{prefix}st/{(r - 1) % world}"])
-                store.add(prefix + "alerts", 0)
+                n = store.add(prefix + "alerts", 0)
                 ops += OPS_PER_TICK
+                while seen[r] < n:  # a new alert: a live request here (the watchdog answers it at once)
+                    key = f"{prefix}alert/{seen[r] + 1}"
+                    if not store.check([key]):
+                        break  # raised but not written yet: next tick
+                    seen[r] += 1
+                    token, _, spec = store.get(key).decode().split("\n", 2)
+                    ops += 2
+                    if _asks(spec, r):
+                        store.set(f"{prefix}snap/{token}/{r}", payload)
+                        ops += 1
             next_tick += tick
             delay = next_tick - time.monotonic()
             if delay > 0:
@@ -114,9 +152,9 @@ def _bystander(port: int, seconds: float, out: mp.Queue) -> None:
     lat = []
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        t0 = time.perf_counter()
+        at, t0 = time.monotonic(), time.perf_counter()
         store.get("user/key")
-        lat.append(time.perf_counter() - t0)
+        lat.append((at, time.perf_counter() - t0))
         time.sleep(0.01)
     out.put(lat)
 
@@ -127,7 +165,30 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(world: int, budget: float, clients: int, threads: int, seconds: float) -> dict:
+def _asker(port: int, world: int, live: list[int], delay: float, out: mp.Queue) -> None:
+    """Halfway through: torch_ext's own asker (the CLI's code), once per N in `live`, N ranks each."""
+    import json
+
+    import torch.distributed as dist
+
+    from torch_ext.diagnose import live as L
+
+    store = dist.TCPStore("127.0.0.1", port, 1, is_master=False, timeout=timedelta(seconds=60))
+    store.set(L.DIRECTORY_KEY, json.dumps({"version": 1, "prefix": "guard/default_pg/", "size": world,
+                                           "group": "0", "exchange_s": tick_for(world, DEFAULT_BUDGET)}))
+    time.sleep(delay)  # pacing: the first request halfway through the run, not synchronisation
+    results = []
+    for n in live:
+        c = L._Collect("127.0.0.1", port, None, list(range(min(n, world))), all_ranks=True)
+        t0 = time.monotonic()
+        c.run()
+        results.append({"n": min(n, world), "collect_s": time.monotonic() - t0, "answered": len(c.snaps),
+                        "deadline_s": c.timeout_s, "error": repr(c.error) if c.error else "",
+                        "t0": t0, "t1": time.monotonic()})
+    out.put(results)
+
+
+def run(world: int, budget: float, clients: int, threads: int, seconds: float, live: list[int] | None = None) -> dict:
     ctx = mp.get_context("spawn")
     port_q, stop = ctx.Queue(), ctx.Event()
     server = ctx.Process(target=_server, args=(port_q, stop))
@@ -138,13 +199,22 @@ def run(world: int, budget: float, clients: int, threads: int, seconds: float) -
     shares = [list(range(world))[i::clients] for i in range(clients)]
     procs = [ctx.Process(target=_client, args=(port, s, world, tick, seconds, threads, out)) for s in shares]
     bystander = ctx.Process(target=_bystander, args=(port, seconds, by_out))
+    asker_out = ctx.Queue()
+    askers = [ctx.Process(target=_asker, args=(port, world, live, seconds / 3, asker_out))] if live else []
     cpu0, t0 = _cpu_seconds(server_pid), time.monotonic()
-    for p in procs + [bystander]:
+    for p in procs + [bystander] + askers:
         p.start()
+    live_results = asker_out.get(timeout=seconds + 300) if askers else []
     rates = [out.get(timeout=seconds + 120) for _ in procs]
-    lat = sorted(by_out.get(timeout=seconds + 120))
+    samples = by_out.get(timeout=seconds + 120)
+    lat = sorted(x for _, x in samples)
+    for r in live_results:
+        during = sorted(x for at, x in samples if r["t0"] <= at <= r["t1"])
+        r["p99_ms"] = during[int(0.99 * (len(during) - 1))] * 1e3 if during else float("nan")
+        r["p50_ms"] = statistics.median(during) * 1e3 if during else float("nan")
+        r["mb"] = r["answered"] * snapshot_bytes(world) / 1e6
     cpu = (_cpu_seconds(server_pid) - cpu0) / (time.monotonic() - t0)
-    for p in procs + [bystander]:
+    for p in procs + [bystander] + askers:
         p.join(timeout=30)
     stop.set()
     server.join(timeout=30)
@@ -152,7 +222,7 @@ def run(world: int, budget: float, clients: int, threads: int, seconds: float) -
         "world": world, "budget": budget, "tick": tick,
         "offered": OPS_PER_TICK * world / tick, "achieved": sum(rates), "server_cpu": cpu,
         "p50_ms": statistics.median(lat) * 1e3, "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1e3,
-        "mismatch_s": 2 * tick, "hang_exchange_s": 3 * tick,
+        "mismatch_s": 2 * tick, "hang_exchange_s": 3 * tick, "live": live_results,
     }
 
 
@@ -163,18 +233,27 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=2, help="client processes simulating the ranks")
     ap.add_argument("--threads", type=int, default=8, help="connections per client process")
     ap.add_argument("--seconds", type=float, default=8.0, help="duration of each run")
+    ap.add_argument("--live", type=int, nargs="*", default=None, metavar="N",
+                    help="in the runs with the budget, one live report of N ranks for each N given (after the first "
+                         "third of the run)")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs; {args.clients} client processes x {args.threads} connections; {args.seconds:.0f} s per run; "
           f"{OPS_PER_TICK} store ops per rank per tick")
     print(f"{'W':>6} {'budget':>8} {'tick':>7} {'offered':>10} {'achieved':>10} {'server CPU':>10} "
           f"{'get p50':>8} {'get p99':>8} {'mismatch <=':>11} {'hang exch.':>10}")
     for world in args.worlds:
-        for budget in (0, args.budget):
-            r = run(world, budget, args.clients, args.threads, args.seconds)
+        for budget in ((args.budget,) if args.live else (0, args.budget)):
+            r = run(world, budget, args.clients, args.threads, args.seconds, args.live if budget else None)
             label = "none" if budget == 0 else f"{budget:.0f}"
             print(f"{world:>6} {label:>8} {r['tick']:>6.2f}s {r['offered']:>9.0f}/s {r['achieved']:>9.0f}/s "
                   f"{r['server_cpu'] * 100:>9.0f}% {r['p50_ms']:>6.2f}ms {r['p99_ms']:>6.2f}ms "
                   f"{r['mismatch_s']:>10.1f}s {r['hang_exchange_s']:>9.1f}s", flush=True)
+            for lv in r["live"]:
+                print(f"{'':>6} live report of {lv['n']} ranks: {lv['answered']} answered, collected in "
+                      f"{lv['collect_s']:.2f} s (deadline {lv['deadline_s']:.1f} s), {lv['mb']:.0f} MB of snapshots, "
+                      f"+{2 * world + lv['n'] + 3 * lv['answered']} ops; bystander get p50 / p99 during it "
+                      f"{lv['p50_ms']:.2f} / {lv['p99_ms']:.2f} ms{'  ' + lv['error'] if lv['error'] else ''}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -123,6 +123,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "post_mortem": _post_mortem,
     "crossed_groups": _crossed_groups,
     "pipeline_deadlock": _pipeline_deadlock,
+    "looks_stuck": _example("examples/bugs/looks_stuck.py"),
 }
 
 
@@ -161,6 +162,7 @@ _MASKS = [
     # Which rank's gloo saw a closed connection first is a race.
     (re.compile(r"rank \d+ saw: <gloo error>"), "rank <r> saw: <gloo error>"),
     (re.compile(r"\bpid \d+"), "pid <n>"),
+    (re.compile(r"\(host [^,\s]+,"), "(host <host>,"),
     (re.compile(r"\b\d{16,}\b"), "<ns>"),
 ]
 
@@ -271,6 +273,31 @@ def _deadlock_raised(rank: int) -> Callable[[str], str]:
     return cut
 
 
+def _live(ranks: tuple[int, ...] | None = None) -> Callable[[str], str]:
+    """What ``torch-ext-diagnose live`` printed in examples/bugs/looks_stuck.py (the command line included);
+    with ``ranks``, only those ranks' sections (and the header and verdict)."""
+    def cut(out: str) -> str:
+        lines = _command("torch-ext-diagnose live")(out).splitlines()
+        end = next(i for i, line in enumerate(lines) if line.startswith("[rank0] all_reduce gave"))
+        lines = lines[:end]
+        while lines and not lines[-1].strip():
+            lines.pop()
+        if ranks is None:
+            return "\n".join(lines)
+        keep: list[str] = []
+        section: int | None = -1  # -1: the header; None: a rank left out
+        for line in lines:
+            m = re.match(r"\[(?:live|absent)\] rank (\d+)", line)
+            if m:
+                section = int(m.group(1)) if int(m.group(1)) in ranks else None
+            elif line.startswith("[live] ") or line.startswith("not answering"):
+                section = -1  # the verdict
+            if section is not None:
+                keep.append(line)
+        return "\n".join(keep)
+    return cut
+
+
 @dataclasses.dataclass(frozen=True)
 class Sample:
     source: str
@@ -302,6 +329,8 @@ SAMPLES: dict[str, Sample] = {
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
+    "looks-stuck-live": Sample("looks_stuck", _live()),
+    "looks-stuck-live-short": Sample("looks_stuck", _live(ranks=(2,))),
 }
 
 

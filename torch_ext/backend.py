@@ -62,6 +62,9 @@ class GuardOptions:
             in call sites and stacks, e.g. ``["mylab"]`` or ``"mylab,other"``
             (TORCH_EXT_LIBRARY_PACKAGES). Process-wide: the last guard group
             created decides.
+        live_signal: signal that makes a rank log the whole job's live report,
+            ``"SIGUSR2"`` (default), ``"SIGUSR1"``, ``"SIGRTMIN+N"`` or ``"off"``
+            (TORCH_EXT_LIVE_SIGNAL). Process-wide: the first guard group decides.
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -75,6 +78,7 @@ class GuardOptions:
     store_timeout: float | None = None
     store_budget: int | None = None
     library_packages: Sequence[str] | str | None = None
+    live_signal: str | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""
@@ -255,10 +259,14 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         # check, async mode's all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     hosted_by, host_rank = _store_host(store, global_ranks)
-    return _C._create_backend(
+    backend = _C._create_backend(
         store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper,
         hosted_by, host_rank,
     )
+    if not dist_opts.global_ranks_in_group:
+        # The default group: `torch-ext-diagnose live HOST:PORT` finds its keys from here (rank 0 writes it).
+        _C._publish_live_directory(backend)
+    return backend
 
 
 def register() -> None:
@@ -353,6 +361,22 @@ def dump(dir: str | os.PathLike[str] | None = None, reason: str = "manual") -> s
     when neither is set.
     """
     return _C._dump(reason, os.fspath(dir) if dir is not None else "")
+
+
+def live_report(timeout: float | None = None, ranks: list[int] | None = None):
+    """The live report of the job this process belongs to, as ``torch-ext-diagnose live`` prints it.
+
+    Every rank's host, pid, the collective it is in (or since when it computes)
+    and its main thread's stack, and who waits for whom, asked through a store
+    connection of its own and answered by each rank's watchdog thread (so ranks
+    holding the GIL or blocked in a collective answer too). Returns a
+    :class:`torch_ext.diagnose.live.LiveReport` (``.text()``, ``.to_json()``)
+    within ``timeout`` seconds (default 5), naming ranks that did not answer.
+    Any rank may call it, any time; the others need not.
+    """
+    from torch_ext.diagnose.live import live_report as _live_report
+
+    return _live_report(timeout=timeout, ranks=ranks)
 
 
 def monitored_barrier(group: dist.ProcessGroup | None = None, timeout: timedelta | None = None,

@@ -1,5 +1,7 @@
 #include "guard/Config.h"
 
+#include <csignal>
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -101,6 +103,33 @@ bool parseBool(const std::string& text, const std::string& what) {
   if (t == "1" || t == "true" || t == "yes" || t == "on") return true;
   if (t == "0" || t == "false" || t == "no" || t == "off") return false;
   bad(what, text, "one of 1, 0, true, false, yes, no, on, off");
+}
+
+int parseSignal(const std::string& text, const std::string& what) {
+  std::string t = lower(trim(text));
+  const std::string accepted = "SIGUSR1, SIGUSR2, SIGRTMIN+N (N from 0 to " + std::to_string(SIGRTMAX - SIGRTMIN) +
+                               ") or off (no handler)";
+  if (t == "off" || t == "0" || t == "none" || t == "false" || t == "no") return 0;
+  if (t.rfind("sig", 0) == 0) t = t.substr(3);
+  if (t == "usr1") return SIGUSR1;
+  if (t == "usr2") return SIGUSR2;
+  if (t.rfind("rtmin", 0) == 0) {
+    const std::string n = t.substr(5);
+    if (n.empty()) return SIGRTMIN;
+    if (n[0] == '+') {
+      const int64_t k = parseInt(n.substr(1), what, 0, SIGRTMAX - SIGRTMIN);
+      return SIGRTMIN + static_cast<int>(k);
+    }
+  }
+  bad(what, text, accepted);
+}
+
+std::string signalName(int sig) {
+  if (sig == 0) return "off";
+  if (sig == SIGUSR1) return "SIGUSR1";
+  if (sig == SIGUSR2) return "SIGUSR2";
+  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "SIGRTMIN+" + std::to_string(sig - SIGRTMIN);
+  return std::to_string(sig);
 }
 
 CheckMode parseCheckMode(const std::string& text, const std::string& what) {
@@ -233,6 +262,13 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.libraryPackages = detail::parsePackageNames(v, what); },
        [](const Config& c) -> SettingValue { return c.libraryPackages; },
        [](const Config& c) { return joined(c.libraryPackages); }},
+      {"live_signal", "TORCH_EXT_LIVE_SIGNAL", "SIGUSR2",
+       "Signal that makes the rank receiving it log the live report of the whole job (every rank's state and stack, "
+       "who waits for whom; what torch-ext-diagnose live prints); off: no handler. Process-wide, from the first "
+       "guard group; never replaces a handler already installed for that signal.",
+       [](Config& c, const std::string& v, const std::string& what) { c.liveSignal = detail::parseSignal(v, what); },
+       [](const Config& c) -> SettingValue { return detail::signalName(c.liveSignal); },
+       [](const Config& c) { return detail::signalName(c.liveSignal); }},
   };
   return table;
 }

@@ -11,6 +11,7 @@
 #include "guard/report/EnumNames.h"
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -71,6 +72,8 @@ struct Config {
   // Python packages (importable names, e.g. "mylab.trainer") whose frames are
   // library code for call sites and stacks, like installed packages.
   std::vector<std::string> libraryPackages;
+  // Signal that makes this rank log the live report of the whole job (0: none).
+  int liveSignal = SIGUSR2;  // parsed by name (detail::parseSignal)
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.
@@ -143,6 +146,10 @@ double parseSeconds(const std::string& text, const std::string& what, double lo,
 int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
 bool parseBool(const std::string& text, const std::string& what);
 CheckMode parseCheckMode(const std::string& text, const std::string& what);
+// "SIGUSR2", "usr1", "SIGRTMIN+3", "off" -> the signal number (0: off).
+int parseSignal(const std::string& text, const std::string& what);
+// The name parseSignal reads back: "SIGUSR2", "SIGRTMIN+3", "off".
+std::string signalName(int sig);
 // Parses "mylab,mylab_utils.trainer" (comma-separated importable package names).
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what);
 } // namespace detail

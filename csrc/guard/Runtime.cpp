@@ -24,6 +24,38 @@ void Runtime::uninstall() {
   idle_ = nullptr;
 }
 
+void Runtime::setLiveReport(LiveHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_ = std::move(hook);
+}
+
+void Runtime::liveReport(int signal) const {
+  LiveHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = live_;
+  }
+  if (hook) {
+    hook(signal);
+  } else {
+    std::fprintf(stderr, "[torch_ext] signal %d asked for a live report, but no Python runtime is attached\n", signal);
+  }
+}
+
+void Runtime::setThreadStacks(ThreadsHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  threads_ = std::move(hook);
+}
+
+std::vector<ThreadStack> Runtime::threadStacks(std::chrono::milliseconds budget) const {
+  ThreadsHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = threads_;
+  }
+  return hook ? hook(budget) : std::vector<ThreadStack>{};
+}
+
 void Runtime::idle() const {
   IdleHook hook;
   {

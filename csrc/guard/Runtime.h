@@ -35,12 +35,24 @@ class Runtime {
   void log(LogLevel level, const std::string& msg) const;
   // The watchdog stopped (no guarded group left): helpers may stop their threads.
   void idle() const;
+  // Makes and logs the live report of the whole job (TORCH_EXT_LIVE_SIGNAL
+  // arrived); must not block (called from the watchdog thread).
+  using LiveHook = std::function<void(int signal)>;
+  // The other Python threads' stacks within about `budget` (none when the GIL
+  // cannot be had); must not block longer.
+  using ThreadsHook = std::function<std::vector<ThreadStack>(std::chrono::milliseconds budget)>;
+  void setThreadStacks(ThreadsHook hook);
+  std::vector<ThreadStack> threadStacks(std::chrono::milliseconds budget) const;
+  void setLiveReport(LiveHook hook);
+  void liveReport(int signal) const;
 
  private:
   mutable std::mutex mu_;
   StackHook stack_;
   LogHook log_;
   IdleHook idle_;
+  LiveHook live_;
+  ThreadsHook threads_;
 };
 
 inline void logMessage(LogLevel level, const std::string& msg) {

@@ -27,6 +27,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -414,10 +415,10 @@ std::vector<Frame> filterFrames(std::vector<Frame> raw) {
 }
 
 // GIL held.
-std::vector<Frame> readMainFrames() {
+std::vector<Frame> readFrames(PyThreadState* tstate) {
   std::vector<Frame> out;
-  if (g_mainTstate == nullptr) return out;
-  PyFrameObject* frame = PyThreadState_GetFrame(g_mainTstate);  // new ref
+  if (tstate == nullptr) return out;
+  PyFrameObject* frame = PyThreadState_GetFrame(tstate);  // new ref
   while (frame != nullptr && out.size() < 128) {
     PyCodeObject* code = PyFrame_GetCode(frame);
     const CodeInfo& info = codeInfo(code);
@@ -429,6 +430,72 @@ std::vector<Frame> readMainFrames() {
   }
   Py_XDECREF(frame);
   return out;
+}
+
+std::vector<Frame> readMainFrames() {
+  return readFrames(g_mainTstate);
+}
+
+// GIL held: every Python thread but the main one and this one that has a
+// Python frame, with its threading name (threading._active, when loaded).
+std::vector<ThreadStack> readOtherThreads() {
+  std::map<unsigned long, std::string> names;
+  PyObject* name = PyUnicode_FromString("threading");
+  PyObject* threading = name ? PyImport_GetModule(name) : nullptr;  // new ref; only if already imported
+  Py_XDECREF(name);
+  if (threading != nullptr) {
+    if (PyObject* active = PyObject_GetAttrString(threading, "_active")) {
+      if (PyDict_Check(active)) {
+        PyObject *key, *value;
+        Py_ssize_t pos = 0;
+        while (PyDict_Next(active, &pos, &key, &value)) {
+          const unsigned long ident = PyLong_AsUnsignedLong(key);
+          names[ident] = attrString(value, "name");
+        }
+      }
+      Py_DECREF(active);
+    }
+    Py_DECREF(threading);
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  std::vector<ThreadStack> out;
+  PyThreadState* self = PyThreadState_Get();
+  PyInterpreterState* interp = PyInterpreterState_Main();
+  for (PyThreadState* ts = PyInterpreterState_ThreadHead(interp); ts != nullptr && out.size() < 64;
+       ts = PyThreadState_Next(ts)) {
+    if (ts == g_mainTstate || ts == self) continue;
+    ThreadStack t;
+    t.id = ts->thread_id;
+    auto it = names.find(ts->thread_id);
+    if (it != names.end()) t.name = it->second;
+    t.frames = filterFrames(readFrames(ts));
+    if (!t.frames.empty()) out.push_back(std::move(t));
+  }
+  return out;
+}
+
+struct ThreadsRequest {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::vector<ThreadStack> threads;
+};
+
+std::vector<ThreadStack> sampleOtherThreads(std::chrono::milliseconds budget) {
+  // Only with the GIL: when the helper already waits for it, the main thread
+  // holds it in native code and the other threads cannot run Python anyway.
+  if (!g_installed.load() || helper().waitingSinceNs() != 0) return {};
+  auto req = std::make_shared<ThreadsRequest>();
+  helper().post([req] {
+    auto threads = readOtherThreads();
+    std::lock_guard<std::mutex> lock(req->mu);
+    req->threads = std::move(threads);
+    req->done = true;
+    req->cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(req->mu);
+  if (!req->cv.wait_for(lock, budget, [&] { return req->done; })) return {};
+  return std::move(req->threads);
 }
 
 using DumpTracebackFn = void (*)(int, PyThreadState*);
@@ -513,7 +580,7 @@ MainThreadStack sampleMainStack(std::chrono::milliseconds budget) {
     auto frames = readMainFramesWithoutGil(&why);
     result.frames = filterFrames(std::move(frames));
     char buf[160];
-    std::snprintf(buf, sizeof(buf), "main thread has held the GIL for %.1f s (blocked in native code?)",
+    std::snprintf(buf, sizeof(buf), "main thread has held the GIL for at least %.1f s (blocked in native code?)",
                   static_cast<double>(heldNs) / 1e9);
     result.note = buf;
     if (!why.empty()) result.note += "; " + why;
@@ -606,6 +673,18 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
   CallSites::instance().setProvider(&captureCallSite);
   LabelTable::instance().setResolver(&resolveOrigin);
   Runtime::instance().install(&sampleMainStack, &logViaPython, [] { helper().stop(); });
+  // TORCH_EXT_LIVE_SIGNAL: torch_ext.diagnose.live._log_live_report(sig) starts a thread of its own that asks
+  // every rank (through the store) and logs the report; the helper only needs the GIL for a moment.
+  Runtime::instance().setThreadStacks(&sampleOtherThreads);
+  Runtime::instance().setLiveReport([](int sig) {
+    helper().post([sig] {
+      PyObject* mod = PyImport_ImportModule("torch_ext.diagnose.live");
+      PyObject* r = mod ? PyObject_CallMethod(mod, "_log_live_report", "i", sig) : nullptr;
+      Py_XDECREF(r);
+      Py_XDECREF(mod);
+      if (PyErr_Occurred()) PyErr_Print();
+    });
+  });
 }
 
 bool flushLogs(std::chrono::milliseconds timeout) {
@@ -620,6 +699,8 @@ void uninstallRuntime() {
   g_installed = false;
   CallSites::instance().setProvider(nullptr);
   Runtime::instance().uninstall();
+  Runtime::instance().setLiveReport(nullptr);
+  Runtime::instance().setThreadStacks(nullptr);
   helper().stop();
   g_mainTstate = nullptr;
 }

@@ -297,6 +297,7 @@ PYBIND11_MODULE(_C, m) {
     d["ticks"] = s.ticks;
     d["store_ops"] = s.storeOps;
     d["incidents"] = s.incidents;
+    d["live_answered"] = s.liveAnswered;
     d["groups"] = s.groups;
     d["running"] = s.running;
     return d;
@@ -320,13 +321,18 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "_analyze_dumps",
-      [](const std::vector<std::string>& texts) {
+      [](const std::vector<std::string>& texts, const std::map<int64_t, std::string>& statuses,
+         const std::set<int64_t>& notAsked) {
         std::vector<torch_ext::RankSnapshot> snaps;
         for (size_t i = 0; i < texts.size(); ++i) {
           snaps.push_back(torch_ext::readDump({"dump " + std::to_string(i), texts[i]}));
         }
+        std::map<int64_t, torch_ext::StatusRecord> absent;
+        for (const auto& [rank, text] : statuses) {
+          if (auto rec = torch_ext::StatusRecord::decode(text)) absent[rank] = *rec;
+        }
         std::vector<std::string> out;
-        for (const auto& f : torch_ext::analyzeDumps(snaps)) {
+        for (const auto& f : torch_ext::analyzeDumps(snaps, &absent, &notAsked)) {
           auto j = f.verdict.toJson();
           j.set("group_name", f.groupName);
           j.set("pending", f.pending);
@@ -335,7 +341,27 @@ PYBIND11_MODULE(_C, m) {
         }
         return out;
       },
-      "Cross-rank analysis of dump texts (already validated); one verdict JSON per group.");
+      py::arg("texts"), py::arg("statuses") = std::map<int64_t, std::string>(),
+      py::arg("not_asked") = std::set<int64_t>(),
+      "Cross-rank analysis of dump texts (already validated); one verdict JSON per group. `statuses`: the "
+      "last status record (st/<rank> in the store) of global ranks without a dump, when known (a live report); "
+      "`not_asked`: global ranks a narrowed live report did not ask.");
+  m.def(
+      "_decode_status",
+      [](const std::string& text) -> py::object {
+        auto rec = torch_ext::StatusRecord::decode(text);
+        if (!rec) return py::none();
+        py::dict d;
+        d["phase"] = std::string(torch_ext::enumName(rec->phase));
+        d["heartbeat_ns"] = rec->heartbeatNs;
+        d["last_seq"] = rec->lastSeq;
+        return d;
+      },
+      "A status record (st/<rank>) as a dict, or None when it is not one.");
+  m.def(
+      "_publish_live_directory",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) { torch_ext::Watchdog::instance().publishLiveDirectory(asGuard(b).state()); },
+      "The default group: say where `torch-ext-diagnose live` finds its keys (rank 0 only; never waits on the store).");
 
   m.def(
       "_install_runtime",

@@ -60,7 +60,12 @@ def _store_choice(default: str) -> str:
     return default
 
 
-def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **env: str) -> None:
+def launch(fn: Callable[[int, int], None], world: int, store: str = "parent",
+           while_running: Callable[[int], None] | None = None, **env: str) -> None:
+    """Runs ``fn(rank, world)`` in ``world`` processes; ``while_running(port)``, if given, runs meanwhile in this
+    launcher (on a thread of its own, with the store's port), as another terminal would."""
+    import threading
+
     store = _store_choice(store)
     ctx = mp.get_context("spawn")
     server = None
@@ -75,6 +80,9 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **
     procs = [ctx.Process(target=_child, args=(fn, r, world, port, store, env)) for r in range(world)]
     for p in procs:
         p.start()
+    watcher = threading.Thread(target=while_running, args=(port,), daemon=True) if while_running else None
+    if watcher is not None:
+        watcher.start()
     # Wait until every rank ended, or the only ones left are frozen (SIGSTOP,
     # as an example may do on purpose): those are killed, the others are not.
     # The deadline is wall time: a rank whose sentinel is ready but which the
@@ -86,6 +94,8 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent", **
         for p in procs:
             if p.sentinel in ready:
                 p.join(timeout=5)  # ended: reap it
+    if watcher is not None:
+        watcher.join(timeout=max(1.0, end - time.monotonic()))
     for r, p in enumerate(procs):
         if p.exitcode is None:
             p.kill()

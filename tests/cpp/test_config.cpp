@@ -150,3 +150,22 @@ TEST(Config, TheSettingsTableDrivesDescriptionAndValues) {
                    [](const auto& s) { return std::string(s.option) == "abort_after"; })
           ->get(defaults)));
 }
+
+TEST(Config, LiveSignalIsReadByNameAndOffTurnsItOff) {
+  EXPECT_EQ(Config{}.liveSignal, SIGUSR2);  // on by default
+  EXPECT_EQ(torch_ext::detail::parseSignal("SIGUSR2", "v"), SIGUSR2);
+  EXPECT_EQ(torch_ext::detail::parseSignal(" usr1 ", "v"), SIGUSR1);
+  EXPECT_EQ(torch_ext::detail::parseSignal("SIGRTMIN+3", "v"), SIGRTMIN + 3);
+  EXPECT_EQ(torch_ext::detail::parseSignal("off", "v"), 0);
+  EXPECT_EQ(torch_ext::detail::signalName(SIGRTMIN + 3), "SIGRTMIN+3");
+  EXPECT_EQ(torch_ext::detail::signalName(0), "off");
+  try {
+    torch_ext::detail::parseSignal("SIGTERM", "TORCH_EXT_LIVE_SIGNAL");
+    FAIL() << "SIGTERM accepted";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("TORCH_EXT_LIVE_SIGNAL"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("SIGUSR1, SIGUSR2, SIGRTMIN+N"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(torch_ext::detail::parseSignal("SIGRTMIN+99", "v"), ConfigError);
+}

@@ -4,6 +4,8 @@
 #include "guard/watchdog/IncidentProtocol.h"
 
 #include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/StoreKeys.h"
+#include "guard/report/DumpAnalysis.h"
 #include "guard/report/StatusRecord.h"
 #include "store_testing.h"
 
@@ -41,6 +43,11 @@ struct Rank {
                                         [this](const Incident& inc, const Verdict& v) {
                                           std::lock_guard<std::mutex> lock(mu);
                                           verdicts.push_back(v);
+                                        },
+                                        nullptr,  // positions: not published job-wide here
+                                        [this](const std::string& requestId) {
+                                          ++liveAnswers;
+                                          return toJson(takeSnapshot(requestId, {state}, 64)).dump();
                                         }});
   }
   void op(int64_t n, bool pending) {
@@ -62,6 +69,7 @@ struct Rank {
   std::unique_ptr<IncidentProtocol> protocol;
   std::mutex mu;
   std::vector<Verdict> verdicts;
+  int liveAnswers = 0;
   bool alive = true;
 };
 
@@ -242,4 +250,89 @@ TEST(IncidentProtocol, RanksAsThreadsAgreeOnTheLateRank) {
     EXPECT_EQ(r.verdicts[0].notArrived, (std::vector<int64_t>{3}));
     EXPECT_EQ(r.verdicts[0].text, w.ranks[0].verdicts[0].text);
   }
+}
+
+// A live request (`torch-ext-diagnose live`), posted by a plain store client as
+// the CLI does: every rank answers once with its snapshot at its next step, and
+// nothing else happens (no analyst, no verdict, nothing left open).
+TEST(IncidentProtocol, ALiveRequestIsAnsweredOnceByEveryRankWithoutAVerdict) {
+  World w(3, 2, 1000 * kSec);
+  w.ranks[1].alive = false;  // stopped: it cannot answer
+  const std::string id = std::string(keys::kLiveRequestPrefix) + "asker-1";
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  const std::string p = keys::kPrefix;
+  const int64_t k = w.shared->add(p + keys::kAlerts, 1);
+  w.shared->set(p + keys::alert(k), bytes(id + "\n-1\n"));
+  w.step();
+  w.step();  // a second read of the alerts finds nothing new
+  EXPECT_EQ(w.ranks[0].liveAnswers, 1);
+  EXPECT_EQ(w.ranks[1].liveAnswers, 0);
+  EXPECT_EQ(w.ranks[2].liveAnswers, 1);
+  std::vector<RankSnapshot> snaps;
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_FALSE(w.ranks[r].protocol->open());
+    EXPECT_EQ(w.ranks[r].acted(), 0u);
+    const bool there = w.shared->check({p + keys::snapshot(id, r)});
+    EXPECT_EQ(there, r != 1);
+    if (!there) continue;
+    auto v = w.shared->get(p + keys::snapshot(id, r));
+    snaps.push_back(readDump({"rank" + std::to_string(r), std::string(v.begin(), v.end())}));
+    EXPECT_EQ(snaps.back().incident, id);
+  }
+  EXPECT_FALSE(w.shared->check({p + keys::report(id)}));
+  EXPECT_FALSE(w.shared->check({p + keys::once(id)}));
+  // The asker's analysis: rank 2 has not arrived; rank 1 is named from its last status.
+  std::map<int64_t, StatusRecord> absent{{1, StatusRecord::of(RankPhase::Running, w.now - 4 * kSec, SeqProgress{2, 0})}};
+  auto findings = analyzeDumps(snaps, &absent);
+  ASSERT_EQ(findings.size(), 1u);
+  const Verdict& v = findings[0].verdict;
+  EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+  EXPECT_EQ(v.notArrived, (std::vector<int64_t>{2}));
+  EXPECT_EQ(v.gone, (std::vector<int64_t>{1}));
+  EXPECT_NE(v.text.find("rank 1: no heartbeat for"), std::string::npos) << v.text;
+  // Its keys go with the group's at leave, like any incident's.
+  const auto gone = w.ranks[0].protocol->incidentKeys();
+  EXPECT_NE(std::find(gone.begin(), gone.end(), keys::snapshot(id, 2)), gone.end());
+}
+
+// `torch-ext-diagnose live --ranks 0-7,12`: only the ranks asked answer.
+TEST(IncidentProtocol, ALiveRequestForSomeRanksIsAnsweredByThoseOnly) {
+  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("", 5));
+  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 0));
+  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 7));
+  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("0-7,12", 8));
+  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 12));
+  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("0-7,12", 13));
+  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("x,", 0));  // nothing readable asks nobody
+
+  World w(3, 2, 1000 * kSec);
+  const std::string id = std::string(keys::kLiveRequestPrefix) + "asker-2";
+  const std::string p = keys::kPrefix;
+  const std::string desc = id + "\n-1\n1-2";
+  const int64_t k = w.shared->add(p + keys::kAlerts, 1);
+  w.shared->set(p + keys::alert(k), std::vector<uint8_t>(desc.begin(), desc.end()));
+  w.step();
+  EXPECT_EQ(w.ranks[0].liveAnswers, 0);
+  EXPECT_EQ(w.ranks[1].liveAnswers, 1);
+  EXPECT_EQ(w.ranks[2].liveAnswers, 1);
+  std::vector<RankSnapshot> snaps;
+  for (int r = 1; r < 3; ++r) {
+    auto v = w.shared->get(p + keys::snapshot(id, r));
+    snaps.push_back(readDump({"rank" + std::to_string(r), std::string(v.begin(), v.end())}));
+  }
+  // Rank 0, not asked, is neither waiting nor gone in the verdict.
+  const std::set<int64_t> notAsked{0};
+  auto findings = analyzeDumps(snaps, nullptr, &notAsked);
+  ASSERT_EQ(findings.size(), 1u);
+  const Verdict& v = findings[0].verdict;
+  EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+  EXPECT_EQ(v.waiting, (std::vector<int64_t>{1}));
+  EXPECT_EQ(v.notArrived, (std::vector<int64_t>{2}));
+  EXPECT_TRUE(v.gone.empty());
+  EXPECT_NE(v.text.find("not asked (outside the live report's ranks): rank 0"), std::string::npos) << v.text;
+  // At leave, only the ranks it asked may have left a snapshot behind.
+  const auto left = w.ranks[0].protocol->incidentKeys();
+  EXPECT_EQ(std::find(left.begin(), left.end(), keys::snapshot(id, 0)), left.end());
+  EXPECT_NE(std::find(left.begin(), left.end(), keys::snapshot(id, 2)), left.end());
+  EXPECT_EQ(std::find(left.begin(), left.end(), keys::once(id)), left.end());
 }

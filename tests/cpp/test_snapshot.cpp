@@ -495,3 +495,24 @@ TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
   std::remove(path.c_str());
   rmdir(dir.c_str());
 }
+
+// Live reports carry the other Python threads' stacks; other snapshots write no "threads" field.
+TEST(Snapshot, OtherThreadsRoundTripAndAreOptional) {
+  RankSnapshot s;
+  s.rank = 3;
+  s.timeNs = 7;
+  EXPECT_EQ(toJson(s).get("threads"), nullptr);
+  ThreadStack t;
+  t.id = 0x7f00deadbeefULL;
+  t.name = "data_loader";
+  t.frames.push_back(Frame{"/x/train.py", 47, "_loader", ""});
+  t.frames.push_back(Frame{"/usr/lib/python3.11/threading.py", 982, "run", "stdlib"});
+  s.threads.push_back(t);
+  RankSnapshot back = snapshotFromJson(Json::parse(toJson(s).dump()));
+  ASSERT_EQ(back.threads.size(), 1u);
+  EXPECT_EQ(back.threads[0].id, t.id);
+  EXPECT_EQ(back.threads[0].name, "data_loader");
+  ASSERT_EQ(back.threads[0].frames.size(), 2u);
+  EXPECT_EQ(back.threads[0].frames[0].function, "_loader");
+  EXPECT_EQ(back.threads[0].frames[1].library, "stdlib");
+}

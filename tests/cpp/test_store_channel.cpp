@@ -184,6 +184,15 @@ TEST(StoreChannel, OpenSharesOneChannelPerStoreAndKeepsPrefixes) {
   auto v = g2->get("guard/st/0");
   EXPECT_EQ(std::string(v.begin(), v.end()), "y");
   EXPECT_EQ(StoreChannel::addressOf(g2).kind, "HashStore");
+  // What a client of the base store (torch-ext-diagnose live) spells for a group's key,
+  // and setRoot writes outside every prefix.
+  GroupStore r2(b.channel, b.view, b.root, b.rootPrefix);
+  EXPECT_EQ(r2.fullPrefix(), "outer/tp/guard/");
+  EXPECT_TRUE(base->check({r2.fullPrefix() + "st/0"}));
+  ASSERT_TRUE(r2.setRoot("torch_ext/live", "{}"));
+  EXPECT_TRUE(base->check({"torch_ext/live"}));
+  EXPECT_EQ(s1.fullPrefix(), "");  // made without its base
+  EXPECT_FALSE(s1.setRoot("torch_ext/live", "{}"));
   // Another store gets another channel.
   auto c = StoreChannel::open(c10::make_intrusive<c10d::HashStore>(), StoreAddress{}, milliseconds(1000));
   EXPECT_NE(c.channel.get(), a.channel.get());

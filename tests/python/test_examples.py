@@ -101,6 +101,16 @@ def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(t
     doc_samples.check_source("stalled_stream", out)
 
 
+def test_looks_stuck_example_is_looked_at_live_and_goes_on(tmp_path):
+    out = _source("looks_stuck", tmp_path)  # python examples/bugs/looks_stuck.py
+    assert "4 of 4 answered" in out, out[-8000:]
+    assert re.search(r"\[live\] rank 2 .*computing since", out) and "in native_call" in out, out[-8000:]
+    assert "rank 1 has not arrived" in out and "rank 2 has not arrived" in out, out[-8000:]
+    assert "[rank0] all_reduce gave [6.0, 6.0, 6.0, 6.0]" in out, out[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [(str(r), "0") for r in range(4)], out
+    doc_samples.check_source("looks_stuck", out)
+
+
 def test_killed_rank_example_names_the_gone_rank(tmp_path):
     out = _source("killed_rank", tmp_path)
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveFailureError", out)) == ["0", "1"], out[-8000:]

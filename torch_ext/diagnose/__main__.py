@@ -1,4 +1,7 @@
-"""``python -m torch_ext.diagnose DUMP_DIR [--html FILE] [--trace FILE] [--fr OUT_DIR] [--json]``."""
+"""``python -m torch_ext.diagnose DUMP_DIR [--html FILE] [--trace FILE] [--fr OUT_DIR] [--json]``.
+
+``torch-ext-diagnose live HOST:PORT [--json] [--ranks 0-7,12] [--timeout S] [--watch S]``: a running job (live.py).
+"""
 from __future__ import annotations
 
 import argparse
@@ -102,10 +105,87 @@ def _state_line(job: JobState, written_ns: int) -> str:
     return "state: running: nothing was pending when the dumps were written"
 
 
+def live_main(argv: list[str]) -> int:
+    """``torch-ext-diagnose live HOST:PORT``: the report of a job that is running now."""
+    from torch_ext.diagnose.live import LiveError, ask, format_text, parse_ranks
+
+    ap = argparse.ArgumentParser(
+        prog="torch-ext-diagnose live",
+        description="Live cross-rank report of a running guarded job, asked through its store, without stopping it: "
+                    "each rank's host, pid, the collective it is in (or since when it computes) and its Python "
+                    "threads' stacks, then who waits for whom. Ranks that do not answer within the deadline "
+                    "are named, never waited on.",
+    )
+    ap.add_argument("address", metavar="HOST:PORT",
+                    help="the job's store: MASTER_ADDR:MASTER_PORT, or torchrun's --rdzv-endpoint")
+    ap.add_argument("--timeout", type=float, default=None, metavar="S",
+                    help="deadline in seconds for the ranks' answers (default 5, more for groups so large that "
+                         "they exchange less often than every 1.3 s)")
+    ap.add_argument("--ranks", metavar="LIST", help="ask only these ranks, e.g. 0-7,12: only they answer, and the "
+                    "verdict covers them alone (needed above 1024 ranks, where each rank asked writes a snapshot of "
+                    "up to about 55 KB + 18 bytes per rank of the job into the store)")
+    ap.add_argument("--all-ranks", action="store_true", help="ask every rank of a job over 1024 ranks anyway")
+    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--html", metavar="FILE", help="also write the post-mortem's page (one lane per rank, the stuck "
+                    "op and the culprits marked) for the live state; rewritten at each --watch refresh")
+    ap.add_argument("--watch", type=float, default=None, metavar="S",
+                    help="ask again every S seconds until interrupted (Ctrl-C)")
+    args = ap.parse_args(argv)
+    if args.timeout is not None and args.timeout <= 0:
+        print(f"error: --timeout {args.timeout:g}: expected a positive number of seconds", file=sys.stderr)
+        return 2
+    try:
+        wanted = parse_ranks(args.ranks) if args.ranks else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _live_loop(args, wanted)
+    except KeyboardInterrupt:  # Ctrl-C: how --watch ends
+        return 0
+
+
+def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
+    from torch_ext.diagnose.live import LiveError, ask, format_text
+
+    while True:
+        try:
+            rep = ask(args.address, timeout=args.timeout, ranks=wanted, all_ranks=args.all_ranks)
+        except LiveError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(json.dumps(rep.to_json(), indent=2) if args.json else format_text(rep), flush=True)
+        if args.html:
+            stamp = datetime.datetime.fromtimestamp(rep.asked_ns / 1e9, datetime.timezone.utc)
+            err = _write_text(args.html, render(rep.analysis(), title=f"torch_ext live report: {args.address} at "
+                                                f"{stamp:%Y-%m-%d %H:%M:%S} UTC"), "--html")
+            if err:
+                print(err, file=sys.stderr)
+                return 1
+            if not args.json:
+                print(f"\nwrote {args.html}")
+        if args.watch is None:
+            return 0
+        # Every rank reads each request once (2 store ops): at most one request per 2 exchange periods, and
+        # per second, keeps a watched job within its store budget.
+        period = max(args.watch, 1.0, 2 * rep.exchange_s)
+        if period > args.watch and not args.json:
+            print(f"(--watch {args.watch:g}: asking every {period:.1f} s, the fastest that keeps this job within "
+                  "its store budget)")
+        time.sleep(period)  # --watch: the refresh period
+        if not args.json:
+            print("\n" + "=" * 79)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0] == "live":
+        return live_main(argv[1:])
     ap = argparse.ArgumentParser(
         prog="python -m torch_ext.diagnose",
         description="Cross-rank analysis of the per-rank dumps a guarded job wrote to TORCH_EXT_DUMP_DIR.",
+        epilog="A job that is running now: torch-ext-diagnose live HOST:PORT (see: live --help).",
     )
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
     ap.add_argument("--html", metavar="FILE", help="also write a self-contained page: one lane per rank, the stuck op "

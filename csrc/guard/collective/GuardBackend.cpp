@@ -84,8 +84,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   id.globalRanks = std::move(globalRanks);
   const auto storeTimeout = std::chrono::milliseconds(static_cast<int64_t>(config.storeTimeoutS * 1000.0));
   auto opened = StoreChannel::open(store, std::move(storeAddress), storeTimeout);
-  auto jobStore = std::make_shared<GroupStore>(opened.channel, std::move(opened.root));
-  auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
+  auto jobStore = std::make_shared<GroupStore>(opened.channel, opened.root);
+  auto guardStore = std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view),
+                                                 std::move(opened.root), std::move(opened.rootPrefix));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   state_->setJobStore(std::move(jobStore));
   checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->config().check);

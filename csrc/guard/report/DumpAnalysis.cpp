@@ -175,7 +175,9 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
 
 } // namespace
 
-std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
+std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
+                                       const std::map<int64_t, StatusRecord>* absent,
+                                       const std::set<int64_t>* notAsked) {
   std::map<std::string, GroupInfo> groups;
   std::map<const RankSnapshot*, std::vector<GroupWait>> waits;  // each dump's, shared by its groups' inputs
   int64_t now = 0;
@@ -199,7 +201,17 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps) {
   for (const auto& [name, info] : groups) {
     GroupFinding f;
     f.groupName = name;
-    const auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
+    auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
+    for (auto& in : inputs) {
+      if (!in.responded && notAsked != nullptr && notAsked->count(in.globalRank)) in.notAsked = true;
+      if (in.responded || absent == nullptr) continue;
+      auto it = absent->find(in.globalRank);
+      if (it == absent->end()) continue;
+      in.statusKnown = true;
+      in.phase = it->second.phase;
+      in.heartbeatNs = it->second.heartbeatNs;
+      in.lastSeq = it->second.lastSeq;
+    }
     int64_t startNs = 0;
     auto inc = oldestPending(inputs, &startNs);
     if (!inc) inc = failedSubject(inputs, f.dumpIncident, &startNs);

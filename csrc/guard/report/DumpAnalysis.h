@@ -12,6 +12,8 @@
 #include "guard/report/Snapshot.h"
 
 #include <cstddef>
+#include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,7 +56,13 @@ struct GroupFinding {
   std::string dumpIncident;  // what made the ranks dump ("hang:57", "manual", ...)
 };
 
-// One finding per group found in the dumps, in group-name order.
-std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snapshots);
+// One finding per group found in the dumps, in group-name order. `absent`:
+// the last status record of ranks (by global rank) that have no snapshot,
+// when known (a live report reads them from the store), so the report says
+// "exited", "left" or how old their heartbeat is.
+// `notAsked`: global ranks a narrowed live report did not ask (RankInput::notAsked).
+std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snapshots,
+                                       const std::map<int64_t, StatusRecord>* absent = nullptr,
+                                       const std::set<int64_t>* notAsked = nullptr);
 
 } // namespace torch_ext

@@ -5,6 +5,7 @@
 // Pure values: the live side captures them (CallSites, the Runtime's stack
 // hook), snapshots and dumps carry them.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,14 @@ struct MainThreadStack {
   std::vector<Frame> frames;  // innermost first, user frames only where possible
   std::string note;           // e.g. "main thread holds the GIL (blocked in native code?)"
   bool available = false;
+};
+
+// Another Python thread's stack (live reports): its ident, its threading name
+// ("" when it has none, e.g. a thread started from C), innermost first.
+struct ThreadStack {
+  uint64_t id = 0;
+  std::string name;
+  std::vector<Frame> frames;
 };
 
 } // namespace torch_ext

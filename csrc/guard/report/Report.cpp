@@ -252,7 +252,9 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
         op.hash = e->hash;
       } else {
         op.issued = false;
-        if (!r.responded) {
+        if (r.notAsked) {
+          op.text = "not asked (outside the live report's ranks)";
+        } else if (!r.responded) {
           op.text = "did not answer (process gone or frozen)";
         } else if (g && g->lastSeq < s) {
           op.text = "has not issued #" + std::to_string(s) + " yet (last #" + std::to_string(g->lastSeq) + ")";
@@ -715,6 +717,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   std::vector<int64_t> waiting, completed;
   std::map<std::string, std::vector<int64_t>> waitingWhere;
   std::vector<const RankInput*> notArrived, gone;
+  std::vector<int64_t> notAsked;
   int64_t earliestStart = 0;
   std::string opText;
   const RankInput* poster = (posterGroupRank >= 0 && posterGroupRank < size) ? &ranks[posterGroupRank] : nullptr;
@@ -722,6 +725,10 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (subj.kind != IncidentSubject::Kind::P2P) {
     for (const auto& r : ranks) {
       const GroupView* g = r.group();
+      if (r.notAsked) {
+        notAsked.push_back(r.globalRank);
+        continue;
+      }
       if (!r.responded) {
         gone.push_back(&r);
         continue;
@@ -759,7 +766,9 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     os << opText << " on group \"" << label << "\" ";
     if (e && e->peer >= 0 && e->peer < size) {
       const RankInput& peer = ranks[e->peer];
-      if (!peer.responded) {
+      if (peer.notAsked) {
+        notAsked.push_back(peer.globalRank);
+      } else if (!peer.responded) {
         gone.push_back(&peer);
       } else {
         const GroupView* peerView = peer.group();
@@ -820,6 +829,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
   endedEarlyLines(os, ranks, gone);
   if (subj.kind != IncidentSubject::Kind::P2P) os << metricSyncLines(ranks, subj.seq);
+  if (!notAsked.empty()) os << "\n  not asked (outside the live report's ranks): " << formatRanks(notAsked);
   for (const auto& r : ranks) {
     const GroupView* g = r.group();
     const EntryView* e = (g && subj.kind != IncidentSubject::Kind::P2P) ? g->bySeq(subj.seq) : nullptr;

@@ -67,6 +67,9 @@ struct RankInput {
   int groupRank = 0;
   int64_t globalRank = 0;
   bool responded = false;
+  // A live report narrowed to some ranks (`torch-ext-diagnose live --ranks`)
+  // did not ask this one: it is neither waiting, late nor gone, just not shown.
+  bool notAsked = false;
   RankSnapshot snapshot;  // valid if responded
   // From its last status in the store, for ranks that did not respond.
   bool statusKnown = false;

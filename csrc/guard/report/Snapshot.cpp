@@ -205,6 +205,17 @@ Json toJson(const RankSnapshot& s) {
   main.set("note", s.main.note);
   main.set("frames", framesJson(s.main.frames));
   j.set("main_thread", main);
+  if (!s.threads.empty()) {
+    Json threads = Json::array();
+    for (const auto& t : s.threads) {
+      Json tj = Json::object();
+      tj.set("id", t.id);
+      tj.set("name", t.name);
+      tj.set("frames", framesJson(t.frames));
+      threads.push(tj);
+    }
+    j.set("threads", threads);
+  }
   Json pgConfig = Json::object();
   Json groups = Json::array();
   for (const auto& g : s.groups) {
@@ -321,6 +332,15 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.main.available = main.at("available").asBool("main_thread.available");
   s.main.note = optString(main, "note");
   s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
+  if (const Json* threads = j.get("threads")) {
+    for (const auto& tj : threads->asArray("threads")) {
+      ThreadStack t;
+      t.id = static_cast<uint64_t>(optInt(tj, "id"));
+      t.name = optString(tj, "name");
+      t.frames = framesFrom(tj.at("frames"), "threads.frames");
+      s.threads.push_back(std::move(t));
+    }
+  }
   for (const auto& g : j.at("groups").asArray("groups")) s.groups.push_back(groupFromJson(g));
   if (const Json* waits = j.get("waits")) {
     for (const auto& w : waits->asArray("waits")) s.waits.push_back(groupWaitFromJson(w));

@@ -151,6 +151,9 @@ struct RankSnapshot {
   // waits (WaitGraph). Empty in dumps of torch_ext before it existed.
   std::vector<GroupWait> waits;
   std::optional<DumpStatus> status;  // dump files only
+  // The process's other Python threads with a Python frame (live reports
+  // only; empty elsewhere, and when the main thread holds the GIL).
+  std::vector<ThreadStack> threads;
 
   const GroupView* group(const std::string& name) const;
 };

@@ -4,6 +4,7 @@
 #include "guard/Runtime.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace torch_ext {
 
@@ -26,6 +27,24 @@ int64_t ticksNs(double intervalS, int n) {
 }
 
 } // namespace
+
+bool IncidentProtocol::liveRequestAsks(const std::string& spec, int64_t globalRank) {
+  // "" (every rank) or "0-7,12": comma-separated ranks and inclusive ranges.
+  if (spec.find_first_not_of(" \n") == std::string::npos) return true;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string part = spec.substr(pos, comma - pos);
+    const size_t dash = part.find('-');
+    char* end = nullptr;
+    const long long lo = std::strtoll(part.c_str(), &end, 10);
+    const long long hi = dash == std::string::npos ? lo : std::strtoll(part.c_str() + dash + 1, nullptr, 10);
+    if (end != part.c_str() && globalRank >= lo && globalRank <= hi) return true;
+    pos = comma + 1;
+  }
+  return false;
+}
 
 int64_t IncidentProtocol::snapWaitNs(double intervalS) {
   return std::max<int64_t>(kMinSnapWaitNs, ticksNs(intervalS, 4));
@@ -111,6 +130,14 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
     auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
     if (nl2 == std::string::npos) continue;
     const std::string iid = desc->substr(0, nl1);
+    if (keys::isLiveRequest(iid)) {
+      // Answered at once (a snapshot costs no store call but its set); nothing to await.
+      if (hooks_.live && liveRequestAsks(desc->substr(nl2 + 1), st_.id().globalRank(st_.id().rank))) {
+        store.set(keys::snapshot(iid, st_.id().rank), hooks_.live(iid));
+        ++liveAnswered_;
+      }
+      continue;
+    }
     auto inc = Incident::fromId(iid);
     if (!inc) continue;
     inc->poster = std::atoll(desc->substr(nl1 + 1, nl2 - nl1 - 1).c_str());
@@ -252,6 +279,16 @@ std::vector<std::string> IncidentProtocol::incidentKeys() {
     if (!desc) continue;
     const std::string iid = desc->substr(0, desc->find('\n'));
     out.push_back(alert);
+    if (keys::isLiveRequest(iid)) {
+      // Only the ranks it asked may have answered (after the asker left, if late).
+      auto nl1 = desc->find('\n');
+      auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
+      const std::string spec = nl2 == std::string::npos ? std::string() : desc->substr(nl2 + 1);
+      for (int r = 0; r < size; ++r) {
+        if (liveRequestAsks(spec, st_.id().globalRank(r))) out.push_back(keys::snapshot(iid, r));
+      }
+      continue;
+    }
     out.push_back(keys::once(iid));
     out.push_back(keys::report(iid));
     for (int r = 0; r < size; ++r) out.push_back(keys::snapshot(iid, r));

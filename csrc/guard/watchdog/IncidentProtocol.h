@@ -14,6 +14,11 @@
 // (a strict p2p check) publishes it before the alert, so the others act on it
 // even if it exits at once.
 //
+// Live requests (`torch-ext-diagnose live`) come in as alerts too, so they
+// cost a job that is never asked nothing beyond the alerts read each exchange
+// already does: each rank answers one with its snapshot and moves on (no
+// analyst, no verdict; the asker analyses).
+//
 // The protocol does store I/O only through GroupStore (bounded calls), takes
 // the time as an argument (tests drive it with a fake clock) and calls back for
 // what it cannot know: this rank's snapshot, and what to do with a verdict.
@@ -43,6 +48,9 @@ class IncidentProtocol {
     // This rank's positions in all its groups, published job-wide with each
     // answer (null: not published).
     std::function<std::vector<GroupWait>()> positions;
+    // This rank's answer to a live request ("live:<token>", StoreKeys.h): its
+    // process-wide snapshot as JSON text. Unset: live requests are ignored.
+    std::function<std::string(const std::string& requestId)> live;
   };
 
   IncidentProtocol(GroupState& state, Hooks hooks);
@@ -61,9 +69,17 @@ class IncidentProtocol {
     return !awaiting_.empty();
   }
   std::vector<Incident> openIncidents() const;
+  // Live requests answered so far.
+  uint64_t liveAnswered() const {
+    return liveAnswered_;
+  }
 
   // The keys of every incident of the group, for the last rank that leaves.
   std::vector<std::string> incidentKeys();
+
+  // Whether a live request for `spec` ("" every rank, or "0-7,12": the
+  // asker's --ranks, in global ranks) asks the rank `globalRank` to answer.
+  static bool liveRequestAsks(const std::string& spec, int64_t globalRank);
 
   // How long an analyst waits for snapshots, and others for its verdict.
   static int64_t snapWaitNs(double intervalS);
@@ -90,6 +106,7 @@ class IncidentProtocol {
   GroupState& st_;
   Hooks hooks_;
   uint64_t alertsSeen_ = 0;
+  uint64_t liveAnswered_ = 0;
   std::set<std::string> posted_;
   std::set<std::string> handled_;
   std::vector<Awaiting> awaiting_;

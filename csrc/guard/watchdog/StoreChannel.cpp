@@ -517,6 +517,7 @@ StoreChannel::Opened StoreChannel::open(const c10::intrusive_ptr<c10d::Store>& g
   out.root = connection;
   for (auto it = prefixes.rbegin(); it != prefixes.rend(); ++it) {
     out.view = c10::make_intrusive<c10d::PrefixStore>(*it, out.view);
+    out.rootPrefix += *it + "/";  // PrefixStore joins "<prefix>/<key>"; the innermost comes first
   }
   return out;
 }
@@ -537,6 +538,14 @@ std::string str(const std::vector<uint8_t>& v) {
 
 GroupStore::GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view)
     : channel_(std::move(channel)), view_(std::move(view)) {}
+
+GroupStore::GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view,
+                       c10::intrusive_ptr<c10d::Store> root, std::string rootPrefix)
+    : channel_(std::move(channel)), view_(std::move(view)), root_(std::move(root)), rootPrefix_(std::move(rootPrefix)) {}
+
+std::string GroupStore::fullPrefix() const {
+  return root_ ? rootPrefix_ + keys::kPrefix : std::string();
+}
 
 std::string GroupStore::full(const std::string& key) {
   return keys::kPrefix + key;
@@ -626,6 +635,17 @@ void GroupStore::deleteKeys(const std::vector<std::string>& keys) {
     for (const auto& k : ks) view->deleteKey(k);
     return true;
   });
+}
+
+bool GroupStore::setRoot(const std::string& key, const std::string& value) {
+  if (!root_) return false;
+  ops_.fetch_add(1, std::memory_order_relaxed);
+  return channel_
+      ->call<bool>("set", [root = root_, k = key, v = bytes(value)] {
+        root->set(k, v);
+        return true;
+      })
+      .ok();
 }
 
 } // namespace torch_ext

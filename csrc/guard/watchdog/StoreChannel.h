@@ -110,8 +110,11 @@ class StoreChannel {
   struct Opened {
     std::shared_ptr<StoreChannel> channel;
     c10::intrusive_ptr<c10d::Store> view;
-    // The same connection without the group's prefixes: the job-wide keys.
+    // The channel's connection to the base store (no prefix), and what the
+    // view's prefixes add in front of a key there ("default_pg/0//cpu/"):
+    // the base-store key of view key k is rootPrefix + k.
     c10::intrusive_ptr<c10d::Store> root;
+    std::string rootPrefix;
   };
   static Opened open(const c10::intrusive_ptr<c10d::Store>& groupStore, StoreAddress address,
                      std::chrono::milliseconds timeout);
@@ -179,6 +182,10 @@ class StoreChannel {
 class GroupStore {
  public:
   GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view);
+  // With the base store and the view's prefix (StoreChannel::Opened), for
+  // setRoot and fullPrefix.
+  GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view,
+             c10::intrusive_ptr<c10d::Store> root, std::string rootPrefix);
 
   bool set(const std::string& key, const std::string& value,
            std::chrono::milliseconds maxWait = std::chrono::milliseconds::max());
@@ -195,6 +202,13 @@ class GroupStore {
   // when the wait ran out; Unavailable when the store failed.
   StoreResult<bool> waitFor(const std::vector<std::string>& keys, std::chrono::milliseconds wait);
   void deleteKeys(const std::vector<std::string>& keys);
+  // Sets `key` in the base store, outside every prefix (keys::kLiveDirectory);
+  // false when the store failed or this view was made without its base.
+  bool setRoot(const std::string& key, const std::string& value);
+  // What every key of this group (guard/ included) carries in front in the
+  // base store: a client of the base store reads key k of this group as
+  // fullPrefix() + k. Empty when made without its base.
+  std::string fullPrefix() const;
 
   StoreHealth health() {
     return channel_->health();
@@ -210,6 +224,8 @@ class GroupStore {
   static std::string full(const std::string& key);
   std::shared_ptr<StoreChannel> channel_;
   c10::intrusive_ptr<c10d::Store> view_;
+  c10::intrusive_ptr<c10d::Store> root_;
+  std::string rootPrefix_;
   std::atomic<uint64_t> ops_{0};
 };
 

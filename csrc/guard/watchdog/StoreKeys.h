@@ -46,6 +46,27 @@ inline std::string once(const std::string& incidentId) {
   return "once/" + incidentId;
 }
 
+// A live report (`torch-ext-diagnose live`, torch_ext.live_report()) rides on
+// the alerts above, so a job nobody asks costs no store operation: the asker
+// (any store client, the CLI's included) adds 1 to alerts and writes
+// alert/<k> = "live:<token>\n-1\n<ranks>" (<ranks>: "" for every rank, or
+// "0-7,12"). Every rank asked sees it at its next exchange and answers under
+// snap/live:<token>/<rank> with its process-wide snapshot;
+// no analyst, no verdict, no once/ key. The asker reads and deletes the
+// snapshots; leave deletes what is left, like any incident's keys.
+inline constexpr const char* kLiveRequestPrefix = "live:";
+inline bool isLiveRequest(const std::string& id) {
+  return id.rfind(kLiveRequestPrefix, 0) == 0;
+}
+
+// torch_ext/live (outside every prefix, in the base store: the one at
+// MASTER_ADDR:MASTER_PORT or torchrun's endpoint): where a live asker finds
+// the default group, as JSON {"version", "prefix" (the full key prefix of the
+// group's guard/ keys), "size", "group"}. Written once by the default group's
+// rank 0 when the group is created (a later job on the same store overwrites
+// it); never deleted (a few bytes; a store outlives no job).
+inline constexpr const char* kLiveDirectory = "torch_ext/live";
+
 // report/<incident id>: the verdict (Verdict JSON). Written by the analyst (or
 // a rank that knew it first), read by every rank; deleted at leave.
 inline std::string report(const std::string& incidentId) {

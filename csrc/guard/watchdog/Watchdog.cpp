@@ -7,6 +7,7 @@
 #include "guard/Runtime.h"
 
 #include <algorithm>
+#include <csignal>
 #include <pthread.h>
 #include <sstream>
 
@@ -41,6 +42,35 @@ std::string abortText(const GroupState& st, const std::string& body) {
   return first + ": " + why + rest;
 }
 
+// TORCH_EXT_LIVE_SIGNAL: the handler only raises a flag (async-signal-safe);
+// the watchdog thread sees it at its next tick and asks the runtime for the
+// live report, which the Python side makes on a thread of its own.
+std::atomic<int> g_liveSignalPending{0};
+std::atomic<bool> g_liveSignalInstalled{false};
+
+extern "C" void onLiveSignal(int sig) {
+  g_liveSignalPending.store(sig, std::memory_order_relaxed);
+}
+
+// Once per process, from the first guarded group's config. Never replaces a
+// handler someone else installed (a launcher's or the application's own).
+void installLiveSignal(int sig) {
+  if (sig == 0 || g_liveSignalInstalled.exchange(true)) return;
+  struct sigaction old {};
+  if (sigaction(sig, nullptr, &old) != 0) return;
+  if (old.sa_handler != SIG_DFL || (old.sa_flags & SA_SIGINFO) != 0) {
+    logMessage(LogLevel::Debug, "torch_ext: " + detail::signalName(sig) +
+                                    " already has a handler: live reports by signal are off in this process "
+                                    "(TORCH_EXT_LIVE_SIGNAL picks another signal)");
+    return;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = onLiveSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // a blocked read or wait of the application's goes on
+  sigaction(sig, &sa, nullptr);
+}
+
 } // namespace
 
 Watchdog& Watchdog::instance() {
@@ -61,14 +91,38 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                      return toJson(snap).dump();
                    },
                    [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); },
-                   [&dog] { return dog.positions(); }}) {}
+                   [&dog] { return dog.positions(); },
+                   [&dog](const std::string& requestId) {
+                     // Every group, a window of each: the asker analyses them all.
+                     ++dog.liveAnswered_;
+                     RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow);
+                     snap.threads = Runtime::instance().threadStacks(std::chrono::milliseconds(200));
+                     return toJson(snap).dump();
+                   }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
   const std::string v = StatusRecord::of(RankPhase::Running, wallNs(), Progress{}).encode();
   store.set(keys::kPrefix + keys::status(rank), std::vector<uint8_t>(v.begin(), v.end()));
 }
 
+void Watchdog::publishLiveDirectory(const std::shared_ptr<GroupState>& state) {
+  if (state->id().rank != 0) return;
+  GroupStore& store = state->store();
+  const std::string prefix = store.fullPrefix();
+  if (prefix.empty()) return;  // a store without a base we can reach: no live reports
+  Json j = Json::object();
+  j.set("version", 1);
+  j.set("prefix", prefix);
+  j.set("size", state->id().size);
+  j.set("group", state->id().name);
+  j.set("exchange_s", state->exchangeIntervalS());  // how often ranks read requests: the asker's default deadline
+  const std::string text = j.dump();
+  // On the I/O thread: creating the group never waits on the store for this.
+  store.channel().post([st = state, text] { st->store().setRoot(keys::kLiveDirectory, text); });
+}
+
 void Watchdog::add(const std::shared_ptr<GroupState>& state) {
+  installLiveSignal(state->config().liveSignal);
   auto ctx = std::make_shared<GroupCtx>(*this, state);
   std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back(ctx);
@@ -270,6 +324,7 @@ Watchdog::Stats Watchdog::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& g : groups_) s.storeOps += g->state->store().ops();
   s.groups = groups_.size();
+  s.liveAnswered = liveAnswered_.load();
   s.running = thread_.joinable();
   return s;
 }
@@ -303,6 +358,9 @@ void Watchdog::loop() {
       }
     }
     dumpFile_.update();  // a waiting dump whose hang resolved becomes "recovered"
+    if (const int sig = g_liveSignalPending.exchange(0, std::memory_order_relaxed)) {
+      Runtime::instance().liveReport(sig);  // TORCH_EXT_LIVE_SIGNAL arrived since the last tick
+    }
   }
 }
 

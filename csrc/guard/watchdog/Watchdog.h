@@ -19,8 +19,10 @@
 // (kept as their last known state; in async mode their rolling hashes are
 // compared at the lower of the two seqs, and a difference raises a mismatch
 // incident), post the incidents the watchdog thread asked for, and take part
-// in the group's incidents (IncidentProtocol). O(1) store operations per rank
-// and tick whatever the world size.
+// in the group's incidents (IncidentProtocol) and live requests (answered with
+// this process's snapshot of every group). O(1) store operations per rank and
+// tick whatever the world size; a live request costs each rank two more (read
+// the request, write its snapshot), once.
 //
 // Exit: no exit path joins a thread that may be stuck or waits on the store.
 // At interpreter exit (atExit) every group says "exited" where the store
@@ -54,6 +56,10 @@ class Watchdog {
   static Watchdog& instance();
 
   void add(const std::shared_ptr<GroupState>& state);
+  // The default group's rank 0: writes where a live asker (`torch-ext-diagnose
+  // live HOST:PORT`) finds the group's keys (keys::kLiveDirectory, in the base
+  // store), on the store's I/O thread. Once per group creation; no-op elsewhere.
+  void publishLiveDirectory(const std::shared_ptr<GroupState>& state);
   // Stops watching the group: publishes "left" and, on the last rank to
   // leave, removes the group's keys. The thread ends with the last group.
   void remove(const std::shared_ptr<GroupState>& state);
@@ -103,6 +109,7 @@ class Watchdog {
     uint64_t ticks = 0;
     uint64_t storeOps = 0;
     uint64_t incidents = 0;
+    uint64_t liveAnswered = 0;  // live requests this process answered
     size_t groups = 0;
     bool running = false;
   };
@@ -182,6 +189,7 @@ class Watchdog {
   uint64_t suppressedTickFailures_ = 0;  // watchdog thread only
   std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
+  std::atomic<uint64_t> liveAnswered_{0};
   std::atomic<bool> dumpWarned_{false};
   DumpFile dumpFile_;  // the last dump written, whose state follows the job
 };
