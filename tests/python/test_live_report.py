@@ -10,6 +10,7 @@ exception, every rank exits normally). Run with the store in the test process
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import json
@@ -205,63 +206,57 @@ def _plain_job(rank: int, world: int, ctl: str, gone_rank: int) -> dict:
     return {}
 
 
-def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
-    """A rank that cannot answer at all (SIGSTOP: its watchdog thread is stopped too) is named, not waited on."""
-    ctl = str(tmp_path)
+@contextlib.contextmanager
+def _stopped(ctl: str, world: int, rank: int, store: str):
+    """Runs _plain_job on `world` ranks, stops `rank` (SIGSTOP) once every rank is ready and yields
+    (the store port, a function that resumes it); on the way out resumes it, releases the job and
+    checks every rank ended well."""
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(
-        results=run_ranks(_plain_job, 3, ctl, 2, env=ENV, timeout=120, store="parent")))
+        results=run_ranks(_plain_job, world, ctl, rank, env=ENV, timeout=120, store=store)))
     runner.start()
-    stopped = None
+    stopped = {"pid": None}
+
+    def resume() -> None:
+        if stopped["pid"]:
+            os.kill(stopped["pid"], signal.SIGCONT)
+            stopped["pid"] = None
     try:
         ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
-        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(3)), "the ranks")
-        info = {r: json.load(open(ready(r))) for r in range(3)}
-        stopped = info[2]["pid"]
-        os.kill(stopped, signal.SIGSTOP)
+        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(world)), "the ranks")
+        info = {r: json.load(open(ready(r))) for r in range(world)}
+        stopped["pid"] = info[rank]["pid"]
+        os.kill(stopped["pid"], signal.SIGSTOP)
+        yield info[0]["port"], resume
+    finally:
+        resume()
+        open(os.path.join(ctl, "release"), "w").close()
+        runner.join(150)
+    assert_all_ok(out["results"])
+
+
+def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
+    """A rank that cannot answer at all (SIGSTOP: its watchdog thread is stopped too) is named, not waited on."""
+    with _stopped(str(tmp_path), 3, 2, "parent") as (port, _):
         start = time.monotonic()
-        p = _cli(f"127.0.0.1:{info[0]['port']}", "--timeout", "2")
+        p = _cli(f"127.0.0.1:{port}", "--timeout", "2")
         took = time.monotonic() - start
         assert p.returncode == 0, p.stdout + p.stderr
         assert "2 of 3 answered" in p.stdout, p.stdout
         assert "[absent] rank 2: did not answer within 2.0 s: last heartbeat" in p.stdout, p.stdout
         assert took < 2 + 10, took
-    finally:
-        if stopped:
-            os.kill(stopped, signal.SIGCONT)
-        open(os.path.join(ctl, "release"), "w").close()
-        runner.join(150)
-    assert_all_ok(out["results"])
 
 
 def test_a_stopped_store_host_is_named_within_the_deadline(tmp_path):
     """Under plain env:// rank 0's process serves the store: stopped, it cannot answer, and the command says so."""
-    ctl = str(tmp_path)
-    out: dict = {}
-    runner = threading.Thread(target=lambda: out.update(
-        results=run_ranks(_plain_job, 2, ctl, 0, env=ENV, timeout=120, store="rank0")))
-    runner.start()
-    stopped = None
-    try:
-        ready = lambda r: os.path.join(ctl, f"ready{r}")  # noqa: E731
-        _wait(lambda: all(os.path.exists(ready(r)) and os.path.getsize(ready(r)) for r in range(2)), "the ranks")
-        info = json.load(open(ready(0)))
-        stopped = info["pid"]
-        os.kill(stopped, signal.SIGSTOP)
+    with _stopped(str(tmp_path), 2, 0, "rank0") as (port, resume):
         start = time.monotonic()
-        p = _cli(f"127.0.0.1:{info['port']}", "--timeout", "2")
+        p = _cli(f"127.0.0.1:{port}", "--timeout", "2")
         took = time.monotonic() - start
-        os.kill(stopped, signal.SIGCONT)  # well within the job's store timeout: the job goes on
-        stopped = None
+        resume()  # well within the job's store timeout: the job goes on
         assert p.returncode == 2, p.stdout + p.stderr
         assert "does not answer" in p.stderr and "frozen, stopped or overloaded" in p.stderr, p.stderr
         assert took < 2 + 10, took
-    finally:
-        if stopped:
-            os.kill(stopped, signal.SIGCONT)
-        open(os.path.join(ctl, "release"), "w").close()
-        runner.join(150)
-    assert_all_ok(out["results"])
 
 
 def test_store_unreachable_is_said_at_once():
