@@ -149,8 +149,10 @@ std::shared_ptr<Watchdog::GroupCtx> Watchdog::find(const GroupState* state) {
 }
 
 void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
-  if (!exiting() && state->failed()) {
-    if (auto watched = find(state.get())) lingerForPeers(*watched);  // destroy_process_group() of a failed group
+  if (state->failed()) groupFailed_.store(true);
+  if (!exiting() && groupFailed_.load()) {
+    // destroy_process_group() after a failure of this group or another.
+    if (auto watched = find(state.get())) lingerForPeers(*watched, true);
   }
   std::shared_ptr<GroupCtx> ctx;
   std::thread toJoin;
@@ -247,7 +249,8 @@ std::vector<std::string> Watchdog::atExit() {
     auto f = st.failure();
     if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) mismatches.push_back(f->report);
   }
-  for (auto& g : groups) lingerForPeers(*g);
+  for (auto& g : groups) groupFailed_.store(groupFailed_.load() || g->state->failed());
+  for (auto& g : groups) lingerForPeers(*g, groupFailed_.load());
   // A clean exit (no group failed) finishes a dump that recovered.
   dumpFile_.update();
   if (std::none_of(groups.begin(), groups.end(), [](const auto& g) { return g->state->failed(); })) {
@@ -287,13 +290,16 @@ std::vector<std::string> Watchdog::atExit() {
   return mismatches;
 }
 
-void Watchdog::lingerForPeers(GroupCtx& ctx) {
+void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   // Under plain env:// this process hosts the store. Leaving a failed group at
   // once would take the verdict's keys with it, and peers that have not read
   // them yet (they poll each tick) would report a lost store instead of the
-  // failure. Stay, bounded, until every peer has left or exited.
+  // failure. Stay, bounded, until every peer has left or exited. The same for
+  // every group once any of this process's groups failed: in a deadlock across
+  // groups this rank's group fails first, while a peer elsewhere (a pipeline
+  // stage) still waits for its own group's verdict through this store.
   GroupState& st = *ctx.state;
-  if (!st.failed() || st.store().health() != StoreHealth::Healthy) return;
+  if (!(afterFailure || st.failed()) || st.store().health() != StoreHealth::Healthy) return;
   if (st.store().channel().address().hostRank != st.id().globalRank(st.id().rank)) return;
   const int size = st.id().size;
   std::vector<std::string> keys;

@@ -153,7 +153,13 @@ class Watchdog {
   // Fails the group when its store is lost; false then.
   // At exit from a failed group whose store this process hosts: waits
   // (bounded) until the peers have left, so they can still read the verdict.
-  void lingerForPeers(GroupCtx& ctx);
+  // `afterFailure`: some group of this process failed (this one or another:
+  // a deadlock across groups fails them one after the other, and a peer in a
+  // group that has not failed yet still needs the store for its verdict).
+  void lingerForPeers(GroupCtx& ctx, bool afterFailure);
+  // Some group of this process has failed (sticky: a failed group destroyed
+  // before the others still counts when they are left).
+  std::atomic<bool> groupFailed_{false};
   // Raises an incident for each stream-ordered work found failed by polling.
   void reportPolledFailures(GroupCtx& ctx);
   bool checkStore(GroupCtx& ctx, const Progress& p);
