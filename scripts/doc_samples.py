@@ -163,6 +163,9 @@ _MASKS = [
     # Which rank's gloo saw a closed connection first is a race.
     (re.compile(r"rank \d+ saw: <gloo error>"), "rank <r> saw: <gloo error>"),
     (re.compile(r"\bpid \d+"), "pid <n>"),
+    # A silent rank's last status may have been published just before or just after it issued
+    # its next collective (rank0-dies: "issued #3" or "#4" on the rank that was waiting).
+    (re.compile(r"(last heartbeat <n> s ago, issued #)\d+"), r"\1<n>"),
     (re.compile(r"\(host [^,\s]+,"), "(host <host>,"),
     (re.compile(r"\b\d{16,}\b"), "<ns>"),
 ]
