@@ -96,8 +96,7 @@ def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
     completion path across threads. Each round times every group once, in a
     shuffled order, as CPU time of all threads per call; returns the per-round
     figures of each group. ``with_label``: one more guard(fake) group, timed
-    inside ``torch_ext.label(...)`` (a label with an origin and a ``metric`` field, which the
-    guard mixes into the fingerprint: the costliest label), in the same rounds."""
+    inside ``torch_ext.label(...)`` (a label with an origin), in the same rounds."""
     import random
 
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
@@ -130,7 +129,7 @@ def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
         rng.shuffle(order)
         for name, g in order:
             s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-            with torch_ext.label("metric 'loss'", origin=origin, metric="loss") if name == LABELLED else contextlib.nullcontext():
+            with torch_ext.label("metric 'loss'", origin=origin) if name == LABELLED else contextlib.nullcontext():
                 c0, m0 = time.process_time(), time.thread_time()
                 for _ in range(iters):
                     dist.all_reduce(t, group=g)
