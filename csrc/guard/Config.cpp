@@ -86,6 +86,23 @@ double parseSeconds(const std::string& text, const std::string& what, double lo,
   return v;
 }
 
+double parseShare(const std::string& text, const std::string& what) {
+  std::string t = lower(trim(text));
+  const std::string accepted = "a share of the time such as 0.05 or 5% (below 1), or off";
+  if (t == "off" || t == "none" || t == "false") return 0.0;
+  double scale = 1.0;
+  if (!t.empty() && t.back() == '%') {
+    scale = 0.01;
+    t = trim(t.substr(0, t.size() - 1));
+  }
+  if (t.empty()) bad(what, text, accepted);
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(t.c_str(), &end) * scale;
+  if (errno != 0 || end != t.c_str() + t.size() || !std::isfinite(v) || v < 0 || v >= 1) bad(what, text, accepted);
+  return v;
+}
+
 int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
   std::string t = trim(text);
   std::ostringstream acc;
@@ -165,9 +182,15 @@ std::vector<std::string> parsePackageNames(const std::string& text, const std::s
 
 } // namespace detail
 
+int stragglerLookEvery(int groupSize) {
+  // Small groups are far below any budget: look at every exchange.
+  return groupSize <= 64 ? 1 : 8;
+}
+
 double exchangeIntervalS(double intervalS, double storeBudget, int groupSize) {
   if (storeBudget <= 0 || groupSize <= 1) return intervalS;
-  return std::max(intervalS, kStoreOpsPerExchange * static_cast<double>(groupSize) / storeBudget);
+  const double opsPerRank = kStoreOpsPerExchange + 1.0 / stragglerLookEvery(groupSize);
+  return std::max(intervalS, opsPerRank * static_cast<double>(groupSize) / storeBudget);
 }
 
 namespace {
@@ -241,7 +264,7 @@ const std::vector<Setting>& settings() {
        [](const Config& c) { return std::string(c.callSites ? "1" : "0"); }},
       {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000",
        "Store operations per second the guard's watchdogs may spend across the whole job (0: no budget). Groups "
-       "larger than budget * interval / 3 ranks (1,333 with the defaults) exchange statuses less often, and their "
+       "larger than budget * interval / 3.125 ranks (1,280 with the defaults) exchange statuses less often, and their "
        "reports and checks take proportionally longer.",
        [](Config& c, const std::string& v, const std::string& what) {
          c.storeBudget = static_cast<double>(detail::parseInt(v, what, 0, 1'000'000'000));
@@ -269,6 +292,15 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.liveSignal = detail::parseSignal(v, what); },
        [](const Config& c) -> SettingValue { return detail::signalName(c.liveSignal); },
        [](const Config& c) { return detail::signalName(c.liveSignal); }},
+      {"straggler", "TORCH_EXT_STRAGGLER", "0.05",
+       "Straggler report: a rank is named when, over several windows of collectives, the other ranks waited for it at "
+       "least this share of their time (0.05, or 5%); off or 0: no analysis, no warning. Group rank 0 analyses what "
+       "every rank publishes and logs a rate-limited warning; torch_ext.stragglers() returns the figures.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.stragglerThreshold = detail::parseShare(v, what);
+       },
+       [](const Config& c) -> SettingValue { return c.stragglerThreshold; },
+       [](const Config& c) { return c.stragglerThreshold > 0 ? number(c.stragglerThreshold) : std::string("off"); }},
   };
   return table;
 }

@@ -41,9 +41,15 @@ inline const char* checkModeName(CheckMode mode) {
 // neighbours' multi_get, the alert counter), which the store budget divides.
 constexpr int kStoreOpsPerExchange = 3;
 
+// Exchanges between two looks of the straggler analyst (group rank 0) at
+// every rank's status: each look reads the group's `size` records, so it adds
+// 1 / every read per rank and exchange (counted in exchangeIntervalS).
+int stragglerLookEvery(int groupSize);
+
 // Seconds between two store exchanges of a rank in a group of `groupSize`:
 // the configured interval, stretched so that the group's ranks together stay
-// within the store budget (interval at 1,300 ranks and below with the defaults).
+// within the store budget (interval at 1,280 ranks and below with the defaults;
+// the straggler analyst's reads count as 1/8 operation per rank above 64 ranks).
 double exchangeIntervalS(double intervalS, double storeBudget, int groupSize);
 
 // Raised for a malformed setting; the message names the source and the fix.
@@ -74,6 +80,9 @@ struct Config {
   std::vector<std::string> libraryPackages;
   // Signal that makes this rank log the live report of the whole job (0: none).
   int liveSignal = SIGUSR2;  // parsed by name (detail::parseSignal)
+  // A rank is a straggler in a window of collectives when the other ranks'
+  // median wait exceeds its own by this share of the window's time (0: off).
+  double stragglerThreshold = 0.05;
 
   // Where each setting came from, for error messages: "TORCH_EXT_INNER" or
   // "GuardOptions(inner=...)". Only settings that were given are present.
@@ -150,6 +159,8 @@ CheckMode parseCheckMode(const std::string& text, const std::string& what);
 int parseSignal(const std::string& text, const std::string& what);
 // The name parseSignal reads back: "SIGUSR2", "SIGRTMIN+3", "off".
 std::string signalName(int sig);
+// "0.05", "5%", "off" -> a share in [0, 1) (0: off).
+double parseShare(const std::string& text, const std::string& what);
 // Parses "mylab,mylab_utils.trainer" (comma-separated importable package names).
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what);
 } // namespace detail

@@ -135,6 +135,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("exchange_interval", &torch_ext::exchangeIntervalS, py::arg("interval"), py::arg("store_budget"),
         py::arg("group_size"),
         "Seconds between two store exchanges of a rank in a group of group_size ranks under the store budget.");
+  m.def("straggler_look_every", &torch_ext::stragglerLookEvery, py::arg("group_size"),
+        "Exchanges between two reads of every rank's status by the straggler analyst (group rank 0).");
 
   m.def(
       "_announce", [](const c10::intrusive_ptr<c10d::Store>& store, int rank) { torch_ext::Watchdog::announce(*store, rank); },
@@ -264,6 +266,13 @@ PYBIND11_MODULE(_C, m) {
     auto& r = torch_ext::WorkRetirement::instance();
     return py::make_tuple(r.kept(), r.scans());
   });
+  // The group's straggler analysis (JSON; "" when none yet).
+  m.def(
+      "_stragglers",
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        return torch_ext::Watchdog::instance().stragglers(asGuard(b).state().get());
+      },
+      py::arg("backend"), py::call_guard<py::gil_scoped_release>());
   // check="verify": the verifier's counters (None in other modes or at world size 1).
   m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     torch_ext::Verifier* v = asGuard(b).state()->verifier();

@@ -29,6 +29,11 @@ uint32_t CallSites::intern(const std::vector<Frame>& frames) {
   if (sites_.size() >= kMaxSites) return 0;
   auto id = static_cast<uint32_t>(sites_.size());
   sites_.push_back(frames);
+  uint64_t stable = 1469598103934665603ull;  // FNV-1a: the same on every rank
+  for (unsigned char c : key) stable = (stable ^ c) * 1099511628211ull;
+  if (stable == 0) stable = 1;
+  stableKeys_.push_back(stable);
+  byStableKey_.emplace(stable, id);
   byKey_.emplace(std::move(key), id);
   return id;
 }
@@ -37,6 +42,17 @@ std::vector<Frame> CallSites::frames(uint32_t id) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (id >= sites_.size()) return {};
   return sites_[id];
+}
+
+uint64_t CallSites::stableKey(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return id < stableKeys_.size() ? stableKeys_[id] : 0;
+}
+
+uint32_t CallSites::byStableKey(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = byStableKey_.find(key);
+  return it == byStableKey_.end() ? 0 : it->second;
 }
 
 std::string CallSites::describe(uint32_t id) const {

@@ -29,6 +29,11 @@ class CallSites {
   // Frames of `id`; empty for 0 or an unknown id.
   std::vector<Frame> frames(uint32_t id) const;
   std::string describe(uint32_t id) const;  // describeCallSite(frames(id))
+  // The same on every rank for the same frames (a hash of them), unlike the
+  // id: how ranks name a call site to each other (straggler windows). 0 for 0.
+  uint64_t stableKey(uint32_t id) const;
+  // The id this process gave the frames of `stableKey` (0: never seen here).
+  uint32_t byStableKey(uint64_t key) const;
 
   void setProvider(Provider provider) {
     provider_.store(provider, std::memory_order_release);
@@ -44,6 +49,8 @@ class CallSites {
   mutable std::mutex mu_;
   std::vector<std::vector<Frame>> sites_{std::vector<Frame>{}};  // index 0: unknown
   std::unordered_map<std::string, uint32_t> byKey_;
+  std::vector<uint64_t> stableKeys_{0};  // by id
+  std::unordered_map<uint64_t, uint32_t> byStableKey_;
   std::atomic<Provider> provider_{nullptr};
 };
 

@@ -10,7 +10,10 @@ GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore>
       cfg_(std::move(cfg)),
       store_(std::move(store)),
       timeout_(timeout),
-      ledger_(static_cast<size_t>(cfg_.ledgerSize)) {}
+      ledger_(static_cast<size_t>(cfg_.ledgerSize)) {
+  // Alone in a group, or with the straggler report off, nobody compares waits.
+  ledger_.setTimeWaits(cfg_.stragglerThreshold > 0 && id_.size > 1);
+}
 
 std::chrono::milliseconds GroupState::warnAfter() const {
   return std::chrono::milliseconds(static_cast<int64_t>(cfg_.warnAfterS * 1000.0));

@@ -96,8 +96,10 @@ bool Ledger::stillPending(Entry& e, int64_t now) {
   return false;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, const std::string& error) {
+c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, const std::string& error, bool timed) {
   const int64_t now = wallNs();
+  timed = timed && timeWaits_;
+  const int64_t nowSteady = timed ? steadyNs() : 0;
   std::lock_guard<std::mutex> lock(mu_);
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   if (!futures_.empty()) {
@@ -115,6 +117,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
       if (it->second.seq > lastCompletedSeq_) lastCompletedSeq_ = it->second.seq;
       lastCompletedNs_ = now;
       if (ok) {
+        if (timed) waits_.add(it->second.seq, it->second.startSteadyNs, nowSteady, it->second.callSite);
         evicted_.erase(it);  // done: no longer kept outside the ring
       } else {
         // Kept, failed, for the failure's report (byId).
@@ -129,6 +132,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
   e->state = ok ? EntryState::Completed : EntryState::Failed;
   e->endNs = now;
   if (!ok) e->error = error;
+  if (ok && timed) waits_.add(e->seq, e->startSteadyNs, nowSteady, e->callSite);
   if (e->seq > lastCompletedSeq_) lastCompletedSeq_ = e->seq;
   lastCompletedNs_ = now;
   return fut;
@@ -227,7 +231,7 @@ void Ledger::pollCompletions() {
       err = ex.what();
     }
     if (!finished) continue;
-    complete(p.id, ok, err);
+    complete(p.id, ok, err, /*timed=*/false);
     done.push_back(p.id);
     if (!ok && p.reportFailure) failures.emplace_back(p.id, err);
   }
@@ -252,6 +256,11 @@ std::vector<std::pair<uint64_t, std::string>> Ledger::takePolledFailures() {
   std::vector<std::pair<uint64_t, std::string>> out;
   out.swap(polledFailures_);
   return out;
+}
+
+std::vector<WaitWindow> Ledger::waitWindows() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waits_.closed();
 }
 
 Progress Ledger::progress() {

@@ -17,6 +17,7 @@
 // it a few times per tick.
 
 #include "guard/collective/Fingerprint.h"
+#include "guard/collective/WaitWindows.h"
 #include "guard/report/StatusRecord.h"  // SeqProgress
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -79,8 +80,11 @@ class Ledger {
                   uint64_t* rolling = nullptr, uint32_t label = 0);
   // Marks a record finished (the ring entry too, unless overwritten) and hands
   // back the future registered with track(), which the caller must complete.
-  // Only the first completion of a record gets the future.
-  c10::intrusive_ptr<c10::ivalue::Future> complete(uint64_t id, bool ok, const std::string& error = std::string());
+  // Only the first completion of a record gets the future. `timed`: now is
+  // when it completed (not when a poll noticed it), so its wait counts in
+  // waitWindows().
+  c10::intrusive_ptr<c10::ivalue::Future> complete(uint64_t id, bool ok, const std::string& error = std::string(),
+                                                   bool timed = true);
   // The future a GuardWork hands out for record `id`, handed back by complete()
   // or failPending(). Returns false, keeping nothing, when the record has
   // finished already (the caller completes the future itself).
@@ -105,6 +109,13 @@ class Ledger {
                    std::vector<c10::intrusive_ptr<c10d::Work>>* works);
 
   Progress progress();
+  // Whether completions are timed into waitWindows() (on by default). Set
+  // before the first operation.
+  void setTimeWaits(bool on) {
+    timeWaits_ = on;
+  }
+  // The closed wait windows of this rank (WaitWindows), for its status record.
+  std::vector<WaitWindow> waitWindows() const;
   // Record `id`, if the ring still holds it (or kept it as the oldest pending).
   std::optional<Entry> byId(uint64_t id) const;
   // The record of collective `seq`, if the ring still holds it.
@@ -147,6 +158,8 @@ class Ledger {
   // (the oldest are kept); each leaves when it completes.
   std::map<uint64_t, Entry> evicted_;
   std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_;
+  WaitWindows waits_;
+  bool timeWaits_ = true;
 };
 
 int64_t wallNs();

@@ -31,6 +31,7 @@ std::string StatusRecord::encode() const {
   std::ostringstream os;
   os << "v2 " << nameIn(kPhaseTags, phase) << " " << heartbeatNs << " " << lastSeq << " " << hex64(rolling) << " "
      << lastCompletedSeq;
+  if (!waits.empty()) os << " w " << waits;
   return os.str();
 }
 
@@ -41,7 +42,11 @@ std::optional<StatusRecord> StatusRecord::decode(const std::string& text) {
   is >> version >> phase >> s.heartbeatNs >> s.lastSeq >> rolling >> s.lastCompletedSeq;
   if (!is || version != "v2") return std::nullopt;
   std::string rest;
-  if (is >> rest) return std::nullopt;  // trailing garbage
+  if (is >> rest) {
+    if (rest != "w") return std::nullopt;  // trailing garbage
+    std::getline(is >> std::ws, s.waits);
+    if (s.waits.empty()) return std::nullopt;
+  }
   const auto parsedPhase = valueIn(kPhaseTags, phase);
   if (!parsedPhase) return std::nullopt;
   s.phase = *parsedPhase;

@@ -15,13 +15,13 @@
 
 namespace torch_ext {
 
-namespace {
-
 std::string hostname() {
   char buf[256] = {0};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "";
   return buf;
 }
+
+namespace {
 
 bool makeDirs(const std::string& path) {
   std::string cur;

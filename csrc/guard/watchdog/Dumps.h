@@ -18,6 +18,9 @@
 namespace torch_ext {
 
 // A ledger record as reports and dumps see it (call site resolved).
+// This machine's name ("" when it has none).
+std::string hostname();
+
 EntryView entryView(const Entry& e);
 // The most recent `maxEntries` records of a group, with its progress.
 GroupView groupView(GroupState& state, size_t maxEntries);

@@ -98,6 +98,12 @@ inline std::string p2pPrint(int src, int dst, int tag, uint64_t ordinal) {
          std::to_string(ordinal);
 }
 
+// stragglers: the straggler analysis of the group (JSON, what
+// torch_ext.stragglers() returns). Written by group rank 0, the analyst, when
+// whom it names changes and at most every 10 s otherwise; read on demand by
+// any rank that asks; deleted at leave.
+inline constexpr const char* kStragglers = "stragglers";
+
 // waits/<global rank>: JOB-WIDE (in the store under every group's prefix, so
 // the one key of this file outside the lifetime rule above): the rank's
 // positions in all its groups (PublishedWaits), written by that rank each time

@@ -1,6 +1,7 @@
 #include "guard/watchdog/Watchdog.h"
 
 #include "guard/report/Messages.h"
+#include "guard/collective/CallSite.h"
 #include "guard/collective/Verifier.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/StoreKeys.h"
@@ -26,6 +27,52 @@ constexpr double kOpenIntervalS = 0.05;
 // An exchange comes due this much before its period ends, so that one due at
 // a tick is not put off to the next by the tick's jitter.
 constexpr int64_t kTickSlackNs = 10'000'000;
+// A named straggler is warned about again (same rank, same call site) after
+// this long. The analysis is written to the store for the other ranks when
+// whom it names changes, else this often (its figures).
+constexpr int64_t kStragglerRewarnNs = 300'000'000'000;
+constexpr int64_t kStragglerRepublishNs = 10'000'000'000;
+// The last collectives whose pattern gives the collectives per training step.
+constexpr size_t kStepPatternEntries = 256;
+constexpr uint64_t kSetupCollectives = 8;
+
+// This rank's closed wait windows as its status record carries them.
+std::string publishedWaits(GroupState& st) {
+  static const std::string host = [] {
+    std::string h = hostname();
+    h = h.substr(0, h.find('.'));
+    for (char& c : h) {
+      if (c == ' ' || c == ':' || c == '\n') c = '_';
+    }
+    return h.substr(0, 32);
+  }();
+  RankWaits mine;
+  mine.windows = st.ledger().waitWindows();
+  if (mine.windows.empty()) return "";
+  mine.host = host;
+  for (auto& w : mine.windows) w.siteKey = CallSites::instance().stableKey(w.site);
+  return mine.encode();
+}
+
+// Names for the board's findings, and the collectives per step: the period
+// of the recent collectives' pattern (call site and fingerprint).
+StragglerContext stragglerContext(GroupState& st, const StragglerBoard& board) {
+  StragglerContext c;
+  c.group = st.label();
+  c.globalRanks = st.id().globalRanks;
+  auto& sites = CallSites::instance();
+  auto name = [&](uint64_t key) {
+    if (key != 0 && !c.sites.count(key)) c.sites[key] = sites.describe(sites.byStableKey(key));
+  };
+  for (const auto& w : board.history()) name(w.siteKey);
+  std::vector<uint64_t> pattern;
+  for (const auto& e : st.ledger().entries(kStepPatternEntries)) {
+    // The group's first collectives are set-up (DDP's broadcasts), not steps.
+    if (e.seq > kSetupCollectives) pattern.push_back(e.fp.hash * 1000003u ^ e.callSite);
+  }
+  if (const size_t p = StragglerBoard::period(pattern)) c.collectivesPerStep = static_cast<double>(p);
+  return c;
+}
 
 std::string abortText(const GroupState& st, const std::string& body) {
   // The first line says "timeout" in so many words: retry logic (and torch's
@@ -222,6 +269,7 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   std::vector<std::string> written = ctx.protocol.incidentKeys();
   for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
   written.push_back(keys::kLeave);
+  written.push_back(keys::kStragglers);
   store.deleteKeys(written);
 }
 
@@ -542,8 +590,9 @@ void Watchdog::exchange(GroupCtx& ctx) {
   const Progress p = st.ledger().progress();
   const int64_t now = wallNs();
 
-  // Status / heartbeat.
+  // Status / heartbeat, with this rank's collective waits.
   StatusRecord mine = StatusRecord::of(RankPhase::Running, now, p);
+  if (st.config().stragglerThreshold > 0 && size > 1) mine.waits = publishedWaits(st);
   if (!mine.sameProgress(ctx.lastPublished) || now - ctx.lastPublishNs > kHeartbeatNs) {
     if (store.set(keys::status(rank), mine.encode())) {
       ctx.lastPublished = mine;
@@ -588,9 +637,69 @@ void Watchdog::exchange(GroupCtx& ctx) {
     }
   }
 
+  if (rank == 0 && size > 1 && st.config().stragglerThreshold > 0 && !st.failed() &&
+      ++ctx.exchanges % static_cast<uint64_t>(stragglerLookEvery(size)) == 0) {
+    lookForStragglers(ctx);
+  }
+
   // Incidents.
   ctx.protocol.progress(now);
   ctx.open = ctx.protocol.open();
+}
+
+void Watchdog::lookForStragglers(GroupCtx& ctx) {
+  GroupState& st = *ctx.state;
+  GroupStore& store = st.store();
+  const int size = st.id().size;
+  std::vector<std::string> statusKeys;
+  for (int r = 0; r < size; ++r) statusKeys.push_back(keys::status(r));
+  if (!ctx.allStatusSeen) {
+    // multi_get waits for a missing key: read only once every rank has said something.
+    auto there = store.check(statusKeys);
+    if (!there.ok() || !there.value) return;
+    ctx.allStatusSeen = true;
+  }
+  auto values = store.multiGet(statusKeys);
+  if (!values.ok() || values.value.size() != statusKeys.size()) return;
+  std::vector<std::optional<RankWaits>> ranks(size);
+  for (int r = 0; r < size; ++r) {
+    auto rec = StatusRecord::decode(values.value[r]);
+    if (rec && rec->phase == RankPhase::Running && !rec->waits.empty()) ranks[r] = RankWaits::decode(rec->waits);
+  }
+  if (!ctx.board) ctx.board = std::make_unique<StragglerBoard>(st.config().stragglerThreshold);
+  if (ctx.board->look(ranks) == 0) return;
+
+  StragglerContext names = stragglerContext(st, *ctx.board);
+  const int64_t now = steadyNs();
+  for (const auto& s : ctx.board->named()) {
+    auto& warned = ctx.stragglerWarnedNs[{s.rank, s.siteKey}];
+    if (warned != 0 && now - warned < kStragglerRewarnNs) continue;
+    warned = now;
+    logMessage(LogLevel::Warning, "guard: " + stragglerText(s, static_cast<size_t>(size), names));
+  }
+  std::string json = stragglersJson(*ctx.board, static_cast<size_t>(size), names).dump();
+  std::string who;  // the ranks and sites named, to publish at once when they change
+  for (const auto& s : ctx.board->named()) who += std::to_string(s.rank) + "@" + std::to_string(s.siteKey) + " ";
+  {
+    std::lock_guard<std::mutex> lock(ctx.stragglersMu);
+    ctx.stragglersJson = json;
+  }
+  const bool due = ctx.stragglersPublishedNs == 0 || who != ctx.stragglersPublishedWho ||
+                   now - ctx.stragglersPublishedNs >= kStragglerRepublishNs;
+  if (due && store.set(keys::kStragglers, json)) {
+    ctx.stragglersPublishedNs = now;
+    ctx.stragglersPublishedWho = who;
+  }
+}
+
+std::string Watchdog::stragglers(const GroupState* state) {
+  auto ctx = find(state);
+  if (!ctx) return "";
+  if (ctx->state->id().rank == 0) {
+    std::lock_guard<std::mutex> lock(ctx->stragglersMu);
+    return ctx->stragglersJson;
+  }
+  return ctx->state->store().get(keys::kStragglers).value_or("");
 }
 
 void Watchdog::post(GroupCtx& ctx, const Incident& inc) {

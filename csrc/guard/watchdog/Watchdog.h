@@ -38,6 +38,7 @@
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
+#include "guard/report/StragglerBoard.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -105,6 +106,11 @@ class Watchdog {
     return exiting_.load(std::memory_order_acquire);
   }
 
+  // The straggler analysis of `state`'s group (StragglerBoard JSON): this
+  // process's own on the group's rank 0, else the analyst's, read from the
+  // store (bounded); "" when there is none yet or the store does not answer.
+  std::string stragglers(const GroupState* state);
+
   struct Stats {
     uint64_t ticks = 0;
     uint64_t storeOps = 0;
@@ -139,6 +145,15 @@ class Watchdog {
     // the loop has left by then (its own abort came first).
     std::optional<std::pair<IncidentSubject, std::vector<std::string>>> deadlock;
     int64_t lastPublishNs = 0;
+    // Straggler analysis (I/O thread; on group rank 0 only).
+    uint64_t exchanges = 0;
+    bool allStatusSeen = false;
+    std::unique_ptr<StragglerBoard> board;
+    std::map<std::pair<int, uint64_t>, int64_t> stragglerWarnedNs;  // (group rank, site) -> steady ns
+    int64_t stragglersPublishedNs = 0;
+    std::string stragglersPublishedWho;
+    std::mutex stragglersMu;
+    std::string stragglersJson;  // the last analysis, for stragglers()
     // Written by the I/O thread, read for local reports.
     std::mutex peersMu;
     std::map<int, PeerState> peers;  // last status read of each watched peer
@@ -168,6 +183,9 @@ class Watchdog {
   // I/O thread: status, neighbours (ring check), incidents.
   void exchange(GroupCtx& ctx);
   void post(GroupCtx& ctx, const Incident& inc);
+  // Group rank 0: reads every rank's status, analyses new wait windows, warns
+  // about named stragglers (rate-limited) and publishes the analysis.
+  void lookForStragglers(GroupCtx& ctx);
   void applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v);
   LocalFacts localFacts(GroupCtx& ctx, const Progress& p);
   std::shared_ptr<GroupCtx> find(const GroupState* state);

@@ -1,0 +1,261 @@
+// WaitWindows (a rank's collective waits by windows of seqs, as its status
+// record carries them) and StragglerBoard (rank 0's analysis of every rank's).
+#include "guard/collective/WaitWindows.h"
+#include "guard/report/StatusRecord.h"
+#include "guard/report/StragglerBoard.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace torch_ext;
+
+namespace {
+
+constexpr int64_t kMs = 1000000;
+constexpr uint64_t kTrainSite = 0x7a11, kValSite = 0x5e1d;
+
+// Collectives `from`..`to` on one rank: each issued `stepMs` after the last
+// completion, waiting `waitMs`.
+void run(WaitWindows& w, uint64_t from, uint64_t to, int64_t stepMs, int64_t waitMs, int64_t* clock,
+         uint32_t site = 1) {
+  for (uint64_t seq = from; seq <= to; ++seq) {
+    *clock += stepMs * kMs;
+    w.add(seq, *clock, *clock + waitMs * kMs, site);
+    *clock += waitMs * kMs;
+  }
+}
+
+RankWaits published(const WaitWindows& w, uint64_t siteKey, const std::string& host = "h") {
+  RankWaits r;
+  r.host = host;
+  r.windows = w.closed();
+  for (auto& x : r.windows) x.siteKey = siteKey;
+  return r;
+}
+
+// A window of the finest level, as one rank would publish it.
+WaitWindow window(uint64_t index, int64_t waitMs, int64_t spanMs, uint64_t site) {
+  WaitWindow w;
+  w.level = 0;
+  w.index = index;
+  w.waitNs = waitMs * kMs;
+  w.spanNs = spanMs * kMs;
+  w.siteKey = site;
+  w.siteWaitNs = waitMs * kMs;
+  return w;
+}
+
+// Every rank's record showing window `index` only; rank `late` waited `lateWaitMs`, the others `waitMs`.
+std::vector<std::optional<RankWaits>> look(int ranks, uint64_t index, int late, int64_t waitMs, int64_t lateWaitMs,
+                                           uint64_t site = kTrainSite, int64_t spanMs = 200) {
+  std::vector<std::optional<RankWaits>> out(ranks);
+  for (int r = 0; r < ranks; ++r) {
+    RankWaits w;
+    w.host = "host" + std::to_string(r);
+    w.windows.push_back(window(index, r == late ? lateWaitMs : waitMs, spanMs, site));
+    out[r] = w;
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(WaitWindows, SumsWaitsPerWindowOfSeqsAtEveryLevel) {
+  WaitWindows w;
+  int64_t clock = 0;
+  run(w, 1, 3, 10, 2, &clock);
+  EXPECT_TRUE(w.closed().empty());  // 3 of 4
+  run(w, 4, 8, 10, 2, &clock);
+  auto closed = w.closed();
+  ASSERT_EQ(closed.size(), 2u);
+  EXPECT_EQ(closed[0].firstSeq(), 1u);
+  EXPECT_EQ(closed[1].lastSeq(), 8u);
+  EXPECT_EQ(closed[1].waitNs, 4 * 2 * kMs);
+  // The second window's span runs from the first's last completion: 4 x (10 + 2) ms.
+  EXPECT_EQ(closed[1].spanNs, 4 * 12 * kMs);
+  run(w, 9, 40, 10, 2, &clock);
+  closed = w.closed();
+  ASSERT_EQ(closed.size(), WaitWindows::kKept + 1);  // 3 of the finest level kept, 1 of 32
+  EXPECT_EQ(closed.back().level, 1);
+  EXPECT_EQ(closed.back().waitNs, 32 * 2 * kMs);
+  EXPECT_EQ(closed[WaitWindows::kKept - 1].lastSeq(), 40u);
+}
+
+TEST(WaitWindows, OverlappingCollectivesCountTheirTimeOnce) {
+  // DDP's bucket all_reduces: issued one after another, in flight together.
+  WaitWindows w;
+  w.add(1, 0 * kMs, 10 * kMs, 1);
+  w.add(2, 2 * kMs, 11 * kMs, 1);
+  w.add(3, 4 * kMs, 12 * kMs, 1);
+  w.add(4, 20 * kMs, 25 * kMs, 1);  // after a gap: its own 5 ms
+  auto closed = w.closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].waitNs, 17 * kMs);  // 0-12 and 20-25, not 10 + 9 + 8 + 5
+  EXPECT_LE(closed[0].waitNs, closed[0].spanNs);
+}
+
+TEST(WaitWindows, AWindowMissingACompletionNeverCloses) {
+  WaitWindows w;
+  int64_t clock = 0;
+  run(w, 1, 2, 10, 2, &clock);
+  run(w, 4, 8, 10, 2, &clock);  // seq 3 completed untimed (polled)
+  auto closed = w.closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].firstSeq(), 5u);
+}
+
+TEST(WaitWindows, NamesTheCallSiteWhereItWaitedMost) {
+  WaitWindows w;
+  int64_t clock = 0;
+  run(w, 1, 3, 10, 1, &clock, 7);
+  run(w, 4, 4, 10, 30, &clock, 9);
+  auto closed = w.closed();
+  ASSERT_EQ(closed.size(), 1u);
+  EXPECT_EQ(closed[0].site, 9u);
+  EXPECT_EQ(closed[0].siteWaitNs, 30 * kMs);
+  EXPECT_EQ(closed[0].siteCount, 1u);
+}
+
+TEST(RankWaits, RoundTripsThroughTheStatusRecord) {
+  WaitWindows w;
+  int64_t clock = 0;
+  run(w, 1, 40, 10, 3, &clock);
+  RankWaits r = published(w, 0xabcdef0123ull, "node7");
+  StatusRecord s;
+  s.lastSeq = 40;
+  s.waits = r.encode();
+  auto back = StatusRecord::decode(s.encode());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->lastSeq, 40u);
+  auto waits = RankWaits::decode(back->waits);
+  ASSERT_TRUE(waits);
+  EXPECT_EQ(waits->host, "node7");
+  ASSERT_EQ(waits->windows.size(), r.windows.size());
+  EXPECT_EQ(waits->windows.back().waitNs, r.windows.back().waitNs);
+  EXPECT_EQ(waits->windows.back().siteKey, 0xabcdef0123ull);
+  // A record without waits still decodes; garbage after "w" does not.
+  s.waits.clear();
+  EXPECT_TRUE(StatusRecord::decode(s.encode()));
+  // The record carries the waits as text; reading them is RankWaits' job.
+  auto partial = StatusRecord::decode(s.encode() + " w node 0:1:2");
+  ASSERT_TRUE(partial);
+  EXPECT_FALSE(RankWaits::decode(partial->waits));
+  EXPECT_FALSE(RankWaits::decode("node 0:1:2:3:ab:4:5:6"));
+  EXPECT_FALSE(StatusRecord::decode(s.encode() + " x"));
+}
+
+TEST(StragglerBoard, NamesTheRankTheOthersWaitedForAfterThreeWindows) {
+  StragglerBoard board(0.05);
+  for (uint64_t i = 0; i < 2; ++i) EXPECT_EQ(board.look(look(4, i, 2, 40, 2)), 1u);
+  EXPECT_TRUE(board.named().empty());  // two windows prove nothing yet
+  EXPECT_EQ(board.look(look(4, 2, 2, 40, 2)), 1u);
+  auto named = board.named();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].rank, 2);
+  EXPECT_EQ(named[0].host, "host2");
+  EXPECT_EQ(named[0].windows, 3);
+  EXPECT_EQ(named[0].firstSeq, 1u);
+  EXPECT_EQ(named[0].lastSeq, 12u);
+  EXPECT_EQ(named[0].lostNs, 3 * 38 * kMs);
+  EXPECT_NEAR(named[0].share(), 38.0 / 200.0, 1e-9);
+  EXPECT_NEAR(named[0].ownWaitShare, 2.0 / 200.0, 1e-9);
+  EXPECT_NEAR(named[0].othersWaitShare, 40.0 / 200.0, 1e-9);
+  // The same windows again are not counted twice.
+  EXPECT_EQ(board.look(look(4, 2, 2, 40, 2)), 0u);
+}
+
+TEST(StragglerBoard, NoiseBelowTheThresholdOrWanderingNamesNobody) {
+  StragglerBoard board(0.05);
+  // 5 ms of 200 is 2.5%: below the bar, whoever it is.
+  for (uint64_t i = 0; i < 10; ++i) board.look(look(4, i, static_cast<int>(i % 4), 10, 5));
+  EXPECT_TRUE(board.named().empty());
+  // Above the bar, but a different rank each window: nobody in half of them.
+  for (uint64_t i = 10; i < 30; ++i) board.look(look(4, i, static_cast<int>(i % 4), 40, 2));
+  EXPECT_TRUE(board.named().empty());
+}
+
+TEST(StragglerBoard, ARankSlowOnlyInValidationIsNamedWithValidationsSite) {
+  StragglerBoard board(0.05);
+  uint64_t i = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (int k = 0; k < 5; ++k, ++i) board.look(look(4, i, static_cast<int>(i % 4), 10, 9));  // balanced training
+    board.look(look(4, i++, 0, 60, 5, kValSite));  // validation: everyone waits for rank 0
+  }
+  auto named = board.named();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].rank, 0);
+  EXPECT_EQ(named[0].siteKey, kValSite);
+  EXPECT_EQ(named[0].windows, 3);
+  EXPECT_EQ(named[0].siteWindows, 3);
+}
+
+TEST(StragglerBoard, UsesTheFinestLevelEveryRankShows) {
+  // Rank 1 published later than rank 0: their finest windows do not meet, the next level's do.
+  std::vector<std::optional<RankWaits>> ranks(2);
+  for (int r = 0; r < 2; ++r) {
+    RankWaits w;
+    for (uint64_t i = 0; i < 3; ++i) w.windows.push_back(window(r == 0 ? 10 + i : 20 + i, 5, 100, 1));
+    WaitWindow coarse = window(0, r == 0 ? 100 : 1, 1000, 1);
+    coarse.level = 1;
+    w.windows.push_back(coarse);
+    ranks[r] = w;
+  }
+  StragglerBoard board(0.05);
+  EXPECT_EQ(board.look(ranks), 1u);
+  ASSERT_EQ(board.history().size(), 1u);
+  EXPECT_EQ(board.history()[0].lastSeq, 32u);
+  ASSERT_EQ(board.history()[0].late.size(), 1u);
+  EXPECT_EQ(board.history()[0].late[0].rank, 1);
+  // A rank without a record: nothing is analysed.
+  ranks[1].reset();
+  EXPECT_EQ(StragglerBoard(0.05).look(ranks), 0u);
+}
+
+TEST(StragglerBoard, WindowsShorterThanATenthOfASecondWaitForTheNextLevel) {
+  // A few of DDP's bucket all_reduces: 20 ms windows, where 2 ms of scheduling noise is 10%.
+  std::vector<std::optional<RankWaits>> ranks(2);
+  for (int r = 0; r < 2; ++r) {
+    RankWaits w;
+    w.windows.push_back(window(5, r == 0 ? 10 : 2, 20, 1));
+    ranks[r] = w;
+  }
+  StragglerBoard board(0.05);
+  EXPECT_EQ(board.look(ranks), 0u);
+  for (int r = 0; r < 2; ++r) {
+    WaitWindow coarse = window(0, 40, 300, 1);
+    coarse.level = 1;
+    ranks[r]->windows.push_back(coarse);
+  }
+  EXPECT_EQ(board.look(ranks), 1u);
+  EXPECT_EQ(board.history().back().lastSeq, 32u);
+  EXPECT_TRUE(board.history().back().late.empty());
+}
+
+TEST(StragglerBoard, TheStepIsThePeriodOfTheCollectivesPattern) {
+  EXPECT_EQ(StragglerBoard::period({1, 1, 1, 1}), 1u);
+  EXPECT_EQ(StragglerBoard::period({1, 2, 3, 1, 2, 3, 1, 2, 3}), 3u);
+  EXPECT_EQ(StragglerBoard::period({1, 2, 3, 4}), 0u);
+}
+
+TEST(StragglerBoard, TheWarningSaysWhoHowMuchWhereAndWhatToDo) {
+  StragglerBoard board(0.05);
+  for (uint64_t i = 0; i < 3; ++i) board.look(look(4, i, 2, 40, 2));
+  StragglerContext ctx;
+  ctx.group = "default_pg";
+  ctx.globalRanks = {0, 1, 5, 7};
+  ctx.sites[kTrainSite] = "train.py:40 in step";
+  ctx.collectivesPerStep = 2;
+  const std::string text = stragglerText(board.named().at(0), 4, ctx);
+  EXPECT_NE(text.find("rank 5 (host host2) is the straggler"), std::string::npos) << text;
+  EXPECT_NE(text.find("the other 3 ranks waited on average 19.0 ms per step (9.50 ms per collective)"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("over collectives 1-12 (about 19% of their time), most at train.py:40 in step"),
+            std::string::npos) << text;
+  EXPECT_NE(text.find("own wait share is 1% against a median of 20%"), std::string::npos) << text;
+  EXPECT_NE(text.find("TORCH_EXT_STRAGGLER=off"), std::string::npos) << text;
+  const Json j = stragglersJson(board, 4, ctx);
+  EXPECT_EQ(j.dump().find("\"rank\":5") != std::string::npos, true) << j.dump();
+}
