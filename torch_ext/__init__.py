@@ -39,6 +39,7 @@ from torch_ext.backend import (
     store_health,
 )
 from torch_ext.labels import Origin, here, label  # noqa: E402
+from torch_ext.stragglers import Straggler, StragglerReport, stragglers  # noqa: E402
 from torch_ext.ops import *  # noqa: F401,F403
 from torch_ext.ops import __all__ as _ops_all
 from torch_ext.step_sync import *  # noqa: F401,F403
@@ -73,6 +74,9 @@ __all__ = [
     "live_report",
     "monitored_barrier",
     "store_health",
+    "Straggler",
+    "StragglerReport",
+    "stragglers",
     *_ops_all,
     *_step_sync_all,
     *_samplers_all,

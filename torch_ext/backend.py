@@ -65,6 +65,9 @@ class GuardOptions:
         live_signal: signal that makes a rank log the whole job's live report,
             ``"SIGUSR2"`` (default), ``"SIGUSR1"``, ``"SIGRTMIN+N"`` or ``"off"``
             (TORCH_EXT_LIVE_SIGNAL). Process-wide: the first guard group decides.
+        straggler: share of their time the other ranks must lose waiting for
+            one rank before it is named a straggler, e.g. ``0.05`` or ``"5%"``;
+            ``"off"`` for no analysis (TORCH_EXT_STRAGGLER).
     """
 
     inner: Mapping[str, str] | str | None = None
@@ -79,6 +82,7 @@ class GuardOptions:
     store_budget: int | None = None
     library_packages: Sequence[str] | str | None = None
     live_signal: str | None = None
+    straggler: float | str | None = None
 
     def overrides(self) -> dict[str, str]:
         """The options that were set, as strings for the C++ parser."""

@@ -9,6 +9,6 @@ from __future__ import annotations
 
 from torch_ext.lightning.data import BucketDataLoader
 from torch_ext.lightning.early_stopping import EarlyStopping
-from torch_ext.lightning.strategy import GuardDDPStrategy
+from torch_ext.lightning.strategy import GuardDDPStrategy, StragglerMetrics
 
-__all__: list[str] = ["BucketDataLoader", "EarlyStopping", "GuardDDPStrategy"]
+__all__: list[str] = ["BucketDataLoader", "EarlyStopping", "GuardDDPStrategy", "StragglerMetrics"]

@@ -52,7 +52,7 @@ from lightning.fabric.utilities.distributed import (
     _init_dist_connection,
 )
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
 
 import torch_ext
@@ -81,12 +81,17 @@ class GuardDDPStrategy(DDPStrategy):
     taken from the wrapped backend (gloo on CPU, NCCL on CUDA).
 
     Accepts every :class:`~lightning.pytorch.strategies.DDPStrategy` argument, plus
-    ``guard_options`` (a :class:`torch_ext.GuardOptions`) for the process group.
+    ``guard_options`` (a :class:`torch_ext.GuardOptions`) for the process group and
+    ``log_stragglers``: log :func:`torch_ext.stragglers` as metrics
+    (``straggler/rank``, ``straggler/extra_ms_per_step``, ``straggler/share``, ...,
+    see :meth:`torch_ext.StragglerReport.metrics`) every ``log_stragglers`` training
+    steps (``True``: 50), from rank 0 (the analyst; no store call).
     """
 
     strategy_name = "ddp_guard"
 
-    def __init__(self, *args: Any, guard_options: GuardOptions | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, guard_options: GuardOptions | None = None, log_stragglers: bool | int = False,
+                 **kwargs: Any) -> None:
         backend = kwargs.pop("process_group_backend", None) or "guard"
         if backend != "guard":
             raise ValueError(f"GuardDDPStrategy runs on process_group_backend='guard', got {backend!r}")
@@ -94,6 +99,10 @@ class GuardDDPStrategy(DDPStrategy):
             raise TypeError(f"guard_options must be a torch_ext.GuardOptions, got {type(guard_options).__name__}")
         super().__init__(*args, process_group_backend="guard", **kwargs)
         self._guard_options = guard_options
+        every = 50 if log_stragglers is True else int(log_stragglers or 0)
+        if every < 0:
+            raise ValueError(f"log_stragglers must be True, False or a number of steps >= 1, got {log_stragglers!r}")
+        self._log_stragglers_every = every
         self._destroy_registered = False
         # Where each sync_dist metric was last logged: {name: (code, line, hook)}.
         self._log_origins: dict[str, tuple[CodeType, int, str]] = {}
@@ -162,10 +171,27 @@ class GuardDDPStrategy(DDPStrategy):
         global _current
         _current = weakref.ref(self)
         _install_log_wrapper()
+        if self._log_stragglers_every and not any(isinstance(c, StragglerMetrics) for c in trainer.callbacks):
+            trainer.callbacks.append(StragglerMetrics(self._log_stragglers_every))
         if self.inner_backend() == "gloo":
             # Lightning evaluates under no_grad rather than inference_mode on gloo.
             for loop in _evaluation_loops(trainer):
                 loop.inference_mode = False
+
+
+class StragglerMetrics(Callback):
+    """Logs :func:`torch_ext.stragglers` as ``straggler/...`` metrics every ``every``
+    training steps, on rank 0 (the group's analyst: its own figures, no store call);
+    ``GuardDDPStrategy(log_stragglers=...)`` adds it."""
+
+    def __init__(self, every: int = 50) -> None:
+        self.every = max(1, int(every))
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank != 0 or not _distributed_is_initialized() or (batch_idx + 1) % self.every:
+            return
+        metrics = torch_ext.stragglers().metrics()
+        pl_module.log_dict(metrics, rank_zero_only=True, on_step=True, on_epoch=False)
 
 
 # --- which line logged a metric ------------------------------------------------
