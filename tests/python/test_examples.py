@@ -191,6 +191,17 @@ def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished
     doc_samples.check_source("slow_rank_recovers", out)
 
 
+def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_path):
+    # python examples/bugs/straggler.py, then python -m torch_ext.diagnose torch_ext_dumps --trace trace.json
+    out = _source("straggler", tmp_path)
+    run, post = out.split("$ python -m torch_ext.diagnose")
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "0") for r in range(4)], run
+    m = re.search(r'rank 2 is the straggler on group "default_pg" over collectives 1-40: the other ranks waited on '
+                  r"average ([\d.]+) ms per collective for it \(\d+% of the time\), most at straggler.py:\d+ in train", post)
+    assert m and 7.5 <= float(m.group(1)) <= 12.5, post  # rank 2 loads 10 ms longer per step
+    assert (tmp_path / "trace.json").stat().st_size > 0
+    doc_samples.check_source("straggler", out)
+
 # ---------------------------------------------------------------------------
 # Early stopping and uneven data
 # ---------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import time
 from torch_ext.diagnose import JobState, analyze_dir, format_text, group_sizes, job_state
 from torch_ext.diagnose.flight_recorder import DEFAULT_PREFIX, ExportError, export
 from torch_ext.diagnose.html import render
+from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_snapshots
 from torch_ext.diagnose.trace import render_trace
 
 
@@ -207,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = _written(analysis)
     job = job_state(analysis.dumps)
+    stragglers = stragglers_from_snapshots([d.data for d in analysis.dumps])
     if args.json:
         print(json.dumps({
             "ranks": analysis.ranks,
@@ -219,13 +221,15 @@ def main(argv: list[str] | None = None) -> int:
             "recovered_ns": job.recovered_ns,
             "finished_ns": job.finished_ns,
             "dump_states": {str(r): s for r, s in job.ranks.items()},
+            "stragglers": stragglers,
         }, indent=2))
     else:
         if written:
             print(_age_line(*written, job))
             if job.state is not None:
                 print(_state_line(job, written[0]))
-        print(format_text(analysis, past=job.state in ("recovered", "finished")))
+        print("\n".join([format_text(analysis, past=job.state in ("recovered", "finished")),
+                         *format_stragglers(stragglers)]))
     if not analysis.dumps:
         print(f"error: no torch_ext dump in {args.dump_dir!r} (it should hold the rank<N>.json files a job wrote "
               "to TORCH_EXT_DUMP_DIR, or that torch_ext.dump() wrote)", file=sys.stderr)

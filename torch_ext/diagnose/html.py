@@ -11,6 +11,8 @@ The page opens on a window of columns around the stuck op; the overview strip
 (every column of every rank, one pixel row per rank) and the zoom and pan
 controls reach the rest, so 1,024 entries x 32 ranks stay readable. Real time
 lives in the Perfetto trace (``--trace``); this page is about who is where.
+Below, per group with enough collectives, a table of the time each rank
+waited in them, the straggler's row highlighted (stragglers.py).
 
 No network access is needed: the data is embedded as JSON and drawn by a
 small script (any current browser; checked with headless Chromium in tests).
@@ -24,6 +26,7 @@ import os
 from typing import Any
 
 from torch_ext.diagnose import Analysis, Dump, _loop, culprits, group_sizes
+from torch_ext.diagnose.stragglers import MIN_COLLECTIVES, stragglers_from_snapshots
 
 __all__ = ["render", "page_model"]
 
@@ -234,6 +237,9 @@ svg.lanes .stuck{stroke:#d00;stroke-width:3}
 svg.lanes .noissue{fill:#fff;stroke:#d00;stroke-width:1.5;stroke-dasharray:4 3}
 svg.lanes .stack{fill:#7a1f1f}
 svg.lanes .bar:hover{stroke:#000;stroke-width:1.5}
+table.waits{border-collapse:collapse;margin:6px 0} table.waits td,table.waits th{padding:2px 10px;text-align:right}
+table.waits th{border-bottom:1px solid #ccc} table.waits tr.straggler{background:#fff0f0;color:#b00;font-weight:bold}
+table.waits .share{display:inline-block;height:10px;background:#8ab4f8;vertical-align:middle}
 #tip{position:fixed;display:none;background:#222;color:#fff;font:12px/1.45 ui-monospace,monospace;
   padding:7px 9px;border-radius:4px;white-space:pre;pointer-events:none;max-width:720px;z-index:9}
 """
@@ -451,6 +457,30 @@ def cycle_svg(verdict: dict[str, Any]) -> str:
     return "".join(parts)
 
 
+def _waits_tables(a: Analysis) -> list[str]:
+    """Per group with enough common collectives: each rank's share of the time waiting in them, the
+    straggler's row highlighted (stragglers.py)."""
+    out = []
+    for g in stragglers_from_snapshots([d.data for d in a.dumps]):
+        if g["collectives"] < MIN_COLLECTIVES:
+            continue
+        s = g["straggler"]
+        late = s["rank"] if s else None
+        said = (f"rank {late} is the straggler: the other ranks waited on average "
+                f"{s['extra_s_per_collective'] * 1e3:.1f} ms per collective for it ({s['share']:.0%} of the time), "
+                f"most at {s['site']}" if s else "no straggler")
+        rows = "".join(
+            ("<tr class='straggler'>" if r["rank"] == late else "<tr>") + f"<td>rank {r['rank']}</td>"
+            f"<td>{r['wait_s']:.3f} s</td><td>{r['span_s']:.3f} s</td><td>{r['wait_share']:.0%} "
+            f"<i class='share' style='width:{round(100 * min(1.0, r['wait_share']))}px'></i></td></tr>"
+            for r in g["ranks"])
+        out.append(f"<section class='stragglers'><h2>group {html.escape(g['group'])}: time waiting in collectives "
+                   f"#{g['first_seq']}-#{g['last_seq']}</h2><p>{html.escape(said)}</p>"
+                   "<table class='waits'><tr><th>rank</th><th>waited</th><th>span</th><th>share of span</th></tr>"
+                   f"{rows}</table></section>")
+    return out
+
+
 def render(a: Analysis, title: str = "torch_ext diagnose") -> str:
     model = page_model(a)
     out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
@@ -479,6 +509,7 @@ def render(a: Analysis, title: str = "torch_ext diagnose") -> str:
         if not g["cols"] and not g["lanes"]:
             out.append("<p>(no entries to draw)</p>")
         out.append("</section>")
+    out.extend(_waits_tables(a))
     out.append("<div id='tip'></div>")
     data = json.dumps(model, separators=(",", ":")).replace("</", "<\\/")
     out.append(f"<script type='application/json' id='model'>{data}</script>")

@@ -28,6 +28,7 @@ from datetime import timedelta
 from typing import Any
 
 from torch_ext import _C
+from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_snapshots
 
 __all__ = ["LiveError", "LiveReport", "RankLive", "parse_ranks", "live_report", "ask", "format_text"]
 
@@ -95,7 +96,12 @@ class LiveReport:
         for r in out["ranks"]:
             r.pop("snapshot", None)
         out["live"] = True
+        out["stragglers"] = self.stragglers()
         return out
+
+    def stragglers(self) -> list[dict[str, Any]]:
+        """Who the others wait for, over the collectives in every answering rank's ledger window (stragglers.py)."""
+        return stragglers_from_snapshots([r.snapshot for r in self.ranks if r.snapshot is not None])
 
 
 def parse_ranks(spec: str, world_size: int | None = None) -> list[int]:
@@ -417,6 +423,7 @@ def format_text(rep: LiveReport, max_frames: int = 24) -> str:
             out.append(f'[live] group "{label}": nothing pending, no mismatch found')
             continue
         out.append(f"[live] {v['text']}")
+    out.extend(format_stragglers(rep.stragglers(), prefix="[live] "))
     return "\n".join(out)
 
 

@@ -9,7 +9,10 @@ ui.perfetto.dev and chrome://tracing and can sit next to a profiler trace:
 - one complete event (``ph: X``) per ledger entry: name = the op, args = seq,
   shapes, dtypes, call site, state; a pending op lasts until the rank's dump;
 - instant events for the report: the verdict (global), each culprit (on its
-  lane, with its main thread's stack) and each rank's dump time.
+  lane, with its main thread's stack) and each rank's dump time;
+- per rank a counter track "wait (ms)" (``ph: C``, one series per group): at
+  each collective's completion, how long that rank waited in it (a straggler's
+  track stays low while the others' stay high; stragglers.py names it).
 """
 from __future__ import annotations
 
@@ -98,6 +101,9 @@ def render_trace(a: Analysis) -> dict[str, Any]:
                     args["error"] = e["error"]
                 if e["state"] == "scheduled":
                     args["state"] = "scheduled (still pending when the dump was written)"
+                if e["state"] == "completed" and not e["is_p2p"] and e.get("time_discovered_completed_ns"):
+                    events.append({"ph": "C", "cat": "guard,wait", "name": "wait (ms)", "pid": pid, "tid": 0,
+                                   "ts": _us(int(stop), base), "args": {label: round((int(stop) - start) / 1e6, 3)}})
                 events.append({
                     "ph": "X", "cat": "guard," + e["state"], "name": e["op"], "pid": pid, "tid": tid,
                     "ts": _us(start, base), "dur": max(round((int(stop) - start) / 1000.0, 3), 0.001),
