@@ -9,7 +9,13 @@ operations with the real key layout of a group "default_pg":
   multi_get guard/default_pg/st/<r+1>, st/<r-1>  its ring neighbours (the async check)
   add       guard/default_pg/alerts, 0           is an incident open?
 
-every tick of each rank. The tick is torch_ext's: `interval` (0.2 s) at small
+every tick of each rank, and for rank 0, the straggler analyst, every
+`straggler_look_every(W)` ticks (8 above 64 ranks):
+
+  multi_get guard/default_pg/st/0 .. st/<W-1>     every rank's status, wait windows included
+
+Each status record carries the rank's wait windows (12 of them once the job has
+run 2,048 collectives: about 400 bytes). The tick is torch_ext's: `interval` (0.2 s) at small
 worlds, stretched at large ones so that the job stays within the store budget
 (TORCH_EXT_STORE_BUDGET, ops/s for the whole job; 0: no budget, the load
 before the budget existed). Each W runs twice, without and with the budget.
@@ -71,13 +77,22 @@ def _server(port_q: mp.Queue, stop: mp.Event) -> None:
 
 
 def _record(rank: int, seq: int) -> bytes:
-    # The size of a real status record (StatusRecord::encode): phase, time, seqs, hash.
-    return f"v2 run {time.time_ns()} {seq} {seq} {rank * 2654435761 % 2**64:016x} 0".encode()
+    # The size of a real status record (StatusRecord::encode): phase, time, seqs, hash, then the
+    # rank's wait windows (WaitWindows: 3 closed windows at each of 4 levels, RankWaits::encode).
+    windows = " ".join(f"{level}:{seq // 4 ** (level + 1) + 1000 + i}:{31234 + i}:{208765 + i}:{0x9e3779b97f4a7c15 + level:x}:"
+                       f"{21000 + i}:{4 ** (level + 1)}" for level in range(4) for i in range(3))
+    return f"v2 run {time.time_ns()} {seq} {seq} {rank * 2654435761 % 2**64:016x} 0 w node{rank // 8:05d} {windows}".encode()
 
 
 def snapshot_bytes(world: int) -> int:
     """A live snapshot's size: ~55 KB (a 64-entry ledger window, call sites, the stack) + 3 rank lists of the group."""
     return 55_000 + 18 * world
+
+
+def _look_every(world: int) -> int:
+    from torch_ext import _C
+
+    return _C.straggler_look_every(world)
 
 
 def _asks(spec: str, rank: int) -> bool:
@@ -111,6 +126,7 @@ def _client(port: int, ranks: list[int], world: int, tick: float, seconds: float
         seq = 0
         seen = {r: 0 for r in mine}  # alerts read so far, per simulated rank (IncidentProtocol::alertsSeen_)
         payload = b"x" * snapshot_bytes(world)
+        look_every = _look_every(world)
         while time.monotonic() - start < seconds:
             seq += 1
             for r in mine:
@@ -118,6 +134,11 @@ def _client(port: int, ranks: list[int], world: int, tick: float, seconds: float
                 store.multi_get([f"{prefix}st/{(r + 1) % world}", f"{prefix}st/{(r - 1) % world}"])
                 n = store.add(prefix + "alerts", 0)
                 ops += OPS_PER_TICK
+                if r == 0 and seq % look_every == 0:  # the straggler analyst reads every status
+                    t0 = time.monotonic()
+                    values = store.multi_get([f"{prefix}st/{q}" for q in range(world)])
+                    looks.append((time.monotonic() - t0, sum(len(v) for v in values)))
+                    ops += world / look_every  # counted per key, as the budget counts it
                 while seen[r] < n:  # a new alert: a live request here (the watchdog answers it at once)
                     key = f"{prefix}alert/{seen[r] + 1}"
                     if not store.check([key]):
@@ -136,11 +157,16 @@ def _client(port: int, ranks: list[int], world: int, tick: float, seconds: float
                 next_tick = time.monotonic()  # behind: the store (or this client) cannot keep up
         rates.append(ops / (time.monotonic() - start))
 
+    looks: list[tuple[float, int]] = []  # the analyst's reads: (seconds, bytes)
     workers = [threading.Thread(target=loop, args=(ranks[i::threads],)) for i in range(threads)]
     for w in workers:
         w.start()
     for w in workers:
         w.join()
+    if looks:
+        took = sorted(t for t, _ in looks)
+        print(f"  W={world}: straggler analyst read {len(looks)} times, {looks[-1][1] / 1e6:.2f} MB each, "
+              f"p50 {took[len(took) // 2] * 1e3:.1f} ms, max {took[-1] * 1e3:.1f} ms", flush=True)
     out.put(sum(rates))
 
 
@@ -220,7 +246,7 @@ def run(world: int, budget: float, clients: int, threads: int, seconds: float, l
     server.join(timeout=30)
     return {
         "world": world, "budget": budget, "tick": tick,
-        "offered": OPS_PER_TICK * world / tick, "achieved": sum(rates), "server_cpu": cpu,
+        "offered": (OPS_PER_TICK + 1 / _look_every(world)) * world / tick, "achieved": sum(rates), "server_cpu": cpu,
         "p50_ms": statistics.median(lat) * 1e3, "p99_ms": lat[int(0.99 * (len(lat) - 1))] * 1e3,
         "mismatch_s": 2 * tick, "hang_exchange_s": 3 * tick, "live": live_results,
     }
@@ -238,7 +264,8 @@ def main() -> None:
                          "third of the run)")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs; {args.clients} client processes x {args.threads} connections; {args.seconds:.0f} s per run; "
-          f"{OPS_PER_TICK} store ops per rank per tick")
+          f"{OPS_PER_TICK} store ops per rank per tick, plus rank 0's read of every status every "
+          f"straggler_look_every(W) ticks (1 up to 64 ranks, else 8), counted per key")
     print(f"{'W':>6} {'budget':>8} {'tick':>7} {'offered':>10} {'achieved':>10} {'server CPU':>10} "
           f"{'get p50':>8} {'get p99':>8} {'mismatch <=':>11} {'hang exch.':>10}")
     for world in args.worlds:

@@ -99,6 +99,13 @@ def _pipeline_deadlock(cwd: str) -> str:
     return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
 
 
+def _straggler(cwd: str) -> str:
+    """examples/bugs/straggler.py, then ``python -m torch_ext.diagnose torch_ext_dumps --trace trace.json``."""
+    out = _run([os.path.join(ROOT, "examples", "bugs", "straggler.py")], cwd, 180)
+    cmd = "python -m torch_ext.diagnose torch_ext_dumps --trace trace.json"
+    return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+
+
 def _post_mortem(cwd: str) -> str:
     out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
     # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
@@ -124,6 +131,8 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "crossed_groups": _crossed_groups,
     "pipeline_deadlock": _pipeline_deadlock,
     "looks_stuck": _example("examples/bugs/looks_stuck.py"),
+    "straggler": _straggler,
+    "straggler_ddp": _example("examples/straggler_ddp.py", "step"),
 }
 
 
@@ -156,6 +165,8 @@ _MASKS = [
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"), "<date>"),
     (re.compile(r"\b\d\d:\d\d:\d\d\b"), "<time>"),
     (re.compile(r"\b\d+(?:\.\d+)? (s|min|h|days)\b"), r"<n> \1"),
+    (re.compile(r"\b\d+(?:\.\d+)? ms\b"), "<n> ms"),  # a straggler's extra wait per collective
+    (re.compile(r"\b\d+%"), "<n>%"),  # ... and the ranks' shares of the time waiting
     (re.compile(r"\d+ h \d+ min"), "<n> h"),
     (re.compile(r"(127\.0\.0\.1\]?:|MASTER_PORT=)\d+"), r"\1<port>"),
     (re.compile(r"\[\.\.\./gloo/[^\]]*\][^)\n]*"), "<gloo error>"),
@@ -166,7 +177,11 @@ _MASKS = [
     # its next collective (rank0-dies: "issued #3" or "#4" on the rank that was waiting).
     (re.compile(r"(last heartbeat <n> s ago, issued #)\d+"), r"\1<n>"),
     (re.compile(r"\(host [^,\s]+,"), "(host <host>,"),
+    (re.compile(r"\(host [^,\s)]+\)"), "(host <host>)"),
     (re.compile(r"\b\d{16,}\b"), "<ns>"),
+    # When a straggler is first named: the windows of collectives seen by then.
+    (re.compile(r"collectives \d+-\d+"), "collectives <a>-<b>"),
+    (re.compile(r"\(\d+ windows of collectives out of \d+ there\)"), "(<n> windows of collectives out of <n> there)"),
 ]
 
 
@@ -334,6 +349,8 @@ SAMPLES: dict[str, Sample] = {
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
     "looks-stuck-live": Sample("looks_stuck", _live()),
     "looks-stuck-live-short": Sample("looks_stuck", _live(ranks=(2,))),
+    "straggler-diagnose": Sample("straggler", _command("python -m torch_ext.diagnose")),
+    "straggler-live": Sample("straggler_ddp", _warned(0)),
 }
 
 
