@@ -391,3 +391,61 @@ TEST(Ledger, PollCompletionsKeepsTheErrorOfAFailedWork) {
   }
   EXPECT_NE(e.error.find("connection reset by peer"), std::string::npos) << e.error;
 }
+
+namespace {
+
+// A finished work that took `ms` on its stream (Work::getDuration), as NCCL's and nccl_sim's do.
+class StreamTimedWork : public c10d::Work {
+ public:
+  explicit StreamTimedWork(float ms) : ms_(ms) {}
+  bool isCompleted() override {
+    return true;
+  }
+  bool isSuccess() const override {
+    return true;
+  }
+  float getDuration() const override {
+    return ms_;
+  }
+
+ private:
+  float ms_;
+};
+
+} // namespace
+
+TEST(Ledger, CallbackCompletionsAreTimedOnTheHostAndPolledOnesByTheirStream) {
+  Ledger host(16);
+  for (int i = 0; i < 4; ++i) {
+    auto r = rec(host, coll(1));
+    host.complete(r.id, true);
+  }
+  ASSERT_EQ(host.waitWindows().size(), 1u);  // one window of 4, host-timed
+
+  Ledger device(16);
+  for (int i = 0; i < 4; ++i) {
+    auto r = rec(device, coll(1));
+    device.pollLater(r.id, c10::make_intrusive<StreamTimedWork>(5.0f));
+  }
+  device.pollCompletions();  // one poll notices all four: 4 x 5 ms on the stream, one after another
+  auto windows = device.waitWindows();
+  ASSERT_EQ(windows.size(), 1u);
+  EXPECT_EQ(windows[0].waitNs, 20'000'000);
+  EXPECT_GE(windows[0].spanNs, windows[0].waitNs);
+
+  // A work without stream timing (gloo's polled send/recv, NCCL without TORCH_NCCL_ENABLE_TIMING)
+  // is not timed, and a lone rank (setTimeWaits(false)) times nothing.
+  Ledger untimed(16), alone(16);
+  alone.setTimeWaits(false);
+  for (int i = 0; i < 4; ++i) {
+    auto r = rec(untimed, coll(1));
+    auto done = newFuture();
+    done->markCompleted(c10::IValue());
+    untimed.pollLater(r.id, c10d::Work::create_from_future(done));
+    auto a = rec(alone, coll(1));
+    alone.complete(a.id, true);
+  }
+  untimed.pollCompletions();
+  EXPECT_TRUE(untimed.waitWindows().empty());
+  EXPECT_TRUE(alone.waitWindows().empty());
+}

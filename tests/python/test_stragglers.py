@@ -68,6 +68,16 @@ def test_a_rank_slow_only_in_backward_under_ddp_is_named(tmp_path):
     _assert_names_rank_2_with_its_extra_time(result, out, "in train")
 
 
+def test_on_the_device_path_from_the_streams_own_timing(tmp_path):
+    # nccl_sim: NCCL's host semantics on CPU. Completions are noticed by the watchdog's poll, so a
+    # collective's wait is its time on the stream (Work.getDuration(); on NCCL, CUDA events).
+    proc = run_script([EXAMPLE, "step"], tmp_path, 120, None, TORCH_EXT_INNER="cpu:nccl_sim",
+                      TORCH_EXT_NCCL_SIM_WAIT="data")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    _assert_names_rank_2_with_its_extra_time(_result(proc.stdout, out), out, "in train")
+
+
 def test_under_torchrun_too(tmp_path):
     # The store lives in torchrun's agent here; the example's own launcher puts it in rank 0.
     result, out = _run(tmp_path, "step", nproc=4)

@@ -96,10 +96,22 @@ bool Ledger::stillPending(Entry& e, int64_t now) {
   return false;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, const std::string& error, bool timed) {
+c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, const std::string& error, bool timed,
+                                                         int64_t streamNs) {
   const int64_t now = wallNs();
   timed = timed && timeWaits_;
-  const int64_t nowSteady = timed ? steadyNs() : 0;
+  const bool streamTimed = !timed && streamNs >= 0 && timeWaits_;
+  const int64_t nowSteady = timed || streamTimed ? steadyNs() : 0;
+  // The wait of a finished entry, on this rank's clock.
+  auto timeWait = [&](const Entry& e) {
+    if (timed) {
+      waits_.add(e.seq, e.startSteadyNs, nowSteady, e.callSite);
+    } else if (streamTimed && e.seq > 0) {
+      const int64_t end = std::max(nowSteady, streamCursorNs_ + streamNs);
+      streamCursorNs_ = end;
+      waits_.add(e.seq, end - streamNs, end, e.callSite);
+    }
+  };
   std::lock_guard<std::mutex> lock(mu_);
   c10::intrusive_ptr<c10::ivalue::Future> fut;
   if (!futures_.empty()) {
@@ -117,7 +129,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
       if (it->second.seq > lastCompletedSeq_) lastCompletedSeq_ = it->second.seq;
       lastCompletedNs_ = now;
       if (ok) {
-        if (timed) waits_.add(it->second.seq, it->second.startSteadyNs, nowSteady, it->second.callSite);
+        timeWait(it->second);
         evicted_.erase(it);  // done: no longer kept outside the ring
       } else {
         // Kept, failed, for the failure's report (byId).
@@ -132,7 +144,7 @@ c10::intrusive_ptr<c10::ivalue::Future> Ledger::complete(uint64_t id, bool ok, c
   e->state = ok ? EntryState::Completed : EntryState::Failed;
   e->endNs = now;
   if (!ok) e->error = error;
-  if (ok && timed) waits_.add(e->seq, e->startSteadyNs, nowSteady, e->callSite);
+  if (ok) timeWait(*e);
   if (e->seq > lastCompletedSeq_) lastCompletedSeq_ = e->seq;
   lastCompletedNs_ = now;
   return fut;
@@ -231,7 +243,15 @@ void Ledger::pollCompletions() {
       err = ex.what();
     }
     if (!finished) continue;
-    complete(p.id, ok, err, /*timed=*/false);
+    int64_t streamNs = -1;
+    if (ok && timeWaits_) {
+      try {
+        streamNs = static_cast<int64_t>(static_cast<double>(p.work->getDuration()) * 1e6);
+      } catch (const std::exception&) {
+        // No stream timing (NCCL without TORCH_NCCL_ENABLE_TIMING=1, gloo's send/recv): not timed.
+      }
+    }
+    complete(p.id, ok, err, /*timed=*/false, streamNs);
     done.push_back(p.id);
     if (!ok && p.reportFailure) failures.emplace_back(p.id, err);
   }

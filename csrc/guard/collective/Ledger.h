@@ -82,9 +82,11 @@ class Ledger {
   // back the future registered with track(), which the caller must complete.
   // Only the first completion of a record gets the future. `timed`: now is
   // when it completed (not when a poll noticed it), so its wait counts in
-  // waitWindows().
+  // waitWindows(). `streamNs` (>= 0): how long the operation took on its
+  // stream (Work::getDuration: NCCL's CUDA events, nccl_sim's stream), which
+  // counts instead for a completion noticed by a poll.
   c10::intrusive_ptr<c10::ivalue::Future> complete(uint64_t id, bool ok, const std::string& error = std::string(),
-                                                   bool timed = true);
+                                                   bool timed = true, int64_t streamNs = -1);
   // The future a GuardWork hands out for record `id`, handed back by complete()
   // or failPending(). Returns false, keeping nothing, when the record has
   // finished already (the caller completes the future itself).
@@ -160,6 +162,10 @@ class Ledger {
   std::unordered_map<uint64_t, c10::intrusive_ptr<c10::ivalue::Future>> futures_;
   WaitWindows waits_;
   bool timeWaits_ = true;
+  // Stream-timed operations run one after another on their stream: each is
+  // placed on the host clock ending at its poll, or right after the previous
+  // one when several are noticed by one poll.
+  int64_t streamCursorNs_ = 0;
 };
 
 int64_t wallNs();
