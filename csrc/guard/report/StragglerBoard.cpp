@@ -34,7 +34,7 @@ size_t StragglerBoard::look(const std::vector<std::optional<RankWaits>>& ranks) 
   }
   hosts_.resize(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) hosts_[i] = ranks[i]->host;
-  for (uint8_t level = 0; level < WaitWindows::kSizes.size(); ++level) {
+  for (uint8_t level = 0; level < kWaitWindowSizes.size(); ++level) {
     // Windows of this level that every rank shows, oldest first.
     std::vector<uint64_t> common;
     for (const auto& w : ranks[0]->windows) {
@@ -49,7 +49,7 @@ size_t StragglerBoard::look(const std::vector<std::optional<RankWaits>>& ranks) 
     // all_reduces) tell noise, not stragglers: take a coarser level.
     std::vector<int64_t> spans;
     for (const auto& r : ranks) spans.push_back(r->find(level, common.back())->spanNs);
-    if (level + 1 < WaitWindows::kSizes.size() && median(spans) < kMinWindowNs) continue;
+    if (level + 1 < kWaitWindowSizes.size() && median(spans) < kMinWindowNs) continue;
     for (uint64_t index : common) {
       std::vector<const WaitWindow*> windows;
       for (const auto& r : ranks) windows.push_back(r->find(level, index));

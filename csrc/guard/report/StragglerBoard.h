@@ -1,7 +1,7 @@
 #pragma once
 
 // StragglerBoard: who the other ranks of a group wait for, from the waits
-// every rank publishes (WaitWindows), before anything is stuck.
+// every rank publishes (WaitRecord), before anything is stuck.
 //
 // The group's rank 0 looks at every rank's status record now and then
 // (Watchdog). For each window of collectives that every rank shows, a rank is
@@ -22,7 +22,7 @@
 // Pure arithmetic: no store, no clock, no Python (the caller resolves call
 // site keys and hosts into words).
 
-#include "guard/collective/WaitWindows.h"
+#include "guard/report/WaitRecord.h"
 #include "guard/report/Json.h"
 
 #include <cstdint>
