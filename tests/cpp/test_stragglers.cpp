@@ -256,6 +256,6 @@ TEST(StragglerBoard, TheWarningSaysWhoHowMuchWhereAndWhatToDo) {
             std::string::npos) << text;
   EXPECT_NE(text.find("own wait share is 1% against a median of 20%"), std::string::npos) << text;
   EXPECT_NE(text.find("TORCH_EXT_STRAGGLER=off"), std::string::npos) << text;
-  const Json j = stragglersJson(board, 4, ctx);
+  const Json j = stragglersJson(board, board.named(), 4, ctx);
   EXPECT_EQ(j.dump().find("\"rank\":5") != std::string::npos, true) << j.dump();
 }

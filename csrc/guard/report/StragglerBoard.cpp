@@ -217,15 +217,16 @@ std::string stragglerText(const Straggler& s, size_t groupSize, const StragglerC
   return os.str();
 }
 
-Json stragglersJson(const StragglerBoard& board, size_t groupSize, const StragglerContext& ctx, size_t maxWindows) {
+Json stragglersJson(const StragglerBoard& board, const std::vector<Straggler>& named, size_t groupSize,
+                    const StragglerContext& ctx, size_t maxWindows) {
   Json out = Json::object();
   out.set("group", ctx.group);
   out.set("size", static_cast<int64_t>(groupSize));
   out.set("threshold", board.threshold());
   out.set("analysed_up_to", board.analysedUpTo());
   out.set("collectives_per_step", ctx.collectivesPerStep > 0 ? Json(ctx.collectivesPerStep) : Json());
-  Json named = Json::array();
-  for (const auto& s : board.named()) {
+  Json list = Json::array();
+  for (const auto& s : named) {
     Json j = Json::object();
     j.set("rank", ctx.globalRank(s.rank));
     j.set("group_rank", s.rank);
@@ -247,9 +248,9 @@ Json stragglersJson(const StragglerBoard& board, size_t groupSize, const Straggl
     j.set("others_wait_share", s.othersWaitShare);
     j.set("waited_ranks", static_cast<int64_t>(groupSize - 1));
     j.set("text", stragglerText(s, groupSize, ctx));
-    named.push(std::move(j));
+    list.push(std::move(j));
   }
-  out.set("stragglers", std::move(named));
+  out.set("stragglers", std::move(list));
   Json windows = Json::array();
   const auto& h = board.history();
   for (size_t i = h.size() > maxWindows ? h.size() - maxWindows : 0; i < h.size(); ++i) {

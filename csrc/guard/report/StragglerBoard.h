@@ -142,7 +142,9 @@ struct StragglerContext {
 // The warning for one named straggler: who, how much the others lost, where,
 // and what to do.
 std::string stragglerText(const Straggler& s, size_t groupSize, const StragglerContext& ctx);
-// What torch_ext.stragglers() returns (the last `maxWindows` windows too).
-Json stragglersJson(const StragglerBoard& board, size_t groupSize, const StragglerContext& ctx, size_t maxWindows = 8);
+// What torch_ext.stragglers() returns: `named` (board.named()) and the last
+// `maxWindows` windows.
+Json stragglersJson(const StragglerBoard& board, const std::vector<Straggler>& named, size_t groupSize,
+                    const StragglerContext& ctx, size_t maxWindows = 8);
 
 } // namespace torch_ext

@@ -35,6 +35,8 @@ constexpr int64_t kStragglerRepublishNs = 10'000'000'000;
 // The last collectives whose pattern gives the collectives per training step.
 constexpr size_t kStepPatternEntries = 256;
 constexpr uint64_t kSetupCollectives = 8;
+// The last windows torch_ext.stragglers() shows.
+constexpr size_t kStragglerJsonWindows = 8;
 
 // This rank's closed wait windows as its status record carries them.
 std::string publishedWaits(GroupState& st) {
@@ -54,17 +56,27 @@ std::string publishedWaits(GroupState& st) {
   return mine.encode();
 }
 
-// Names for the board's findings, and the collectives per step: the period
-// of the recent collectives' pattern (call site and fingerprint).
-StragglerContext stragglerContext(GroupState& st, const StragglerBoard& board) {
+// Names for the board's findings (call sites described once per process and
+// kept in `siteNames`), and, when someone is named, the collectives per step:
+// the period of the recent collectives' pattern (call site and fingerprint).
+StragglerContext stragglerContext(GroupState& st, const StragglerBoard& board, const std::vector<Straggler>& named,
+                                  std::map<uint64_t, std::string>& siteNames) {
   StragglerContext c;
   c.group = st.label();
   c.globalRanks = st.id().globalRanks;
   auto& sites = CallSites::instance();
   auto name = [&](uint64_t key) {
-    if (key != 0 && !c.sites.count(key)) c.sites[key] = sites.describe(sites.byStableKey(key));
+    if (key == 0) return;
+    auto it = siteNames.find(key);
+    if (it == siteNames.end()) it = siteNames.emplace(key, sites.describe(sites.byStableKey(key))).first;
+    c.sites[key] = it->second;
   };
-  for (const auto& w : board.history()) name(w.siteKey);
+  const auto& h = board.history();
+  for (size_t i = h.size() > kStragglerJsonWindows ? h.size() - kStragglerJsonWindows : 0; i < h.size(); ++i) {
+    name(h[i].siteKey);
+  }
+  for (const auto& s : named) name(s.siteKey);
+  if (named.empty()) return c;
   std::vector<uint64_t> pattern;
   for (const auto& e : st.ledger().entries(kStepPatternEntries)) {
     // The group's first collectives are set-up (DDP's broadcasts), not steps.
@@ -669,17 +681,18 @@ void Watchdog::lookForStragglers(GroupCtx& ctx) {
   if (!ctx.board) ctx.board = std::make_unique<StragglerBoard>(st.config().stragglerThreshold);
   if (ctx.board->look(ranks) == 0) return;
 
-  StragglerContext names = stragglerContext(st, *ctx.board);
+  const std::vector<Straggler> named = ctx.board->named();
+  StragglerContext names = stragglerContext(st, *ctx.board, named, ctx.stragglerSites);
   const int64_t now = steadyNs();
-  for (const auto& s : ctx.board->named()) {
+  for (const auto& s : named) {
     auto& warned = ctx.stragglerWarnedNs[{s.rank, s.siteKey}];
     if (warned != 0 && now - warned < kStragglerRewarnNs) continue;
     warned = now;
     logMessage(LogLevel::Warning, "guard: " + stragglerText(s, static_cast<size_t>(size), names));
   }
-  std::string json = stragglersJson(*ctx.board, static_cast<size_t>(size), names).dump();
+  std::string json = stragglersJson(*ctx.board, named, static_cast<size_t>(size), names, kStragglerJsonWindows).dump();
   std::string who;  // the ranks and sites named, to publish at once when they change
-  for (const auto& s : ctx.board->named()) who += std::to_string(s.rank) + "@" + std::to_string(s.siteKey) + " ";
+  for (const auto& s : named) who += std::to_string(s.rank) + "@" + std::to_string(s.siteKey) + " ";
   {
     std::lock_guard<std::mutex> lock(ctx.stragglersMu);
     ctx.stragglersJson = json;

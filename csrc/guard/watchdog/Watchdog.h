@@ -152,6 +152,7 @@ class Watchdog {
     std::map<std::pair<int, uint64_t>, int64_t> stragglerWarnedNs;  // (group rank, site) -> steady ns
     int64_t stragglersPublishedNs = 0;
     std::string stragglersPublishedWho;
+    std::map<uint64_t, std::string> stragglerSites;  // call site key -> its description
     std::mutex stragglersMu;
     std::string stragglersJson;  // the last analysis, for stragglers()
     // Written by the I/O thread, read for local reports.
