@@ -109,7 +109,8 @@ def train() -> None:
                "step_s": (time.monotonic() - start) / STEPS,
                "injected_s_per_step": EXTRA_S if MODE in ("step", "backward") else None,
                "stragglers": [s.__dict__ for s in report.stragglers],
-               "collectives_per_step": report.collectives_per_step, "analysed_up_to": report.analysed_up_to}
+               "collectives_per_step": report.collectives_per_step, "analysed_up_to": report.analysed_up_to,
+               "wait_shares": report.wait_shares()}
         _say("STRAGGLERS " + json.dumps(out))
 
 

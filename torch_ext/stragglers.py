@@ -78,6 +78,17 @@ class StragglerReport:
         """The straggler that cost the others most, if any."""
         return self.stragglers[0] if self.stragglers else None
 
+    def wait_shares(self) -> dict[int, float]:
+        """Each rank's share of its time spent waiting in the group's collectives over
+        :attr:`windows`, by group rank: the straggler's is the lowest."""
+        waits: dict[int, float] = {}
+        spans: dict[int, float] = {}
+        for w in self.windows:
+            for r, (wait, span) in enumerate(zip(w["wait_s"], w["span_s"])):
+                waits[r] = waits.get(r, 0.0) + wait
+                spans[r] = spans.get(r, 0.0) + span
+        return {r: waits[r] / spans[r] for r in sorted(waits) if spans[r] > 0}
+
     def metrics(self, prefix: str = "straggler/") -> dict[str, float]:
         """Scalars for a logger: ``straggler/rank`` (-1: none), ``straggler/extra_ms_per_step``
         (per collective when steps are unknown), ``straggler/share``,

@@ -49,6 +49,8 @@ def _assert_names_rank_2_with_its_extra_time(result: dict, out: str, site: str) 
     assert s["extra_s_per_step"] is not None, s
     assert abs(s["extra_s_per_step"] - INJECTED_S) <= 0.25 * INJECTED_S, s
     assert s["own_wait_share"] < s["others_wait_share"], s
+    shares = {int(r): v for r, v in result["wait_shares"].items()}  # over the last windows, per rank
+    assert sorted(shares) == [0, 1, 2, 3] and min(shares, key=shares.get) == 2, result
     warned = _warnings(out)
     assert warned and all('rank 2 (host ' in w and " is the straggler: the other 3 ranks waited on average" in w
                           for w in warned), out[-4000:]
