@@ -8,6 +8,9 @@
 
 #include <c10/util/Exception.h>
 
+#include <atomic>
+#include <exception>
+#include <memory>
 #include <string>
 
 namespace torch_ext {
@@ -32,6 +35,9 @@ inline const char* guardErrorKindName(GuardErrorKind kind) {
   return enumName(kind);
 }
 
+// Set once the program was handed a group's failure (see GuardError::markSeen).
+using SeenFlag = std::shared_ptr<std::atomic<bool>>;
+
 class GuardError : public c10::DistBackendError {
  public:
   GuardError(GuardErrorKind kind, std::string msg)
@@ -39,13 +45,52 @@ class GuardError : public c10::DistBackendError {
   GuardErrorKind kind() const {
     return kind_;
   }
+  // A group's failure carries its group's flag: whoever hands the error to
+  // the program marks it (the Python bindings when they make the Python
+  // exception), so an exit path does not raise again a verdict the program
+  // saw and handled (its own exit status stays its own).
+  void setSeenFlag(SeenFlag flag) {
+    seen_ = std::move(flag);
+  }
+  const SeenFlag& seenFlag() const {
+    return seen_;
+  }
+  void markSeen() const {
+    if (seen_) seen_->store(true, std::memory_order_release);
+  }
 
  private:
   GuardErrorKind kind_;
+  SeenFlag seen_;
 };
 
 // Throws the GuardError subclass for `kind` (so catch sites can be specific).
-[[noreturn]] void throwGuardError(GuardErrorKind kind, const std::string& msg);
+[[noreturn]] void throwGuardError(GuardErrorKind kind, const std::string& msg, SeenFlag seen = nullptr);
+
+// How a guard error leaves the guard: the form it takes where a Work's wait(),
+// a future's error or a collective call hands it to torch and so to the
+// program. Inside the core, errors are the C++ types above. torch translates
+// C++ exceptions to Python itself on some paths (the autograd engine running
+// DDP's reducer, dispatcher ops), where a c10::DistBackendError becomes
+// torch.distributed.DistBackendError whatever its subclass; so the Python
+// bindings install a surface that keeps the torch_ext type there
+// (docs/architecture.md, "One error, whatever the path"). Without one (C++
+// programs, the GoogleTest suite) an error leaves as itself.
+using ErrorSurface = std::exception_ptr (*)(const GuardError&);
+void setErrorSurface(ErrorSurface surface);
+// `err` as it leaves the guard: a GuardError through the installed surface
+// (marked seen when there is none: the C++ caller gets it as is), anything
+// else unchanged.
+std::exception_ptr surfaced(std::exception_ptr err);
+// Runs `body`; a GuardError it throws leaves through the surface.
+template <class F>
+decltype(auto) surfacing(F&& body) {
+  try {
+    return body();
+  } catch (const GuardError&) {
+    std::rethrow_exception(surfaced(std::current_exception()));
+  }
+}
 
 class CollectiveMismatchError : public GuardError {
  public:

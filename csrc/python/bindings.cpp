@@ -18,6 +18,7 @@
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/Watchdog.h"
 #include "nccl_sim/NcclSimBackend.h"
+#include "python/PyErrors.h"
 #include "python/PyRuntime.h"
 
 #include <pybind11/chrono.h>
@@ -35,12 +36,6 @@ namespace py = pybind11;
 using torch_ext::GuardBackend;
 
 namespace {
-
-PyObject* g_excMismatch = nullptr;
-PyObject* g_excTimeout = nullptr;
-PyObject* g_excFailure = nullptr;
-PyObject* g_excStoreLost = nullptr;
-PyObject* g_excGuard = nullptr;
 
 GuardBackend& asGuard(const c10::intrusive_ptr<c10d::Backend>& backend) {
   auto* g = dynamic_cast<GuardBackend*>(backend.get());
@@ -86,38 +81,15 @@ torch_ext::Config resolve(const std::map<std::string, std::string>& overrides) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const torch_ext::CollectiveMismatchError& e) {
-      if (!g_excMismatch) throw;
-      PyErr_SetString(g_excMismatch, e.what_without_backtrace());
-    } catch (const torch_ext::CollectiveTimeoutError& e) {
-      if (!g_excTimeout) throw;
-      PyErr_SetString(g_excTimeout, e.what_without_backtrace());
-    } catch (const torch_ext::StoreLostError& e) {
-      if (!g_excStoreLost) throw;
-      PyErr_SetString(g_excStoreLost, e.what_without_backtrace());
-    } catch (const torch_ext::CollectiveFailureError& e) {
-      if (!g_excFailure) throw;
-      PyErr_SetString(g_excFailure, e.what_without_backtrace());
-    } catch (const torch_ext::GuardError& e) {
-      if (!g_excGuard) throw;
-      PyErr_SetString(g_excGuard, e.what_without_backtrace());
-    }
-  });
+  py::register_exception_translator(&torch_ext::py::translateError);
 
   m.def(
       "_register_exceptions",
       [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost) {
-        // Kept alive for the life of the process: the translator may run at exit.
-        g_excGuard = guard.release().ptr();
-        g_excMismatch = mismatch.release().ptr();
-        g_excTimeout = timeout.release().ptr();
-        g_excFailure = failure.release().ptr();
-        g_excStoreLost = storeLost.release().ptr();
+        torch_ext::py::installErrors(std::move(guard), std::move(mismatch), std::move(timeout), std::move(failure),
+                                     std::move(storeLost));
       },
-      "Installs the Python classes raised for guard errors.");
+      "Installs the Python classes raised for guard errors, on every path out of C++ (python/PyErrors.h).");
 
   m.def(
       "resolve_config", [](const std::map<std::string, std::string>& overrides) { return configDict(resolve(overrides)); },

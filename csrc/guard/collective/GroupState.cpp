@@ -62,13 +62,20 @@ std::optional<Failure> GroupState::failure() const {
 void GroupState::throwFailure(const std::string& op) const {
   auto f = failure();
   if (!f) throw std::logic_error("throwFailure() on a group that has not failed");
-  failureRaised_.store(true, std::memory_order_release);
   std::string msg = f->report;
   if (!op.empty()) {
     msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) +
            ": group \"" + label() + "\" failed earlier and stays failed; destroy and re-create it to go on)";
   }
-  throwGuardError(f->kind, msg);
+  throwGuardError(f->kind, msg, failureSeen_);
+}
+
+std::exception_ptr GroupState::failureError(const std::string& op) const {
+  try {
+    throwFailure(op);
+  } catch (...) {
+    return std::current_exception();
+  }
 }
 
 void GroupState::setAbortHook(std::function<void()> hook) {

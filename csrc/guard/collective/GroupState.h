@@ -94,11 +94,14 @@ class GroupState {
   // Throws the group's failure. `op` names a later operation that ran into an
   // earlier failure ("" for the operation that caused it).
   [[noreturn]] void throwFailure(const std::string& op) const;
-  // Whether the failure was ever raised (throwFailure) on a thread of the
-  // program: an exit path reports a mismatch nobody raised, so no process
-  // exits 0 over it.
+  // The group's failure as an exception (the group has failed).
+  std::exception_ptr failureError(const std::string& op = std::string()) const;
+  // Whether the failure was ever handed to the program (a wait, a future or a
+  // call raised it: see GuardError::markSeen): an exit path reports a
+  // mismatch nobody saw, so no process exits 0 over it, and never raises
+  // again one the program saw and handled.
   bool failureRaised() const {
-    return failureRaised_.load(std::memory_order_acquire);
+    return failureSeen_->load(std::memory_order_acquire);
   }
   void setAbortHook(std::function<void()> hook);
 
@@ -141,7 +144,7 @@ class GroupState {
   std::condition_variable cv_;
   std::string desc_;
   std::atomic<bool> failed_{false};
-  mutable std::atomic<bool> failureRaised_{false};
+  SeenFlag failureSeen_ = std::make_shared<std::atomic<bool>>(false);
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
   std::shared_ptr<Verifier> verifier_;

@@ -116,12 +116,7 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures,
                                 &works);
-    std::exception_ptr err;
-    try {
-      throwGuardError(failure->kind, failure->report);
-    } catch (...) {
-      err = std::current_exception();
-    }
+    const std::exception_ptr err = surfaced(state->failureError());
     for (auto& f : futures) f->setErrorIfNeeded(err);
     // Futures whose collective completed but awaited the check's release.
     if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
@@ -203,6 +198,11 @@ c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
 
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
+  return surfacing([&] { return issue(std::move(builder), device, std::forward<Call>(call)); });
+}
+
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
   Fingerprint fp = builder.finish();
   fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
   const Op op = fp.op;
@@ -457,7 +457,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::recvAnysource(std::vector<at::Tenso
 }
 
 void GuardBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
-  if (state_->failed()) state_->throwFailure("monitored_barrier");
+  if (state_->failed()) std::rethrow_exception(surfaced(state_->failureError("monitored_barrier")));
   TORCH_CHECK(!shutdown_, "guard: monitored_barrier on a group that was shut down");
   innerOrThrow(c10::DeviceType::CPU, Op::Barrier).monitoredBarrier(opts, waitAllRanks);
 }
@@ -489,7 +489,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::endCoalescing() {
   if (nativeCoalescing_ != nullptr) {
     c10d::Backend* inner = nativeCoalescing_;
     nativeCoalescing_ = nullptr;
-    auto work = inner->endCoalescing();
+    auto work = surfacing([inner] { return inner->endCoalescing(); });
     auto ids = std::move(coalescedIds_);
     coalescedIds_.clear();
     if (!work) {
@@ -567,9 +567,8 @@ void GuardBackend::drainVerifier() {
 }
 
 void GuardBackend::awaitVerdicts() {
-  if (state_->failed()) state_->throwFailure("");
-  drainVerifier();
-  if (state_->failed()) state_->throwFailure("");
+  if (!state_->failed()) drainVerifier();
+  if (state_->failed()) std::rethrow_exception(surfaced(state_->failureError()));
 }
 
 void GuardBackend::shutdown() {
@@ -595,7 +594,7 @@ void GuardBackend::shutdown() {
     keepInnersForever();
     // Never a clean exit over a mismatch: a rank that reads nothing more
     // still ends with the error every rank raises.
-    if (mismatched) state_->throwFailure("");
+    if (mismatched) std::rethrow_exception(surfaced(state_->failureError()));
     return;
   }
   for (auto& kv : inner_) kv.second.backend->shutdown();

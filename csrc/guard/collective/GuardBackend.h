@@ -144,6 +144,10 @@ class GuardBackend : public c10d::Backend {
   // The one path every operation takes. `call` invokes the inner backend.
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
+  // run()'s body: errors as the core throws them (run hands them out through
+  // the error surface, Errors.h).
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
   c10d::Backend& innerOrThrow(c10::DeviceType device, Op op);
   [[noreturn]] void failWhileIssuing(uint64_t id, const std::exception& e);
   void stopWatchdog();

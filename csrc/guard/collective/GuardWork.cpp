@@ -30,26 +30,51 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   if (innerFuture->completed()) {
     // Done already (a synchronous inner backend): no callback to run later.
-    settle(*state, id, seq, innerFuture);
+    settle(state, id, seq, innerFuture);
   } else {
     // The callback holds the group state and the record id, not the work: a
     // work the user dropped still completes its record.
     innerFuture->addCallback([state, id, seq](c10::ivalue::Future& f) {
-      settle(*state, id, seq, c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(&f));
+      settle(state, id, seq, c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(&f));
       state->notify();
     });
   }
   return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
 }
 
-void GuardWork::settle(GroupState& state, uint64_t id, uint64_t seq,
+void GuardWork::settle(const std::shared_ptr<GroupState>& state, uint64_t id, uint64_t seq,
                        const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
   const bool ok = !inner->hasError();
   if (seq > 0 && ok) {
-    if (Verifier* verifier = state.verifier()) verifier->kick();  // check what completed, off the caller's thread
+    if (Verifier* verifier = state->verifier()) verifier->kick();  // check what completed, off the caller's thread
   }
-  auto ours = state.ledger().complete(id, ok, ok ? std::string() : inner->tryRetrieveErrorMessage());
-  if (ours) release(state, seq, std::move(ours), inner);
+  auto ours = state->ledger().complete(id, ok, ok ? std::string() : inner->tryRetrieveErrorMessage());
+  if (!ours) return;
+  if (!ok) {
+    // The inner backend's own words ("Connection closed by peer") name no
+    // rank: whoever waits on our future (DDP's reducer, a comm hook, FSDP2)
+    // gets what a direct wait() gets, the group's verdict or the cross-rank
+    // report of the failure. Made here, on the inner backend's thread, as
+    // wait() makes it on the caller's: a few seconds at most.
+    ours->setErrorIfNeeded(surfaced(innerFailure(state, id, inner->tryRetrieveErrorMessage())));
+    return;
+  }
+  release(*state, seq, std::move(ours), inner);
+}
+
+std::exception_ptr GuardWork::innerFailure(const std::shared_ptr<GroupState>& state, uint64_t id,
+                                           const std::string& err) {
+  try {
+    // A work is pending when its group fails, so the report speaks for it as is.
+    if (state->failed()) return state->failureError();
+    std::string report = Watchdog::instance().failureReport(state, id, err);
+    // The verdict fails the whole group only when a rank is gone; an op the
+    // inner backend rejected (e.g. an unsupported reduce op) fails just this op.
+    if (state->failed()) return state->failureError();
+    throw CollectiveFailureError(report);
+  } catch (...) {
+    return std::current_exception();
+  }
 }
 
 void GuardWork::release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
@@ -63,7 +88,7 @@ void GuardWork::release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10:
   // rank is known to have issued the same collectives up to this one.
   verifier->whenVerified(
       seq, [ours, inner] { completeFrom(*ours, *inner); },
-      [ours](std::exception_ptr err) { ours->setErrorIfNeeded(err); });
+      [ours](std::exception_ptr err) { ours->setErrorIfNeeded(surfaced(std::move(err))); });
 }
 
 Verifier* GuardWork::gate() const {
@@ -102,12 +127,7 @@ GuardWork::~GuardWork() {
 }
 
 std::exception_ptr GuardWork::groupFailure() const {
-  try {
-    state_->throwFailure("");
-  } catch (...) {
-    return std::current_exception();
-  }
-  return nullptr;
+  return surfaced(state_->failureError());
 }
 
 std::string GuardWork::describe() const {
@@ -119,6 +139,10 @@ std::string GuardWork::describe() const {
 }
 
 bool GuardWork::isCompleted() {
+  return surfacing([this] { return completedOrThrow(); });
+}
+
+bool GuardWork::completedOrThrow() {
   if (mode_ == Mode::Future) {
     if (innerFuture_->completed()) {
       if (released()) return true;
@@ -151,10 +175,12 @@ bool GuardWork::isSuccess() const {
 }
 
 std::exception_ptr GuardWork::exception() const {
-  if (mode_ == Mode::Future) {
-    if (innerFuture_->completed()) return innerFuture_->exception_ptr();
-    return state_->failed() ? groupFailure() : nullptr;
+  if (state_->failed()) {
+    const bool failedHere = mode_ == Mode::Future ? !innerFuture_->completed() || innerFuture_->hasError()
+                                                  : inner_->exception() != nullptr;
+    if (failedHere) return groupFailure();
   }
+  if (mode_ == Mode::Future) return innerFuture_->completed() ? innerFuture_->exception_ptr() : nullptr;
   return inner_->exception();
 }
 
@@ -187,6 +213,7 @@ uint64_t GuardWork::getSequencenumber() const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
+  if (mode_ == Mode::Device) return deviceFuture();
   if (mode_ != Mode::Future) return inner_->getFuture();
   std::call_once(futureOnce_, [this] {
     // Made on first request (DDP's comm hooks ask; a plain wait() does not):
@@ -197,9 +224,13 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
       // Completed by the inner future's callback or errored by a group failure,
       // whichever takes it from the ledger first. The callback may have run
       // before it was tracked: then take it back here.
-      if (innerFuture_->completed()) settle(*state_, id_, seq_, innerFuture_);
+      if (innerFuture_->completed()) settle(state_, id_, seq_, innerFuture_);
     } else if (innerFuture_->completed()) {
-      release(*state_, seq_, ours, innerFuture_);
+      if (innerFuture_->hasError()) {
+        ours->setError(surfaced(innerFailure(state_, id_, innerFuture_->tryRetrieveErrorMessage())));
+      } else {
+        release(*state_, seq_, ours, innerFuture_);
+      }
     } else {
       ours->setError(groupFailure());  // failed while pending: the group failed
     }
@@ -208,14 +239,32 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
   return future_;
 }
 
+c10::intrusive_ptr<c10::ivalue::Future> GuardWork::deviceFuture() {
+  std::call_once(futureOnce_, [this] {
+    // The inner future keeps its stream semantics (a CUDA future completes at
+    // enqueue, with its events); ours completes from it in a callback, which
+    // runs with the inner future's streams current, so the same events order
+    // our callbacks. What changes is the error: when the guard fails the
+    // group it aborts the inner backend, whose futures then fail in its own
+    // words ("communicator ... was aborted"); ours carries the verdict.
+    auto inner = inner_->getFuture();
+    auto ours = c10::make_intrusive<c10::ivalue::Future>(inner->elementType(), inner->devices());
+    inner->addCallback([ours, state = state_, id = id_](c10::ivalue::Future& f) {
+      if (!f.hasError()) {
+        ours->markCompleted(f.value(), f.storages());
+      } else if (state->failed()) {
+        ours->setErrorIfNeeded(surfaced(state->failureError()));
+      } else {
+        ours->setErrorIfNeeded(surfaced(innerFailure(state, id, f.tryRetrieveErrorMessage())));
+      }
+    });
+    future_ = std::move(ours);
+  });
+  return future_;
+}
+
 void GuardWork::failFromInner(const std::string& err) {
-  // A work is pending when its group fails, so the report speaks for it as is.
-  if (state_->failed()) state_->throwFailure("");
-  std::string report = Watchdog::instance().failureReport(state_, id_, err);
-  // The verdict fails the whole group only when a rank is gone; an op the inner
-  // backend rejected (e.g. an unsupported reduce op) fails just this op.
-  if (state_->failed()) state_->throwFailure("");
-  throw CollectiveFailureError(report);
+  std::rethrow_exception(innerFailure(state_, id_, err));
 }
 
 void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeout) {
@@ -247,6 +296,10 @@ Verifier* GuardWork::hostGate() {
 }
 
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
+  return surfacing([this, timeout] { return waitOrThrow(timeout); });
+}
+
+bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   if (mode_ == Mode::Future) {
     Verifier* verifier = gate();
     if (verifier != nullptr) verifier->want(seq_);  // asked for: check it now

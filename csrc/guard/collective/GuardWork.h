@@ -72,11 +72,19 @@ class GuardWork : public c10d::Work {
   // The inner work failed with `err`: fail the group with a cross-rank report
   // (unless it failed already) and throw the group's error.
   [[noreturn]] void failFromInner(const std::string& err);
+  // What failFromInner throws, as an exception (waits a few seconds at most).
+  static std::exception_ptr innerFailure(const std::shared_ptr<GroupState>& state, uint64_t id,
+                                         const std::string& err);
+  // wait() and isCompleted() inside the guard: GuardErrors as the core throws
+  // them; the public ones hand them out through the error surface (Errors.h).
+  bool waitOrThrow(std::chrono::milliseconds timeout);
+  bool completedOrThrow();
   // The group's failure as an exception (the group has failed).
   std::exception_ptr groupFailure() const;
   // Completes record `id` from the finished `inner` future and, if one is
   // tracked for it and not yet taken, our future too.
-  static void settle(GroupState& state, uint64_t id, uint64_t seq, const c10::intrusive_ptr<c10::ivalue::Future>& inner);
+  static void settle(const std::shared_ptr<GroupState>& state, uint64_t id, uint64_t seq,
+                     const c10::intrusive_ptr<c10::ivalue::Future>& inner);
   // Completes our future from the inner one, once check="verify" releases
   // collective `seq` (at once in other modes, for p2p, and for errors).
   static void release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
@@ -93,6 +101,9 @@ class GuardWork : public c10d::Work {
   // its way: a stream backend orders, the host does not wait).
   Verifier* hostGate();
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
+  // Device mode's getFuture(): the inner future's completion, with the
+  // group's verdict as its error.
+  c10::intrusive_ptr<c10::ivalue::Future> deviceFuture();
 
   std::shared_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Work> inner_;
