@@ -60,8 +60,7 @@ def main():
                          limit_train_batches=2, limit_val_batches=2, num_sanity_val_steps=0)
     try:
         trainer.fit(Classifier(), train_dataloaders=loader, val_dataloaders=loader)
-    except torch.distributed.DistBackendError as e:  # torch_ext's errors are DistBackendErrors
-        # (Ranks 1 and 2 get theirs through autograd's engine, which keeps only the base type.)
+    except torch_ext.CollectiveMismatchError as e:  # ranks 1 and 2 get theirs inside loss.backward()
         # Each rank shows what it raised (one write: the ranks share the terminal) and
         # ends, as the launcher of the other examples in this folder shows them.
         sys.stdout.write(f"[rank{trainer.global_rank}] raised {type(e).__name__}:\n{e}\n")

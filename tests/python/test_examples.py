@@ -78,13 +78,25 @@ def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
     doc_samples.check_source(name, out)
 
 
+def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_path):
+    # Rank 0's error comes out of loss.backward() (DDP's reducer, inside the
+    # autograd engine): typed there too, not torch's plain DistBackendError.
+    out = _source("ddp_uneven_steps", tmp_path)  # python examples/bugs/ddp_uneven_steps.py
+    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1"], out[-8000:]
+    assert "in train\n  rank 1: barrier()" in out, out[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
+    doc_samples.check_source("ddp_uneven_steps", out)
+
+
 def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_path):
     # Lightning#19106 under Lightning's own launcher: every rank raises, rank 0's report
     # names the metric, the self.log_dict line in validation_step, the keys per rank and the hint.
     pytest.importorskip("lightning")
     out = _source("lightning_metric_keys", tmp_path)  # python examples/bugs/lightning_metric_keys.py
     raised = dict(re.findall(r"\[rank(\d)\] raised (\w+):", out))
-    assert raised == {"0": "CollectiveMismatchError", "1": "DistBackendError", "2": "DistBackendError"}, out[-8000:]
+    # Ranks 1 and 2 raise inside loss.backward() (autograd's engine): typed there too.
+    assert raised == {"0": "CollectiveMismatchError", "1": "CollectiveMismatchError",
+                      "2": "CollectiveMismatchError"}, out[-8000:]
     assert "for metric 'val_acc_c3' logged with sync_dist=True (asked for at lightning_metric_keys.py:" in out
     assert "in Classifier.validation_step)" in out, out[-8000:]
     assert "val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here" in out, out[-8000:]
