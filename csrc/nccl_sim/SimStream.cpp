@@ -186,6 +186,7 @@ void SimStream::execute(StreamOp& op) {
   const int64_t start = steadyNowNs();
   std::string error;
   bool ok = true;
+  op.started.store(true, std::memory_order_release);
   try {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (auto& launch : op.launches) {

@@ -51,6 +51,7 @@ struct StreamOp {
   std::vector<at::Tensor> outputs;
   c10::intrusive_ptr<c10::ivalue::Future> future;  // completed with `outputs` once done
   std::atomic<OpState> state{OpState::Queued};
+  std::atomic<bool> started{false};  // the stream began its exchange (not stalled ahead of it)
   std::string error;  // written before state turns Failed
   int64_t durationNs = 0;  // stream time of the exchange (start to end on the stream)
 };

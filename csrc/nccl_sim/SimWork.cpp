@@ -7,6 +7,10 @@ namespace torch_ext::nccl_sim {
 SimWork::SimWork(std::shared_ptr<SimStream> stream, std::shared_ptr<StreamOp> op, int rank, c10d::OpType type)
     : c10d::Work(rank, type), stream_(std::move(stream)), op_(std::move(op)) {}
 
+bool SimWork::streamStarted() const {
+  return op_->started.load(std::memory_order_acquire) || op_->state.load() != OpState::Queued;
+}
+
 bool SimWork::isCompleted() {
   return op_->state.load() != OpState::Queued;
 }

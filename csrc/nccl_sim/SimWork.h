@@ -18,6 +18,7 @@
 //    there, which is what they observe on a GPU.)
 //  - abort(): aborts the communicator, as WorkNCCL::abort() does.
 
+#include "guard/collective/StreamOrdered.h"
 #include "nccl_sim/SimStream.h"
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -26,7 +27,7 @@
 
 namespace torch_ext::nccl_sim {
 
-class SimWork : public c10d::Work {
+class SimWork : public c10d::Work, public StreamStartAware {
  public:
   SimWork(std::shared_ptr<SimStream> stream, std::shared_ptr<StreamOp> op, int rank, c10d::OpType type);
 
@@ -39,6 +40,9 @@ class SimWork : public c10d::Work {
   void abort() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   float getDuration() const override;
+  // The stream began the operation's exchange: false while it is queued
+  // behind another, or stalled (TORCH_EXT_NCCL_SIM_STALL) at it.
+  bool streamStarted() const override;
 
  private:
   std::shared_ptr<SimStream> stream_;

@@ -262,6 +262,51 @@ TEST(GroupState, ThrowFailureThrowsTheKindsSubclass) {
   }
 }
 
+// The error surface (Errors.h): a group's failure leaves the core as itself
+// (and counts as seen) without a surface; with one, as what the surface
+// makes, seen only when the surface's translator says so.
+struct SurfacedForTest : std::runtime_error {
+  SurfacedForTest(GuardErrorKind k, SeenFlag s) : std::runtime_error("surfaced"), kind(k), seen(std::move(s)) {}
+  GuardErrorKind kind;
+  SeenFlag seen;
+};
+
+TEST(GroupState, FailuresLeaveThroughTheErrorSurfaceAndCountAsSeenOnce) {
+  {
+    SCOPED_TRACE("no surface: the C++ type, seen when it leaves");
+    auto st = makeGroup();
+    st->fail(GuardErrorKind::Mismatch, "differs");
+    std::exception_ptr inside = st->failureError();
+    EXPECT_FALSE(st->failureRaised());  // made inside the core: nobody saw it yet
+    std::exception_ptr out = surfaced(inside);
+    EXPECT_TRUE(st->failureRaised());
+    EXPECT_EQ(thrown<CollectiveMismatchError>([&] { std::rethrow_exception(out); }), "differs");
+    // Anything else passes unchanged.
+    auto other = std::make_exception_ptr(std::logic_error("x"));
+    EXPECT_EQ(surfaced(other), other);
+    EXPECT_EQ(surfaced(nullptr), nullptr);
+  }
+  {
+    SCOPED_TRACE("a surface: what it makes, carrying the group's flag");
+    setErrorSurface([](const GuardError& e) {
+      return std::make_exception_ptr(SurfacedForTest(e.kind(), e.seenFlag()));
+    });
+    auto st = makeGroup();
+    st->fail(GuardErrorKind::Timeout, "waited");
+    try {
+      surfacing([&]() -> int { st->throwFailure(""); });
+      ADD_FAILURE() << "surfacing() returned";
+    } catch (const SurfacedForTest& e) {
+      EXPECT_EQ(e.kind, GuardErrorKind::Timeout);
+      EXPECT_FALSE(st->failureRaised());  // the surface's translator has not run
+      e.seen->store(true);
+      EXPECT_TRUE(st->failureRaised());
+    }
+    EXPECT_EQ(surfacing([] { return 7; }), 7);
+    setErrorSurface(nullptr);
+  }
+}
+
 TEST(GroupState, WaitUntilReturnsOnPredicateFailureOrTimeout) {
   // The waits below have a 20 s deadline and must end long before it: a lost
   // wake-up shows as a wait that ran into the deadline (which, for the failure

@@ -504,6 +504,27 @@ TEST(Report, HangInASubgroupUsesGlobalRanks) {
   EXPECT_EQ(v.completed, (std::vector<int64_t>{4}));
 }
 
+TEST(Report, AllRanksInOneCollectiveNamesTheRankWhoseStreamHasNotBegunIt) {
+  // FlagScale's "all ranks stuck": every host issued #1, one stream stalled
+  // before it. Only the stream backend's start state tells the ranks apart.
+  const uint32_t step = site("train.py", 50, "step");
+  std::deque<Sim> sims(3);
+  for (auto& s : sims) s.op(allReduce(10), step, true);
+  auto in = inputs(sims, {0, 1, 2});
+  for (auto& r : in) setStart(r, 1, kNow - 3 * kSec);
+  for (int r = 0; r < 3; ++r) in[r].snapshot.groups[0].entries[0].streamStarted = (r != 1);
+  Verdict v = analyze("dp", in, incident("hang", "1", 0), kNow);
+  EXPECT_EQ(v.kind, Verdict::Kind::Hang);
+  EXPECT_EQ(v.text,
+            "collective #1 all_reduce(float32[10], SUM) on group \"dp\" has waited 3.0 s\n"
+            "  waiting: ranks 0-2 at train.py:50 in step\n"
+            "  rank 1: issued #1, but its stream has not begun it (held up at it or before it: a slow or hung "
+            "kernel, or a collective of another group on the same stream); ranks 0,2 are in #1, waiting for it");
+  // Unknown start states (gloo, NCCL without timing): nothing is said.
+  for (auto& r : in) r.snapshot.groups[0].entries[0].streamStarted.reset();
+  EXPECT_EQ(analyze("dp", in, incident("hang", "1", 0), kNow).text.find("stream"), std::string::npos);
+}
+
 TEST(Report, HangOfAP2POpNamesTheMissingPeer) {
   const uint32_t a = site("pipe.py", 11, "send_act");
   std::deque<Sim> sims(2);

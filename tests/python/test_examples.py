@@ -109,6 +109,8 @@ def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(t
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError", out)) == ["0", "1", "2"], out[-8000:]
     assert out.count('collective #10 all_reduce(float32[4], SUM) on group "default_pg" has waited') >= 3, out
     assert "sum" not in out.replace("SUM", ""), out  # no rank read the result of the aborted stream
+    # Every host is in #10; the report names the rank whose stream never began it.
+    assert out.count("rank 2: issued #10, but its stream has not begun it") >= 3, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
     doc_samples.check_source("stalled_stream", out)
 

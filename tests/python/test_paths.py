@@ -4,13 +4,15 @@ A path x fault x inner matrix: the same small training loop run through direct
 calls, DDP (gradient all_reduces in the reducer, inside ``loss.backward()``),
 FSDP2, Lightning's ``ddp_guard`` and Accelerate, on gloo and on nccl_sim, with
 rank 1 at step 3 issuing a different collective (an extra barrier), staying
-away, or dying (SIGKILL). Every surviving rank must end by itself with the
+away, dying (SIGKILL), or (nccl_sim) its stream stalling while every host is
+inside the collective. Every surviving rank must end by itself with the
 guard's typed error (``except torch_ext.GuardError`` catches it, whatever torch
 code it crossed), naming rank 1, and (mismatch, absence) the user's own
 file:line; ``torch_ext.failure()`` must say the group failed.
 
 The mismatch and the dead rank run at the default settings (nothing set); the
-absence needs ``abort_after`` shorter than the test (the default is 30 min).
+absence and the stall need ``abort_after`` shorter than the test (the default
+is 30 min).
 The matrix's ranks are forked with torch preloaded and find the store in the
 test process (as under torchrun); real programs launched as plain env:// does
 (rank 0's process hosts the TCPStore) and as torchrun does are covered for DDP
@@ -28,7 +30,10 @@ from jobs import paths_job
 
 PATHS = ["direct", "ddp", "fsdp2", "lightning", "accelerate"]
 FAULTS = {"mismatch": "CollectiveMismatchError", "absent": "CollectiveTimeoutError",
-          "dead": "CollectiveFailureError"}
+          "dead": "CollectiveFailureError", "stall": "CollectiveTimeoutError"}
+# stall (nccl_sim only): rank 1's stream stops at the step's first collective
+# (its position on the stream is its seq), while every host goes on into it.
+STALL_AT = {"direct": 13, "ddp": 9, "fsdp2": 19, "lightning": 24, "accelerate": 9}
 # nccl_sim with the host waiting for the data: on CPU the host is the compute
 # stream, so a result is read only once the simulated stream produced it
 # (docs/testing.md); what real NCCL does for a program that syncs.
@@ -38,8 +43,11 @@ SHORT = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "3"}
 USER_LINE = os.path.basename(paths_job.__file__) + ":"
 
 
-def _env(inner: str, fault: str) -> dict[str, str]:
-    return {**INNERS[inner], **(SHORT if fault == "absent" else DEFAULTS)}
+def _env(inner: str, fault: str, path: str) -> dict[str, str]:
+    env = {**INNERS[inner], **(SHORT if fault in ("absent", "stall") else DEFAULTS)}
+    if fault == "stall":
+        env["TORCH_EXT_NCCL_SIM_STALL"] = f"1:{STALL_AT[path]}"
+    return env
 
 
 def _check_survivors(results, fault: str, expected: str, culprit: int = 1) -> None:
@@ -53,14 +61,19 @@ def _check_survivors(results, fault: str, expected: str, culprit: int = 1) -> No
         assert out["guard"], f"rank {r.rank} got {out['type']}, not a torch_ext.GuardError:\n{out['traceback']}"
         assert out["type"] == f"torch_ext.errors.{expected}", (r.rank, out["type"], out["message"])
         assert f"rank {culprit}" in out["message"], (r.rank, out["message"])
+        if fault == "stall":  # every rank is in the collective: the report says whose stream is not
+            assert f"rank {culprit}: issued #" in out["message"], (r.rank, out["message"])
+            assert "stream has not begun it" in out["message"], (r.rank, out["message"])
         if fault != "dead":
             assert USER_LINE in out["message"], (r.rank, out["message"])
         assert out["failure"], (r.rank, "torch_ext.failure() is None after the error")
 
 
-@pytest.mark.parametrize("inner", list(INNERS))
-@pytest.mark.parametrize("fault", list(FAULTS))
-@pytest.mark.parametrize("path", PATHS)
+# A stalled stream is a stream backend's fault (nccl_sim's switch): not on gloo.
+CELLS = [(p, f, i) for p in PATHS for f in FAULTS for i in INNERS if not (f == "stall" and i == "gloo")]
+
+
+@pytest.mark.parametrize("path,fault,inner", CELLS, ids=["-".join(c) for c in CELLS])
 def test_every_path_raises_the_typed_error_naming_the_rank(path, fault, inner):
     if path in ("lightning", "accelerate"):
         pytest.importorskip(path)
@@ -68,7 +81,7 @@ def test_every_path_raises_the_typed_error_naming_the_rank(path, fault, inner):
     # with os._exit, so a rank 0 hosting it would not linger for its peers
     # the way a program's exit does (the tests below launch real programs).
     results = run_ranks(paths_job.run_rank, 2, path, fault, backend=None, store="parent", timeout=90,
-                        env=_env(inner, fault))
+                        env=_env(inner, fault, path))
     _check_survivors(results, fault, FAULTS[fault])
 
 

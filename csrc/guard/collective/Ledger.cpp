@@ -1,5 +1,7 @@
 #include "guard/collective/Ledger.h"
 
+#include "guard/collective/StreamOrdered.h"
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -192,6 +194,20 @@ void Ledger::pollLater(uint64_t id, c10::intrusive_ptr<c10d::Work> work, bool re
   }
   // A host far ahead of its stream: completions are not left for the next tick.
   if (full) pollCompletions();
+}
+
+std::optional<bool> Ledger::streamStarted(uint64_t id) const {
+  c10::intrusive_ptr<c10d::Work> work;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::lower_bound(polled_.begin(), polled_.end(), id,
+                               [](const Polled& p, uint64_t v) { return p.id < v; });
+    if (it == polled_.end() || it->id != id) return std::nullopt;
+    work = it->work;
+  }
+  const auto* aware = dynamic_cast<const StreamStartAware*>(work.get());
+  if (aware == nullptr) return std::nullopt;
+  return aware->streamStarted();
 }
 
 void Ledger::forgetPolled(uint64_t id) {

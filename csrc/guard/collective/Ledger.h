@@ -102,6 +102,9 @@ class Ledger {
   void forgetPolled(uint64_t id);
   // Polls the works registered with pollLater(); completes the finished ones.
   void pollCompletions();
+  // Whether the stream has begun record `id`'s operation: known for a pending
+  // work of a stream backend that says (StreamStartAware), else nullopt.
+  std::optional<bool> streamStarted(uint64_t id) const;
   // Failures of reportFailure works found by polling since the last call (the
   // first few), as (record id, error).
   std::vector<std::pair<uint64_t, std::string>> takePolledFailures();

@@ -25,6 +25,18 @@ class StreamOrdered {
   virtual ~StreamOrdered() = default;
 };
 
+// A work of a stream backend that can tell whether its stream has begun it.
+// When every rank of a group is inside the same collective and one stalls,
+// this is what tells them apart: the others' streams run the collective and
+// wait for data, the stalled rank's stream never began it (an operation
+// ahead of it on that stream did not finish). nccl_sim knows; on NCCL it
+// takes start events (TORCH_NCCL_ENABLE_TIMING=1), not read here yet.
+class StreamStartAware {
+ public:
+  virtual ~StreamStartAware() = default;
+  virtual bool streamStarted() const = 0;
+};
+
 // True when `backend` completes its works on a stream (see above).
 inline bool isStreamOrdered(const c10d::Backend& backend) {
   if (dynamic_cast<const StreamOrdered*>(&backend) != nullptr) return true;

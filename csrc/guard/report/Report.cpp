@@ -365,6 +365,30 @@ std::optional<std::string> findP2PMismatch(const std::string& label, const std::
   return std::nullopt;
 }
 
+// Every rank inside collective `seq`, one stream stalled (FlagScale's "all
+// ranks stuck"): the ranks whose stream never began it are the ones the
+// others wait for. Known where the stream backend says (StreamStartAware).
+std::string streamStartLines(const std::vector<RankInput>& ranks, uint64_t seq) {
+  std::vector<int64_t> notStarted, started;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.responded ? r.group() : nullptr;
+    const EntryView* e = g ? g->bySeq(seq) : nullptr;
+    if (e == nullptr || e->state != EntryState::Scheduled || !e->streamStarted) continue;
+    (*e->streamStarted ? started : notStarted).push_back(r.globalRank);
+  }
+  if (notStarted.empty()) return "";
+  std::ostringstream os;
+  const bool one = notStarted.size() == 1;
+  os << "\n  " << formatRanks(notStarted) << ": issued #" << seq << ", but " << (one ? "its" : "their")
+     << " stream has not begun it (held up at it or before it: a slow or hung kernel, or a collective of "
+        "another group on the same stream)";
+  if (!started.empty()) {
+    os << "; " << formatRanks(started) << (started.size() == 1 ? " is" : " are") << " in #" << seq
+       << ", waiting for " << (one ? "it" : "them");
+  }
+  return os.str();
+}
+
 void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, const std::string& what) {
   const GroupView* g = r.group();
   os << "\n  rank " << r.globalRank << " has not arrived";
@@ -823,6 +847,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (across.shape == WaitShape::Cycle) head = across.headline() + ": " + head;
   os << head << across.describe(nowNs);
   for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
+  if (subj.kind != IncidentSubject::Kind::P2P) os << streamStartLines(ranks, subj.seq);
   std::vector<std::string> hints;  // of the labels of the op waited in, each once
   if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
   for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");

@@ -168,6 +168,7 @@ Json toJson(const EntryView& e, const GroupView& g) {
   j.set("reduce_op", e.reduceOp);
   if (!e.label.empty()) j.set("label", toJson(e.label));
   if (!e.error.empty()) j.set("error", e.error);
+  if (e.streamStarted) j.set("stream_started", *e.streamStarted);
   return j;
 }
 
@@ -306,6 +307,9 @@ GroupView groupFromJson(const Json& j) {
     e.frames = framesFrom(ej.at("frames"), "frames");
     if (const Json* label = ej.get("label")) e.label = labelFromJson(*label);
     e.error = optString(ej, "error");
+    if (const Json* started = ej.get("stream_started"); started != nullptr && started->type() == Json::Type::Bool) {
+      e.streamStarted = started->asBool("stream_started");
+    }
     g.entries.push_back(std::move(e));
   }
   return g;

@@ -46,6 +46,9 @@ struct EntryView {
   EntryState state = EntryState::Scheduled;
   int64_t startNs = 0;
   int64_t endNs = 0;
+  // Pending on a stream backend that says: whether its stream has begun it
+  // (StreamStartAware); unknown otherwise. JSON "stream_started".
+  std::optional<bool> streamStarted;
   std::vector<Frame> frames;
   Label label;  // torch_ext.label(...) active when it was issued; empty if none
   std::string error;

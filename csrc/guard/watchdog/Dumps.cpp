@@ -85,7 +85,10 @@ GroupView groupView(GroupState& state, size_t maxEntries) {
   g.lastCompletedNs = p.lastCompletedNs;
   g.rolling = p.rolling;
   g.timeoutMs = state.abortAfter().count();
-  for (const auto& e : state.ledger().entries(maxEntries)) g.entries.push_back(entryView(e));
+  for (const auto& e : state.ledger().entries(maxEntries)) {
+    g.entries.push_back(entryView(e));
+    if (e.state == EntryState::Scheduled) g.entries.back().streamStarted = state.ledger().streamStarted(e.id);
+  }
   return g;
 }
 

@@ -9,9 +9,11 @@ TCPStore, or the store in the launcher as under torchrun), with these settings:
               collectives are issued (dist.all_reduce; DDP's reducer inside
               loss.backward(); FSDP2's all_gather/reduce_scatter; Lightning's
               ddp_guard strategy; Accelerate's prepare/backward)
-  FAULT       none | mismatch | absent | dead: what rank 1 does at step 3 (an
-              extra barrier, the others being in the step's collectives; stays
-              away until the guard has given its verdict; SIGKILLs itself)
+  FAULT       none | mismatch | absent | dead | stall: what rank 1 does at step 3
+              (an extra barrier, the others being in the step's collectives;
+              stays away until the guard has given its verdict; SIGKILLs itself;
+              nccl_sim only: its stream stops before the step's first collective,
+              set by TORCH_EXT_NCCL_SIM_STALL, while its host goes on)
   CATCH_EXIT  N: a rank that catches the torch_ext error exits with status N
               (the user's own exit status, which the guard must keep)
   OUT         folder for one JSON record per rank: how its training ended
