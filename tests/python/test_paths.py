@@ -121,3 +121,29 @@ def test_ddp_survivor_of_a_killed_peer_gets_collective_failure_naming_it(tmp_pat
     assert results[0].returncode == 1 and rec is not None, _outputs(results)
     assert rec["type"] == "torch_ext.errors.CollectiveFailureError", _outputs(results)
     assert "rank 1" in rec["message"] and rec["failure"], rec["message"]
+
+
+@pytest.mark.parametrize("store", ["rank0", "parent"])
+def test_a_rank_gloo_terminates_for_a_size_mismatch_says_why_and_the_others_describe_its_call(tmp_path, store):
+    # gloo terminates the rank that receives more bytes than it expects, from
+    # its transport thread, before any check of the default mode could run.
+    results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 3, store=store, timeout=90,
+                            env={"OUT": str(tmp_path), **DEFAULTS})
+    killed = [r for r in results if r.returncode == -6]  # SIGABRT: std::terminate
+    assert killed and len(killed) < 3, _outputs(results)
+    for r in killed:
+        ours = r.output.find("torch_ext: this process")
+        assert ours >= 0, _outputs(results)
+        assert "a collective mismatch" in r.output, _outputs(results)
+        assert "collective #4 all_gather_into_tensor(float32[" in r.output[ours:], _outputs(results)
+        theirs = r.output.find("terminate called")  # the C++ runtime's words, then gloo's
+        assert theirs < 0 or ours < theirs, _outputs(results)
+    for r in results:
+        if r in killed:
+            continue
+        rec = json.loads((tmp_path / f"rank{r.rank}.json").read_text())
+        assert rec["type"] == "CollectiveMismatchError", _outputs(results)
+        # The terminated rank's call comes from its last words, not "did not answer".
+        assert "did not answer" not in rec["message"], rec["message"]
+        assert "all_gather_into_tensor(float32[6])" in rec["message"], rec["message"]
+        assert "all_gather_into_tensor(float32[4])" in rec["message"], rec["message"]

@@ -248,6 +248,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (e) {
         op.text = e->text;
         op.where = e->where();
+        if (r.lastWords) op.where += " (then its process was terminated: from its last words)";
         op.hint = e->label.hint;
         op.hash = e->hash;
       } else {
@@ -591,7 +592,7 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
 }
 
 const GroupView* RankInput::group() const {
-  return responded ? snapshot.group(groupName) : nullptr;
+  return (responded || lastWords) ? snapshot.group(groupName) : nullptr;
 }
 
 namespace {

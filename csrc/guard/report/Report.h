@@ -70,7 +70,11 @@ struct RankInput {
   // A live report narrowed to some ranks (`torch-ext-diagnose live --ranks`)
   // did not ask this one: it is neither waiting, late nor gone, just not shown.
   bool notAsked = false;
-  RankSnapshot snapshot;  // valid if responded
+  RankSnapshot snapshot;  // valid if responded or lastWords
+  // It did not answer, but something terminated its process after it left
+  // its ledger window in the store (LastWords: gloo's abort on a byte-count
+  // difference): what it issued is known, whether it lives is not.
+  bool lastWords = false;
   // From its last status in the store, for ranks that did not respond.
   bool statusKnown = false;
   RankPhase phase = RankPhase::Running;  // Left: destroy_process_group; Exited: its process ended

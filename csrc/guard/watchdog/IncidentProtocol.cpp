@@ -243,6 +243,20 @@ bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) 
       }
     }
     if (!in.responded) {
+      // A rank the inner backend terminated (gloo's abort on a byte-count
+      // difference) left its ledger window as its last words (LastWords):
+      // what it issued is known, so a mismatch report describes its call
+      // instead of "did not answer"; it still counts as gone.
+      if (auto text = store.get(keys::lastWords(r))) {
+        try {
+          in.snapshot = snapshotFromJson(Json::parse(*text));
+          in.lastWords = true;
+        } catch (const std::exception& e) {
+          logMessage(LogLevel::Warning, "guard watchdog: bad last words from rank " + std::to_string(r) + ": " + e.what());
+        }
+      }
+    }
+    if (!in.responded) {
       if (auto s = store.get(keys::status(r))) {
         if (auto status = StatusRecord::decode(*s)) {
           in.statusKnown = true;

@@ -80,6 +80,13 @@ inline std::string snapshot(const std::string& incidentId, int groupRank) {
   return "snap/" + incidentId + "/" + std::to_string(groupRank);
 }
 
+// last/<rank>: a rank's last words (RankSnapshot JSON of this group), written
+// by that rank while something terminates its process (LastWords: gloo's
+// abort on a byte-count difference), read by an analyst for a rank that did
+// not answer; deleted by the last rank to leave.
+inline std::string lastWords(int groupRank) {
+  return "last/" + std::to_string(groupRank);
+}
 // strict/<seq>/<rank>: a rank's fingerprint for strict check #seq, when the
 // check found a difference. Written by every rank, read by every rank;
 // strict/<seq>/done counts the readers, and the last one deletes them all.

@@ -4,6 +4,7 @@
 #include "guard/collective/CallSite.h"
 #include "guard/collective/Verifier.h"
 #include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/LastWords.h"
 #include "guard/watchdog/StoreKeys.h"
 #include "guard/Runtime.h"
 
@@ -182,6 +183,7 @@ void Watchdog::publishLiveDirectory(const std::shared_ptr<GroupState>& state) {
 
 void Watchdog::add(const std::shared_ptr<GroupState>& state) {
   installLiveSignal(state->config().liveSignal);
+  installLastWords();
   auto ctx = std::make_shared<GroupCtx>(*this, state);
   std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back(ctx);
@@ -280,6 +282,7 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   if (!left.ok() || left.value < size) return;
   std::vector<std::string> written = ctx.protocol.incidentKeys();
   for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
+  for (int r = 0; r < size; ++r) written.push_back(keys::lastWords(r));
   written.push_back(keys::kLeave);
   written.push_back(keys::kStragglers);
   store.deleteKeys(written);
@@ -326,6 +329,9 @@ std::vector<std::string> Watchdog::atExit() {
   for (auto& g : groups) {
     GroupState& st = *g->state;
     if (st.store().health() != StoreHealth::Healthy) continue;
+    // A failed group: what this rank issued stays for the ranks still
+    // analysing (a verdict this rank raised may not have reached them).
+    if (st.failed()) publishLastWords(st, "exited");
     st.store().set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(),
                    kExitStatusBound);
   }
@@ -868,6 +874,13 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   // the report can follow a rank that has not arrived into the group where it
   // waits, with no store traffic beyond the snapshot itself.
   return takeSnapshot(reason, states, maxEntries, all);
+}
+
+std::vector<std::shared_ptr<GroupState>> Watchdog::groupStates() {
+  std::vector<std::shared_ptr<GroupState>> all;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& g : groups_) all.push_back(g->state);
+  return all;
 }
 
 std::vector<GroupWait> Watchdog::positions() {

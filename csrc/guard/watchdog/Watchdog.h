@@ -87,6 +87,8 @@ class Watchdog {
   RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
   // This process's position in each of its groups (WaitGraph).
   std::vector<GroupWait> positions();
+  // The groups watched now.
+  std::vector<std::shared_ptr<GroupState>> groupStates();
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once. `reason`
   // is an incident id ("hang:57": the dump's cause, and what it waits for in

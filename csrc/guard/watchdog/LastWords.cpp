@@ -1,0 +1,153 @@
+#include "guard/watchdog/LastWords.h"
+
+#include "guard/Runtime.h"
+#include "guard/report/Json.h"
+#include "guard/report/Snapshot.h"
+#include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/StoreKeys.h"
+#include "guard/watchdog/Watchdog.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace torch_ext {
+namespace {
+
+std::terminate_handler g_previous = nullptr;
+std::atomic<bool> g_installed{false};
+std::atomic<bool> g_terminating{false};
+
+constexpr auto kReportBound = std::chrono::milliseconds(1000);
+constexpr auto kStoreBound = std::chrono::milliseconds(1500);
+constexpr size_t kWindow = 64;
+
+// gloo's words for a byte-count difference ("[enforce fail at .../pair.cc:456]
+// op.preamble.length <= op.nbytes. 12 vs 8. Received data size doesn't match
+// expected size").
+bool looksLikeSizeMismatch(const std::string& what) {
+  return what.find("doesn't match expected size") != std::string::npos ||
+      what.find("nbytes") != std::string::npos || what.find("Is there a distributed collective mismatch") != std::string::npos;
+}
+
+// This process's pending collectives, one line per group; and its snapshot
+// published to each group's store (bounded). Runs on the helper thread.
+std::string speak() {
+  std::ostringstream os;
+  for (const auto& st : Watchdog::instance().groupStates()) {
+    // The oldest pending operation, else the last one issued (its inner
+    // work may have completed while the transport still receives for it).
+    const Progress p = st->ledger().progress();
+    std::optional<Entry> pick;
+    if (p.hasPending) {
+      pick = p.oldestPending;
+    } else if (auto last = st->ledger().entries(1); !last.empty()) {
+      pick = last.back();
+    }
+    if (pick) {
+      const EntryView e = entryView(*pick);
+      os << "\n  group \"" << st->label() << "\" (rank " << st->id().rank << " of " << st->id().size << "): ";
+      if (e.seq > 0) os << "collective #" << e.seq << " ";
+      os << e.text << " at " << e.where() << " (" << (p.hasPending ? "pending" : "its last, completed here") << ")";
+    }
+    publishLastWords(*st, "terminated");
+  }
+  return os.str();
+}
+
+void say(const std::string& text) {
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + off, text.size() - off);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void onTerminate() {
+  if (!g_terminating.exchange(true)) {
+    std::string what;
+    if (auto e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        what = ex.what();
+      } catch (...) {
+      }
+    }
+    struct Box {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      std::string pending;
+    };
+    auto box = std::make_shared<Box>();
+    try {
+      std::thread([box] {
+        std::string text;
+        try {
+          text = speak();
+        } catch (const std::exception& e) {
+          text = std::string("\n  (reading them failed: ") + e.what() + ")";
+        } catch (...) {
+          text = "\n  (reading them failed)";
+        }
+        std::lock_guard<std::mutex> lock(box->mu);
+        box->pending = std::move(text);
+        box->done = true;
+        box->cv.notify_all();
+      }).detach();
+      std::unique_lock<std::mutex> lock(box->mu);
+      box->cv.wait_for(lock, kReportBound, [&] { return box->done; });
+      std::ostringstream os;
+      os << "torch_ext: this process (pid " << getpid() << ") is being terminated by an exception nobody caught";
+      if (looksLikeSizeMismatch(what)) {
+        os << ": the inner backend (gloo) received a different number of bytes than this rank's collective "
+              "expects, so the ranks issued different collectives (a collective mismatch). The other ranks "
+              "raise CollectiveMismatchError describing every rank's call (TORCH_EXT_CHECK=strict compares "
+              "before any data moves, so that no process dies)";
+      }
+      os << ".";
+      if (!box->done) {
+        os << "\n  (its pending collectives could not be read within 1 s)";
+      } else if (!box->pending.empty()) {
+        os << " Pending here:" << box->pending;
+      }
+      os << "\n";
+      say(os.str());
+    } catch (...) {
+    }
+  }
+  if (g_previous != nullptr) g_previous();
+  std::abort();
+}
+
+} // namespace
+
+void publishLastWords(GroupState& st, const std::string& why) {
+  if (st.id().size < 2 || st.store().health() != StoreHealth::Healthy) return;
+  RankSnapshot snap;
+  snap.rank = st.id().globalRank(st.id().rank);
+  snap.pid = static_cast<int64_t>(getpid());
+  snap.hostname = hostname();
+  snap.timeNs = wallNs();
+  snap.incident = why;
+  snap.groups.push_back(groupView(st, kWindow));
+  st.store().set(keys::lastWords(st.id().rank), toJson(snap).dump(), kStoreBound);
+}
+
+void installLastWords() {
+  if (g_installed.exchange(true)) return;
+  g_previous = std::set_terminate(&onTerminate);
+}
+
+} // namespace torch_ext
