@@ -1,6 +1,6 @@
-// bindings.cpp: the pybind11 glue of torch_ext._C. The only file that includes
-// pybind11; C++ errors cross into Python here (typed guard errors become the
-// torch_ext exception classes).
+// bindings.cpp: the pybind11 glue of torch_ext._C (the module's functions).
+// C++ errors cross into Python through python/PyErrors (typed guard errors
+// become the torch_ext exception classes, on every path).
 //
 // GuardBackend is handed to Python as a plain torch Backend (the type torch
 // registers); guard-specific calls take that object and check that it is ours.
