@@ -39,7 +39,7 @@ STALL_AT = {"direct": 13, "ddp": 9, "fsdp2": 19, "lightning": 24, "accelerate": 
 # (docs/testing.md); what real NCCL does for a program that syncs.
 INNERS = {"gloo": {}, "nccl_sim": {"TORCH_EXT_INNER": "cpu:nccl_sim", "TORCH_EXT_NCCL_SIM_WAIT": "data"}}
 DEFAULTS = {"TORCH_EXT_WARN_AFTER": "", "TORCH_EXT_ABORT_AFTER": ""}  # "": the guard's defaults
-SHORT = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "3"}
+SHORT = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "2"}
 USER_LINE = os.path.basename(paths_job.__file__) + ":"
 
 
