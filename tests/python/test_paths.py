@@ -147,3 +147,15 @@ def test_a_rank_gloo_terminates_for_a_size_mismatch_says_why_and_the_others_desc
         assert "did not answer" not in rec["message"], rec["message"]
         assert "all_gather_into_tensor(float32[6])" in rec["message"], rec["message"]
         assert "all_gather_into_tensor(float32[4])" in rec["message"], rec["message"]
+
+
+def test_ddp_survivor_of_a_killed_store_host_gets_store_lost_naming_it(tmp_path):
+    # Plain env://: rank 0's process hosts the TCPStore, and SIGKILL takes it
+    # away during DDP's step; the survivor, inside loss.backward(), must get
+    # the typed StoreLostError naming the store and its host, not gloo's words.
+    results, records = _launch(tmp_path, "rank0", TRAIN_PATH="ddp", FAULT="dead", FAULT_RANK="0")
+    assert results[0].returncode == -9, _outputs(results)
+    rec = records[1]
+    assert results[1].returncode == 1 and rec is not None, _outputs(results)
+    assert rec["type"] == "torch_ext.errors.StoreLostError", _outputs(results)
+    assert "hosted by rank 0's process" in rec["message"], rec["message"]

@@ -14,6 +14,7 @@ TCPStore, or the store in the launcher as under torchrun), with these settings:
               stays away until the guard has given its verdict; SIGKILLs itself;
               nccl_sim only: its stream stops before the step's first collective,
               set by TORCH_EXT_NCCL_SIM_STALL, while its host goes on)
+  FAULT_RANK  the rank with the fault (default 1)
   CATCH_EXIT  N: a rank that catches the torch_ext error exits with status N
               (the user's own exit status, which the guard must keep)
   OUT         folder for one JSON record per rank: how its training ended
@@ -37,8 +38,8 @@ fault = "none"
 
 
 def fault_point(step: int) -> None:
-    """Rank 1's fault at FAULT_STEP; the other ranks go on into the step's collectives."""
-    if step != FAULT_STEP or rank != 1 or fault == "none":
+    """The fault of rank FAULT_RANK (default 1) at FAULT_STEP; the others go on into the step's collectives."""
+    if step != FAULT_STEP or rank != int(os.environ.get("FAULT_RANK", "1")) or fault == "none":
         return
     if fault == "mismatch":
         dist.barrier()  # the others are in the step's collectives
