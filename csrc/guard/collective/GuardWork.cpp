@@ -79,8 +79,10 @@ std::exception_ptr GuardWork::innerFailure(const std::shared_ptr<GroupState>& st
 
 void GuardWork::release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
                         const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
+  // Called for a completed inner future without error (settle() and
+  // getFuture() hand errors the guard's report instead).
   Verifier* verifier = seq > 0 ? state.verifier() : nullptr;
-  if (verifier == nullptr || inner->hasError() || verifier->verified(seq)) {
+  if (verifier == nullptr || verifier->verified(seq)) {
     completeFrom(*ours, *inner);
     return;
   }
@@ -101,11 +103,7 @@ bool GuardWork::released() const {
 }
 
 void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner) {
-  if (inner.hasError()) {
-    ours.setError(inner.exception_ptr());
-  } else {
-    ours.markCompleted(inner.value());
-  }
+  ours.markCompleted(inner.value());
 }
 
 GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id,

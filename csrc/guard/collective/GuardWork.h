@@ -85,8 +85,9 @@ class GuardWork : public c10d::Work {
   // tracked for it and not yet taken, our future too.
   static void settle(const std::shared_ptr<GroupState>& state, uint64_t id, uint64_t seq,
                      const c10::intrusive_ptr<c10::ivalue::Future>& inner);
-  // Completes our future from the inner one, once check="verify" releases
-  // collective `seq` (at once in other modes, for p2p, and for errors).
+  // Completes our future from the inner one (which completed without error),
+  // once check="verify" releases collective `seq` (at once in other modes and
+  // for p2p).
   static void release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
                       const c10::intrusive_ptr<c10::ivalue::Future>& inner);
   // The verifier that gates this work's result (null when none does).

@@ -39,9 +39,9 @@ bool looksLikeSizeMismatch(const std::string& what) {
       what.find("nbytes") != std::string::npos || what.find("Is there a distributed collective mismatch") != std::string::npos;
 }
 
-// This process's pending collectives, one line per group; and its snapshot
-// published to each group's store (bounded). Runs on the helper thread.
-std::string speak() {
+// This process's pending collectives, one line per group. Runs on the helper
+// thread.
+std::string describePending() {
   std::ostringstream os;
   for (const auto& st : Watchdog::instance().groupStates()) {
     // The oldest pending operation, else the last one issued (its inner
@@ -59,7 +59,6 @@ std::string speak() {
       if (e.seq > 0) os << "collective #" << e.seq << " ";
       os << e.text << " at " << e.where() << " (" << (p.hasPending ? "pending" : "its last, completed here") << ")";
     }
-    publishLastWords(*st, "terminated");
   }
   return os.str();
 }
@@ -87,23 +86,36 @@ void say(const std::string& text) {
     struct Box {
       std::mutex mu;
       std::condition_variable cv;
-      bool done = false;
+      bool done = false;       // `pending` is read
+      bool published = false;  // the last words are in the stores (or could not be)
       std::string pending;
     };
     auto box = std::make_shared<Box>();
     try {
+      // The lines first, then the stores: a slow store must not hide them.
       std::thread([box] {
         std::string text;
         try {
-          text = speak();
+          text = describePending();
         } catch (const std::exception& e) {
           text = std::string("\n  (reading them failed: ") + e.what() + ")";
         } catch (...) {
           text = "\n  (reading them failed)";
         }
-        std::lock_guard<std::mutex> lock(box->mu);
-        box->pending = std::move(text);
-        box->done = true;
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->pending = std::move(text);
+          box->done = true;
+        }
+        box->cv.notify_all();
+        try {
+          for (const auto& st : Watchdog::instance().groupStates()) publishLastWords(*st, "terminated");
+        } catch (...) {
+        }
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->published = true;
+        }
         box->cv.notify_all();
       }).detach();
       std::unique_lock<std::mutex> lock(box->mu);
@@ -124,6 +136,8 @@ void say(const std::string& text) {
       }
       os << "\n";
       say(os.str());
+      // The writes are bounded by kStoreBound each; past that the process ends anyway.
+      box->cv.wait_for(lock, kStoreBound, [&] { return box->published; });
     } catch (...) {
     }
   }

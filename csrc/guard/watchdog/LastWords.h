@@ -20,8 +20,8 @@
 // at exit (Watchdog::atExit), so an analysis that runs after it left still
 // knows what it issued.
 // Everything it does runs on a helper thread and is bounded (1 s for the
-// report, the store's own bound for the writes): a terminate handler that
-// blocks would turn a crash into a hang.
+// words, which come first, then 1.5 s for the writes): a terminate handler
+// that blocks would turn a crash into a hang.
 
 #include <string>
 

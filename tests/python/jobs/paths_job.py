@@ -64,32 +64,34 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)
 
 
-def train_direct() -> None:
-    net = model()
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+def steps(net: torch.nn.Module, opt: torch.optim.Optimizer, backward=None, after_backward=None) -> None:
+    """The training loop the paths share: the fault, forward, backward, optimizer step."""
     for step in range(STEPS):
         fault_point(step)
         x, y = batch(step)
         loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        for p in net.parameters():
-            dist.all_reduce(p.grad)  # the hand-written data parallelism
+        (backward or torch.Tensor.backward)(loss)  # DDP: the gradient all_reduces run in its reducer, inside autograd
+        if after_backward is not None:
+            after_backward()
         opt.step()
         opt.zero_grad()
+
+
+def train_direct() -> None:
+    net = model()
+
+    def all_reduce_grads() -> None:
+        for p in net.parameters():
+            dist.all_reduce(p.grad)  # the hand-written data parallelism
+
+    steps(net, torch.optim.SGD(net.parameters(), lr=0.05), after_backward=all_reduce_grads)
 
 
 def train_ddp() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     net = DDP(model())
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    for step in range(STEPS):
-        fault_point(step)
-        x, y = batch(step)
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()  # the gradient all_reduces run in DDP's reducer, inside autograd
-        opt.step()
-        opt.zero_grad()
+    steps(net, torch.optim.SGD(net.parameters(), lr=0.05))
 
 
 def train_fsdp2() -> None:
@@ -100,14 +102,7 @@ def train_fsdp2() -> None:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
     fully_shard(net)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05)
-    for step in range(STEPS):
-        fault_point(step)
-        x, y = batch(step)
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+    steps(net, torch.optim.SGD(net.parameters(), lr=0.05))
 
 
 def train_lightning() -> None:
@@ -141,13 +136,7 @@ def train_accelerate() -> None:
     acc = Accelerator(cpu=True)  # takes the guard group initialised below
     net = model()
     net, opt = acc.prepare(net, torch.optim.SGD(net.parameters(), lr=0.05))
-    for step in range(STEPS):
-        fault_point(step)
-        x, y = batch(step)
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        acc.backward(loss)
-        opt.step()
-        opt.zero_grad()
+    steps(net, opt, backward=acc.backward)
 
 
 TRAIN = {"direct": train_direct, "ddp": train_ddp, "fsdp2": train_fsdp2, "lightning": train_lightning,
