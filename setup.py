@@ -115,7 +115,13 @@ setuptools.setup(
             # -g0 overrides the -g of Python's own flags: debug info for torch's
             # headers made each object a third slower to compile (16.8 s against
             # 10.1 s for GuardBackend.cpp) and the library 45 MB.
-            extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter"]},
+            # -std=c++20: the code needs C++20 (defaulted operator==, ...), and
+            # BuildExtension's default is the standard torch was built with:
+            # -std=c++17 in torch 2.11 (what the GPU runners have), c++20 in 2.13.
+            # BuildExtension adds its own -std only when these flags have none, so
+            # this is the only one on the command line (after Python's flags).
+            # Only .cpp sources: no nvcc flags to set.
+            extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter", "-std=c++20"]},
         )
     ],
     cmdclass={"build_ext": BuildTorchExt.with_options(use_ninja=True)},

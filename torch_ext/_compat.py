@@ -1,4 +1,4 @@
-"""Every private torch API torch_ext uses, one small function each.
+"""Every private torch API torch_ext uses, one small function each, and the torch releases it supports.
 
 torch may rename or remove underscore names in any release. They are reached
 only through this module, so a torch upgrade that breaks one breaks it here,
@@ -11,6 +11,15 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+
+
+# -- supported releases -------------------------------------------------------
+
+# The torch releases torch_ext supports, (major, minor) of the oldest and the
+# newest, both included: those csrc/ compiles against (csrc/guard/TorchCompat.h,
+# checked by scripts/check_torch_headers.sh), as pyproject.toml declares
+# (torch>=2.11,<2.16). ``import torch_ext`` refuses any other (torch_ext/_extension.py).
+SUPPORTED_TORCH = ((2, 11), (2, 15))
 
 
 # -- process groups -----------------------------------------------------------

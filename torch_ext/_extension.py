@@ -4,7 +4,8 @@ A C++ extension only works with the torch it was compiled against: torch has no
 stable C++ ABI, so another version (or the same version built differently, e.g.
 ``+cpu`` and ``+cu128``) fails at load with an undefined symbol, or crashes later.
 The build records the torch it compiled against in ``torch_ext/_build_info.py``
-(written by ``setup.py``), which is read here *before* ``_C`` is loaded.
+(written by ``setup.py``), which is read here *before* ``_C`` is loaded. A torch
+outside the releases torch_ext supports (``_compat.SUPPORTED_TORCH``) is refused first.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from types import ModuleType
 
 import torch
 from packaging.version import InvalidVersion, Version
+
+from torch_ext._compat import SUPPORTED_TORCH
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -57,9 +60,31 @@ def mismatch_message(version: str, built: str, running: str) -> str:
             f"or install torch {built} again.")
 
 
+def supported_torch(running: str) -> bool:
+    """Whether torch ``running`` is one of the releases torch_ext supports (``_compat.SUPPORTED_TORCH``).
+
+    By release (major, minor) only: pre-releases and local builds of a supported release are in.
+    """
+    try:
+        release = Version(running).release[:2]
+    except InvalidVersion:
+        return True  # an unparsable source build: the check against the build's record still applies
+    oldest, newest = SUPPORTED_TORCH
+    return oldest <= release <= newest
+
+
+def unsupported_message(version: str, running: str) -> str:
+    (a, b), (c, d) = SUPPORTED_TORCH
+    return (f"torch_ext {version} supports torch {a}.{b} to {c}.{d}, but torch {running} is installed.\n"
+            f"Install a supported torch (pip install 'torch>={a}.{b},<{c}.{d + 1}'), then rebuild torch_ext "
+            f"against it:\n  {rebuild_command(version)}")
+
+
 def load(version: str) -> ModuleType:
     """Imports and returns ``torch_ext._C``; raises one clear ImportError if it cannot work."""
     running = str(torch.__version__)
+    if not supported_torch(running):
+        raise ImportError(unsupported_message(version, running), name="torch_ext._C")
     built = built_against()
     if built is not None and not same_torch(built, running):
         raise ImportError(mismatch_message(version, built, running), name="torch_ext._C")

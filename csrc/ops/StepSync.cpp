@@ -1,5 +1,7 @@
 #include "ops/StepSync.h"
 
+#include "guard/TorchCompat.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -61,7 +63,7 @@ void checkWorld(const c10d::ProcessGroup& pg, const std::string& group_name) {
 c10::intrusive_ptr<c10d::Work> launch(
     c10d::ProcessGroup& pg, at::Tensor& packed, const std::string& group_name) {
   TORCH_CHECK(
-      pg.hasBackendForDeviceType(packed.device().type()),
+      compat::hasBackendFor(pg, packed.device().type()),
       kOp, " (", where(pg, group_name), "): the group has no backend for device type '",
       c10::DeviceTypeName(packed.device().type(), /*lower_case=*/true),
       "'. Put flags and metrics on a device the group serves (CPU tensors for gloo, CUDA tensors for NCCL; "

@@ -17,7 +17,7 @@ def test_the_rooms_exist_and_hold_every_source():
     rooms = {p.name for p in GUARD.iterdir() if p.is_dir()}
     assert rooms == {"report", "collective", "watchdog"}
     at_root = {p.stem for p in GUARD.iterdir() if p.is_file()}
-    assert at_root == {"Config", "Errors", "Runtime"}, at_root
+    assert at_root == {"Config", "Errors", "Runtime", "TorchCompat"}, at_root
 
 
 def test_the_report_layer_includes_nothing_from_the_live_side():

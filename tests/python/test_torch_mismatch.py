@@ -108,3 +108,20 @@ def test_unbuilt_checkout_says_how_to_build(tmp_path):
 ])
 def test_what_counts_as_another_torch(built, running, same):
     assert _extension.same_torch(built, running) is same
+
+
+@pytest.mark.parametrize("running, supported", [
+    ("2.10.1", False),
+    ("2.11.0", True),
+    ("2.11.0+cu130", True),        # what the GPU runners have
+    ("2.13.0+cpu", True),
+    ("2.15.0a0+git1234", True),    # a pre-release of a supported release
+    ("2.16.0", False),
+    ("3.0.0", False),
+])
+def test_which_torch_releases_are_supported(running, supported):
+    assert _extension.supported_torch(running) is supported
+    if not supported:
+        msg = _extension.unsupported_message("0.1.0", running)
+        assert f"supports torch 2.11 to 2.15, but torch {running} is installed" in msg, msg
+        assert "pip install 'torch>=2.11,<2.16'" in msg, msg

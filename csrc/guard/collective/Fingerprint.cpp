@@ -1,5 +1,7 @@
 #include "guard/collective/Fingerprint.h"
 
+#include "guard/TorchCompat.h"
+
 #include <sstream>
 
 namespace torch_ext {
@@ -21,7 +23,7 @@ const c10d::OpType kOpTypes[] = {
     c10d::OpType::SCATTER,
     c10d::OpType::REDUCE_SCATTER,
     c10d::OpType::_REDUCE_SCATTER_BASE,
-    c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+    compat::kReduceScatterTensorCoalescedOpType, // COALESCED before torch 2.12
     c10d::OpType::ALLTOALL,
     c10d::OpType::ALLTOALL_BASE,
     c10d::OpType::BARRIER,
