@@ -294,10 +294,10 @@ def _deadlock_found(prefix: str) -> Callable[[str], str]:
 
 
 def _deadlock_raised(rank: int) -> Callable[[str], str]:
-    """The error rank ``rank`` raised, up to its last edge: the stacks after it are a race (both
-    groups abort at once, so a peer's main thread is still waiting, or already at exit)."""
+    """The DeadlockError rank ``rank`` raised, up to its last edge: the stacks after it are a race
+    (the groups on the cycle end at once, so a peer's main thread is still waiting, or already at exit)."""
     def cut(out: str) -> str:
-        lines = _raised(rank, "CollectiveTimeoutError")(out).splitlines()
+        lines = _raised(rank, "DeadlockError")(out).splitlines()
         end = next(i for i in range(2, len(lines)) if not re.match(r"  ranks? [\d,-]+ waits? in ", lines[i]))
         return "\n".join(lines[:end])
     return cut
@@ -356,7 +356,7 @@ SAMPLES: dict[str, Sample] = {
     "crossed-groups": Sample("crossed_groups", _logged(0)),
     "crossed-groups-error": Sample("crossed_groups", _deadlock_raised(1)),
     "crossed-groups-diagnose": Sample("crossed_groups", _deadlock_found("python -m torch_ext.diagnose")),
-    "pipeline-deadlock": Sample("pipeline_deadlock", _warned(0)),
+    "pipeline-deadlock": Sample("pipeline_deadlock", _deadlock_raised(0)),
     "pipeline-deadlock-diagnose": Sample("pipeline_deadlock", _deadlock_found("python -m torch_ext.diagnose")),
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),

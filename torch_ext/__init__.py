@@ -23,6 +23,7 @@ from torch_ext.errors import (
     CollectiveTimeoutError,
     GuardError,
     StoreLostError,
+    DeadlockError,
 )
 from torch_ext.backend import (
     BACKEND_NAME,
@@ -49,7 +50,7 @@ from torch_ext.samplers import *  # noqa: F401,F403
 from torch_ext.samplers import __all__ as _samplers_all
 
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
-                        StoreLostError)
+                        StoreLostError, DeadlockError)
 _logging.install()  # labelled reports on stderr while the application configures no logging
 _runtime.install()
 _register()
@@ -62,6 +63,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollectiveFailureError",
     "StoreLostError",
+    "DeadlockError",
     "describe",
     "dump",
     "failure",

@@ -43,7 +43,7 @@ import time
 LOGGER_NAME = "torch_ext"
 
 # Group failures whose report is raised, as is, by every op on the group afterwards.
-_RAISED_AS_IS = ("mismatch", "timeout", "store_lost")
+_RAISED_AS_IS = ("mismatch", "timeout", "store_lost", "deadlock")
 # The guard logs a report just before it fails the group with it: how long to
 # wait for the failure to show before printing the record in full.
 _FAILURE_WAIT_S = 1.0

@@ -50,6 +50,9 @@ class GuardOptions:
         check: ``"off"``, ``"async"`` or ``"strict"`` (TORCH_EXT_CHECK).
         warn_after: seconds before a hang report (TORCH_EXT_WARN_AFTER).
         abort_after: seconds before a stuck collective fails (TORCH_EXT_ABORT_AFTER).
+        end_deadlocks: end a certain deadlock (a wait-for cycle whose ranks all
+            block in their waits) when ``warn_after`` finds it, with
+            ``DeadlockError``; ``False`` waits for ``abort_after`` (TORCH_EXT_END_DEADLOCKS).
         dump_dir: folder for per-rank JSON dumps (TORCH_EXT_DUMP_DIR).
         ledger_size: collectives remembered per group (TORCH_EXT_LEDGER_SIZE).
         interval: watchdog tick in seconds (TORCH_EXT_INTERVAL).
@@ -74,6 +77,7 @@ class GuardOptions:
     check: str | None = None
     warn_after: float | None = None
     abort_after: float | None = None
+    end_deadlocks: bool | None = None
     dump_dir: str | os.PathLike[str] | None = None
     ledger_size: int | None = None
     interval: float | None = None

@@ -14,6 +14,7 @@ __all__ = [
     "CollectiveTimeoutError",
     "CollectiveFailureError",
     "StoreLostError",
+    "DeadlockError",
 ]
 
 
@@ -36,6 +37,20 @@ class CollectiveTimeoutError(GuardError):
 
     The message carries the hang report: which ranks wait, which have not arrived
     and where their main thread is, which are gone.
+    """
+
+
+class DeadlockError(CollectiveTimeoutError):
+    """Ranks wait for each other in a cycle that can never resolve.
+
+    A wait-for cycle across groups (rank 0 in ``dp`` then ``mp``, the others in
+    ``mp`` then ``dp``) or of send/recv (two pipeline stages that both receive
+    first), where every rank of the cycle blocks in its wait: none of them can
+    issue what another waits for. Raised on every live rank of the groups on
+    the cycle as soon as that is known (seconds), not at ``abort_after``; set
+    ``TORCH_EXT_END_DEADLOCKS=0`` to wait for ``abort_after`` instead. A
+    :class:`CollectiveTimeoutError`, so code that catches hangs catches this too.
+    The message names the groups, the ranks and where each waits.
     """
 
 

@@ -232,8 +232,10 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.check = detail::parseCheckMode(v, what); },
        [](const Config& c) -> SettingValue { return std::string(checkModeName(c.check)); },
        [](const Config& c) { return std::string(checkModeName(c.check)); }},
-      {"warn_after", "TORCH_EXT_WARN_AFTER", "60",
-       "Seconds a collective may wait before a hang report is logged and dumps are written (training goes on).",
+      {"warn_after", "TORCH_EXT_WARN_AFTER", "10",
+       "Seconds a collective may wait before the ranks look at who waits for whom: a certain deadlock ends at once "
+       "(end_deadlocks); any other wait is named in a hang report (dumps are written, training goes on), once per "
+       "call site until a wait there outlasts the longest that site has already shown.",
        [](Config& c, const std::string& v, const std::string& what) { c.warnAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
        [](const Config& c) -> SettingValue { return c.warnAfterS; },
        [](const Config& c) { return number(c.warnAfterS) + "s"; }},
@@ -242,6 +244,13 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
        [](const Config& c) -> SettingValue { return c.abortAfterS ? SettingValue(*c.abortAfterS) : SettingValue(); },
        [](const Config& c) { return c.abortAfterS ? number(*c.abortAfterS) + "s" : std::string("timeout"); }},
+      {"end_deadlocks", "TORCH_EXT_END_DEADLOCKS", "1",
+       "End a certain deadlock when warn_after's look finds it: a wait-for cycle across groups or send/recv whose "
+       "ranks all block in their waits fails every live rank of its groups with DeadlockError (0: wait for "
+       "abort_after, as for any other hang).",
+       [](Config& c, const std::string& v, const std::string& what) { c.endDeadlocks = detail::parseBool(v, what); },
+       [](const Config& c) -> SettingValue { return c.endDeadlocks; },
+       [](const Config& c) { return std::string(c.endDeadlocks ? "1" : "0"); }},
       {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)",
        "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose.",
        [](Config& c, const std::string& v, const std::string&) { c.dumpDir = v; },

@@ -62,9 +62,12 @@ struct Config {
   // device type ("cpu", "cuda", ...) -> inner backend name ("gloo", "nccl", ...)
   std::map<std::string, std::string> inner{{"cpu", "gloo"}, {"cuda", "nccl"}};
   CheckMode check = CheckMode::Verify;
-  double warnAfterS = 60.0;
+  double warnAfterS = 10.0;
   // Unset means "the process group's timeout".
   std::optional<double> abortAfterS;
+  // A certain deadlock (a wait-for cycle whose ranks all block in it) fails
+  // its groups when found, not at abort_after.
+  bool endDeadlocks = true;
   std::string dumpDir;  // empty: no dump files
   int64_t ledgerSize = 1024;
   double intervalS = 0.2;

@@ -24,6 +24,8 @@ void throwGuardError(GuardErrorKind kind, const std::string& msg, SeenFlag seen)
       throwWith(CollectiveFailureError(msg), std::move(seen));
     case GuardErrorKind::StoreLost:
       throwWith(StoreLostError(msg), std::move(seen));
+    case GuardErrorKind::Deadlock:
+      throwWith(DeadlockError(msg), std::move(seen));
   }
   throwWith(GuardError(kind, msg), std::move(seen));
 }

@@ -20,6 +20,7 @@ enum class GuardErrorKind : uint8_t {
   Timeout,   // a collective outlived abort_after (CollectiveTimeoutError)
   Failure,   // the inner backend failed, e.g. a peer died (CollectiveFailureError)
   StoreLost, // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
+  Deadlock,  // a wait-for cycle whose ranks all block in it (DeadlockError, a CollectiveTimeoutError)
 };
 
 template <>
@@ -29,6 +30,7 @@ struct EnumTable<GuardErrorKind> {
       {GuardErrorKind::Timeout, "timeout"},
       {GuardErrorKind::Failure, "failure"},
       {GuardErrorKind::StoreLost, "store_lost"},
+      {GuardErrorKind::Deadlock, "deadlock"},
   };
 };
 inline const char* guardErrorKindName(GuardErrorKind kind) {
@@ -100,6 +102,18 @@ class CollectiveMismatchError : public GuardError {
 class CollectiveTimeoutError : public GuardError {
  public:
   explicit CollectiveTimeoutError(std::string msg) : GuardError(GuardErrorKind::Timeout, std::move(msg)) {}
+
+ protected:
+  CollectiveTimeoutError(GuardErrorKind kind, std::string msg) : GuardError(kind, std::move(msg)) {}
+};
+
+// A wait that can never end: the ranks of a wait-for cycle (across groups, or
+// send/recv) each block in their wait for another of them. Raised as soon as
+// the cycle is certain (TORCH_EXT_END_DEADLOCKS), not at abort_after. A
+// CollectiveTimeoutError, so code that catches hangs catches this too.
+class DeadlockError : public CollectiveTimeoutError {
+ public:
+  explicit DeadlockError(std::string msg) : CollectiveTimeoutError(GuardErrorKind::Deadlock, std::move(msg)) {}
 };
 
 class CollectiveFailureError : public GuardError {

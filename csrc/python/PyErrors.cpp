@@ -16,6 +16,7 @@ struct Classes {
   PyObject* timeout = nullptr;
   PyObject* failure = nullptr;
   PyObject* storeLost = nullptr;
+  PyObject* deadlock = nullptr;
 };
 Classes g_classes;
 
@@ -29,6 +30,8 @@ PyObject* classFor(GuardErrorKind kind) {
       return g_classes.failure;
     case GuardErrorKind::StoreLost:
       return g_classes.storeLost;
+    case GuardErrorKind::Deadlock:
+      return g_classes.deadlock;
   }
   return g_classes.guard;
 }
@@ -65,12 +68,13 @@ std::exception_ptr surface(const GuardError& e) {
 } // namespace
 
 void installErrors(pybind11::object guard, pybind11::object mismatch, pybind11::object timeout,
-                   pybind11::object failure, pybind11::object storeLost) {
+                   pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock) {
   g_classes.guard = guard.release().ptr();
   g_classes.mismatch = mismatch.release().ptr();
   g_classes.timeout = timeout.release().ptr();
   g_classes.failure = failure.release().ptr();
   g_classes.storeLost = storeLost.release().ptr();
+  g_classes.deadlock = deadlock.release().ptr();
   setErrorSurface(&surface);
 }
 

@@ -85,9 +85,10 @@ PYBIND11_MODULE(_C, m) {
 
   m.def(
       "_register_exceptions",
-      [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost) {
+      [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost,
+         py::object deadlock) {
         torch_ext::py::installErrors(std::move(guard), std::move(mismatch), std::move(timeout), std::move(failure),
-                                     std::move(storeLost));
+                                     std::move(storeLost), std::move(deadlock));
       },
       "Installs the Python classes raised for guard errors, on every path out of C++ (python/PyErrors.h).");
 

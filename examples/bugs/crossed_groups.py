@@ -5,11 +5,12 @@
 Groups "dp" and "mp" hold the same 3 ranks. Rank 0 all-reduces gradients on dp,
 then embeddings on mp; ranks 1 and 2 do it the other way round. Each group on its
 own just looks stuck: on dp ranks 1,2 have not arrived, on mp rank 0 has not.
-After 2 s (TORCH_EXT_WARN_AFTER) one rank logs one report that follows the
-missing ranks into the group where they wait and names the deadlock, every edge
-of it; at 5 s (TORCH_EXT_ABORT_AFTER) every rank raises CollectiveTimeoutError,
-whose first line says "deadlock across groups dp and mp". The dumps alone show
-the same cycle:
+After 2 s (TORCH_EXT_WARN_AFTER; 10 s by default) the ranks look at who waits
+for whom: the missing ranks are followed into the group where they wait, and the
+waits close a loop in which every rank blocks, so it can never resolve. One rank
+logs the report, naming every edge, and every rank raises DeadlockError (a
+CollectiveTimeoutError) at once, whose first line says "deadlock across groups
+dp and mp". The dumps alone show the same cycle:
     python -m torch_ext.diagnose torch_ext_dumps
 """
 import torch
@@ -38,4 +39,4 @@ def train(rank: int, world: int) -> None:
 
 
 if __name__ == "__main__":
-    launch(train, 3, TORCH_EXT_WARN_AFTER="2", TORCH_EXT_ABORT_AFTER="5", TORCH_EXT_DUMP_DIR="torch_ext_dumps")
+    launch(train, 3, TORCH_EXT_WARN_AFTER="2", TORCH_EXT_DUMP_DIR="torch_ext_dumps")

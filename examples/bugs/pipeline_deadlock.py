@@ -12,9 +12,10 @@ just looks stuck; together: rank 2 waits for rank 0 (recv), 0 for 1 (dp), 1 for 
 
 Each group's analyst follows the waits out of its own group through the
 positions every rank publishes when it answers an incident, so one report, after
-2 s (TORCH_EXT_WARN_AFTER), names the deadlock and every edge of it, send/recv
-included; at 5 s (TORCH_EXT_ABORT_AFTER) every rank raises CollectiveTimeoutError
-whose first line says "deadlock across groups dp and pp". The dumps alone show
+2 s (TORCH_EXT_WARN_AFTER; 10 s by default), names the deadlock and every edge of
+it, send/recv included; every rank blocks in its wait, so it can never resolve,
+and every rank raises DeadlockError (a CollectiveTimeoutError) at once, whose
+first line says "deadlock across groups dp and pp". The dumps alone show
 the same loop, and the HTML view draws it:
     python -m torch_ext.diagnose torch_ext_dumps --html report.html
 """
@@ -55,4 +56,4 @@ def train(rank: int, world: int) -> None:
 
 
 if __name__ == "__main__":
-    launch(train, 4, TORCH_EXT_WARN_AFTER="2", TORCH_EXT_ABORT_AFTER="5", TORCH_EXT_DUMP_DIR="torch_ext_dumps")
+    launch(train, 4, TORCH_EXT_WARN_AFTER="2", TORCH_EXT_DUMP_DIR="torch_ext_dumps")

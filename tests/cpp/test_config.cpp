@@ -42,10 +42,18 @@ TEST(Config, Defaults) {
   EXPECT_EQ(c.inner.at("cpu"), "gloo");
   EXPECT_EQ(c.inner.at("cuda"), "nccl");
   EXPECT_EQ(c.check, CheckMode::Verify);  // the default since issue 23
-  EXPECT_DOUBLE_EQ(c.warnAfterS, 60.0);
+  EXPECT_DOUBLE_EQ(c.warnAfterS, 10.0);  // the look that ends a certain deadlock (issue 38)
+  EXPECT_TRUE(c.endDeadlocks);
   EXPECT_FALSE(c.abortAfterS.has_value());
   EXPECT_EQ(c.abortAfter(std::chrono::milliseconds(5000)).count(), 5000);
   EXPECT_EQ(c.ledgerSize, 1024);
+}
+
+TEST(Config, EndDeadlocksCanBeTurnedOff) {
+  EnvGuard off("TORCH_EXT_END_DEADLOCKS", "0");
+  EXPECT_FALSE(Config::resolve().endDeadlocks);
+  EXPECT_TRUE(Config::resolve({{"end_deadlocks", "1"}}).endDeadlocks);  // GuardOptions wins
+  EXPECT_THROW(Config::resolve({{"end_deadlocks", "maybe"}}), ConfigError);
 }
 
 TEST(Config, EnvironmentAndOverrides) {

@@ -103,6 +103,42 @@ TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
   EXPECT_FALSE(w.check(q, 0, 7 * kSec).localWarn);
 }
 
+TEST(Deadlines, AWaitThatEndedByItselfIsLookedAtAgainOnlyOnceItOutlastsIt) {
+  // Rank 0 checkpoints 11 s every epoch; this rank waits at the same call site each time.
+  Deadlines d(milliseconds(10000), milliseconds(1800000), 0.2, CheckMode::Verify);
+  auto at = [](uint64_t id, uint64_t seq, int64_t start, uint32_t site) {
+    Progress p = pendingAt(id, seq, start);
+    p.oldestPending.callSite = site;
+    return p;
+  };
+  EXPECT_EQ(d.warnAfterNs(5), 10 * kSec);
+  // Epoch 1: looked at 10 s in, then it ends by itself at 11 s.
+  Progress e1 = at(1, 4, 0, 5);
+  ASSERT_TRUE(d.check(e1, 1, 10 * kSec + 1).raise);
+  EXPECT_FALSE(d.check(e1, 1, 11 * kSec).raise);
+  EXPECT_FALSE(d.check(Progress{}, 1, 11 * kSec + kSec / 5).raise);  // it ended
+  EXPECT_EQ(d.warnAfterNs(5), 11 * kSec + 11 * kSec / 4);  // a quarter more than 11 s
+  EXPECT_EQ(d.warnAfterNs(6), 10 * kSec);                  // other sites as before
+  // Epoch 2: the same 11 s wait at the same site is not looked at again.
+  const int64_t t2 = 100 * kSec;
+  Progress e2 = at(2, 9, t2, 5);
+  for (int64_t s = 1; s <= 11; ++s) EXPECT_FALSE(d.check(e2, 1, t2 + s * kSec).raise) << s;
+  // A wait that outlasts it by more than a quarter is looked at.
+  auto late = d.check(e2, 1, t2 + 14 * kSec);
+  ASSERT_TRUE(late.raise);
+  EXPECT_EQ(late.raise->id(), "hang:9");
+  // Another site waiting 10 s is looked at on time.
+  Progress other = at(3, 10, 200 * kSec, 6);
+  EXPECT_TRUE(d.check(other, 1, 210 * kSec + 1).raise);
+  // An aborted wait teaches nothing: it did not end by itself.
+  Deadlines a(milliseconds(1000), milliseconds(2000), 0.2, CheckMode::Verify);
+  Progress x = at(4, 1, 0, 7);
+  ASSERT_TRUE(a.check(x, 0, kSec + 1).raise);
+  ASSERT_TRUE(a.check(x, 0, 2 * kSec + 1).raise);  // abort
+  a.check(Progress{}, 0, 3 * kSec);
+  EXPECT_EQ(a.warnAfterNs(7), kSec);
+}
+
 TEST(Deadlines, PendingSendRecvGetsOnePairingCheckUnlessChecksAreOff) {
   Deadlines d(milliseconds(60000), milliseconds(60000), 0.2, CheckMode::Async);
   Progress p = pendingAt(9, 0, 0);  // seq 0: point-to-point

@@ -320,3 +320,26 @@ TEST(Fingerprint, OpNamesRoundTripForEveryOp) {
     EXPECT_EQ(torch_ext::isP2P(op), op == Op::Send || op == Op::Recv || op == Op::RecvAnySource) << torch_ext::opName(op);
   }
 }
+
+TEST(Fingerprint, WhoMayFinishBeforeThePeersItWaitsFor) {
+  auto fp = [](Op op, int64_t root) {
+    FingerprintBuilder b(op);
+    b.tensor(at::ones({4}));
+    if (root >= 0) b.root(root);
+    return b.finish();
+  };
+  // Needs its peers whatever the mode: a receive, an all_reduce, a broadcast's receiver.
+  EXPECT_FALSE(fp(Op::Recv, 1).mayFinishAlone(0, false));
+  EXPECT_FALSE(fp(Op::AllReduce, -1).mayFinishAlone(0, false));
+  EXPECT_FALSE(fp(Op::Broadcast, 1).mayFinishAlone(0, false));
+  EXPECT_FALSE(fp(Op::Reduce, 0).mayFinishAlone(0, false));
+  // Only sends: a send (the transport may buffer it), a broadcast's root, a reduce's non-root.
+  EXPECT_TRUE(fp(Op::Send, 1).mayFinishAlone(0, false));
+  EXPECT_TRUE(fp(Op::Broadcast, 0).mayFinishAlone(0, false));
+  EXPECT_TRUE(fp(Op::Reduce, 1).mayFinishAlone(0, false));
+  EXPECT_TRUE(fp(Op::Gather, 1).mayFinishAlone(0, false));
+  // verify and strict hold every collective's result until each rank is known to have issued it.
+  EXPECT_FALSE(fp(Op::Broadcast, 0).mayFinishAlone(0, true));
+  EXPECT_FALSE(fp(Op::Reduce, 1).mayFinishAlone(0, true));
+  EXPECT_TRUE(fp(Op::Send, 1).mayFinishAlone(0, true));
+}

@@ -309,3 +309,62 @@ TEST(WaitGraph, PositionsAndSitesSurviveJson) {
     EXPECT_EQ(r.waitsFor, s.waitsFor);
   }
 }
+
+namespace {
+
+// The positions with each wait blocked in (GroupWait::blocked).
+std::vector<GroupWait> marked(std::vector<GroupWait> waits) {
+  for (auto& w : waits) w.blocked = w.waits();
+  return waits;
+}
+
+} // namespace
+
+TEST(WaitGraph, ACycleIsCertainOnlyWhenEveryRankOfItBlocksInItsWait) {
+  // Every rank blocked in the wait the loop is made of: it can never complete.
+  WaitGraph all;
+  all.addRank(0, marked({pos("1", "dp", kAll, 1, 1, "a"), pos("2", "mp", kAll, 0)}));
+  for (int64_t r : {1, 2}) all.addRank(r, marked({pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "b")}));
+  WaitFinding f = all.follow("1", 1, {1, 2});
+  ASSERT_EQ(f.shape, WaitShape::Cycle);
+  EXPECT_TRUE(f.certain);
+  EXPECT_TRUE(f.unblocked.empty());
+  EXPECT_NE(f.describe(kNow).find("every rank of the loop blocks in its wait"), std::string::npos) << f.describe(kNow);
+  EXPECT_TRUE(all.anyCycle().certain);
+
+  // Rank 0 only has dp's collective pending (async_op=True, computing): it may still
+  // issue mp's, so the loop may resolve. Named, not certain.
+  WaitGraph async;
+  async.addRank(0, {pos("1", "dp", kAll, 1, 1, "a"), pos("2", "mp", kAll, 0)});
+  for (int64_t r : {1, 2}) async.addRank(r, marked({pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "b")}));
+  f = async.follow("1", 1, {1, 2});
+  ASSERT_EQ(f.shape, WaitShape::Cycle);
+  EXPECT_FALSE(f.certain);
+  EXPECT_EQ(f.unblocked, (std::vector<int64_t>{0}));
+  EXPECT_NE(f.describe(kNow).find("\n  possibly temporary: rank 0 has its operation pending without blocking in it"),
+            std::string::npos)
+      << f.describe(kNow);
+
+  // A rank the graph does not know is never taken for blocked.
+  WaitGraph partial;
+  partial.addRank(0, marked({pos("1", "dp", kAll, 1, 1, "a"), pos("2", "mp", kAll, 0)}));
+  partial.addRank(1, marked({pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "b")}));
+  EXPECT_EQ(partial.notBlocked({0, 1, 2}), (std::vector<int64_t>{2}));
+}
+
+TEST(WaitGraph, CertaintyAndBlockedSurviveJson) {
+  GroupWait w = pos("dp0", "dp", {0, 1}, 3, 3, "a");
+  w.blocked = true;
+  EXPECT_TRUE(groupWaitFromJson(toJson(w)).blocked);
+  w.blocked = false;
+  EXPECT_FALSE(groupWaitFromJson(toJson(w)).blocked);
+  Verdict v;
+  v.kind = Verdict::Kind::Hang;
+  v.text = "t";
+  v.shape = WaitShape::Cycle;
+  v.cycleGroups = {"dp", "mp"};
+  v.certain = true;
+  EXPECT_TRUE(Verdict::fromJson(v.toJson()).certain);
+  v.certain = false;
+  EXPECT_FALSE(Verdict::fromJson(v.toJson()).certain);
+}

@@ -27,7 +27,10 @@ import torch.distributed as dist
 import torch_ext
 from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks
 
-ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
+# The deadlocks here end at abort_after (END_DEADLOCKS=0): these tests read the warn_after
+# report and the abort; test_verdicts_at_defaults ends them at once, with nothing set.
+ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1",
+       "TORCH_EXT_END_DEADLOCKS": "0"}
 STORES = pytest.mark.parametrize("store", ["parent", "rank0"])
 
 

@@ -171,10 +171,12 @@ def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path
     # python examples/bugs/crossed_groups.py, then python -m torch_ext.diagnose torch_ext_dumps
     out = _source("crossed_groups", tmp_path)
     run, post = out.split("$ python -m torch_ext.diagnose")
-    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext WARNING: deadlock across groups dp and mp", run)
+    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext ERROR: deadlock across groups dp and mp", run)
     assert logged == ["0"], run[-8000:]  # one report, by one rank
-    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError:\ndeadlock across groups dp and mp: ", run)) == [
+    # Every rank blocks in the loop: ended at the look (warn_after), not at abort_after.
+    assert sorted(re.findall(r"\[rank(\d)\] raised DeadlockError:\ndeadlock across groups dp and mp: ", run)) == [
         "0", "1", "2"], run[-8000:]
+    assert "it can never complete, so it fails now on every live rank" in run, run[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "1"), ("1", "1"), ("2", "1")], run
     assert 'deadlock across groups dp and mp: collective #1 all_reduce(float32[4], SUM) on group "dp"' in post, post
     doc_samples.check_source("crossed_groups", out)
@@ -184,9 +186,9 @@ def test_pipeline_deadlock_example_names_the_loop_through_send_recv_live_and_dra
     # python examples/bugs/pipeline_deadlock.py, then python -m torch_ext.diagnose torch_ext_dumps --html report.html
     out = _source("pipeline_deadlock", tmp_path)
     run, post = out.split("$ python -m torch_ext.diagnose")
-    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext WARNING: deadlock across groups dp and pp", run)
+    logged = re.findall(r"\[rank(\d)\] \S+ torch_ext ERROR: deadlock across groups dp and pp", run)
     assert logged == ["0"], run[-8000:]  # no group holds the loop; still one report, by one rank
-    assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveTimeoutError:\ndeadlock across groups dp and pp: ", run)) == [
+    assert sorted(re.findall(r"\[rank(\d)\] raised DeadlockError:\ndeadlock across groups dp and pp: ", run)) == [
         "0", "1", "2", "3"], run[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "1") for r in range(4)], run
     assert post.count("deadlock across groups dp and pp") >= 2 and "part of the deadlock across groups dp and pp" in post, post

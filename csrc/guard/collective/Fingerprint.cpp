@@ -63,6 +63,24 @@ std::string TensorMeta::describe() const {
   return os.str();
 }
 
+bool Fingerprint::mayFinishAlone(int me, bool gated) const {
+  switch (op) {
+    case Op::Send:
+      return true;
+    case Op::Recv:
+    case Op::RecvAnySource:
+      return false;
+    case Op::Broadcast:
+    case Op::Scatter:
+      return !gated && root == me;
+    case Op::Reduce:
+    case Op::Gather:
+      return !gated && root != me;
+    default:
+      return false;
+  }
+}
+
 int64_t Fingerprint::numel() const {
   if (metas.empty()) return 0;
   int64_t n = 1;

@@ -86,6 +86,12 @@ struct Fingerprint {
   // Hash used to pair a send with a receive: dtype, element count and tag.
   uint64_t p2pPairHash() const;
   int64_t numel() const;  // of the first tensor, 0 if none
+  // Whether group rank `me` can finish this operation before every rank it
+  // waits for has issued it: a send (the transport may buffer it), the root
+  // of a broadcast or scatter, a non-root of a reduce or gather (they only
+  // send), unless `gated` (check="verify"/"strict" hold every collective's
+  // result until each rank is known to have issued it).
+  bool mayFinishAlone(int me, bool gated) const;
 };
 
 // Incremental construction; finish() computes the hash.

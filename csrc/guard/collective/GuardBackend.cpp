@@ -538,7 +538,7 @@ void GuardBackend::eagerConnectSingleDevice(at::Device device) {
 
 c10d::ErrorType GuardBackend::getError() {
   if (auto f = state_->failure()) {
-    return f->kind == GuardErrorKind::Timeout ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR;
+    return f->kind == GuardErrorKind::Timeout || f->kind == GuardErrorKind::Deadlock ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR;
   }
   if (cuda_) return cuda_->getError();
   return c10d::ErrorType::SUCCESS;

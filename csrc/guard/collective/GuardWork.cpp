@@ -298,6 +298,16 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
 }
 
 bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
+  // A wait without a deadline blocks this thread until the operation ends: the
+  // watchdog's snapshots say so (a wait-for cycle of such waits is certain).
+  struct WaitScope {
+    Ledger* ledger;
+    uint64_t id;
+    ~WaitScope() {
+      if (ledger != nullptr) ledger->leaveWait(id);
+    }
+  } scope{timeout == kNoTimeout ? &state_->ledger() : nullptr, id_};
+  if (scope.ledger != nullptr) scope.ledger->enterWait(id_);
   if (mode_ == Mode::Future) {
     Verifier* verifier = gate();
     if (verifier != nullptr) verifier->want(seq_);  // asked for: check it now

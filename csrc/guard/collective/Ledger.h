@@ -22,6 +22,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <cstdint>
 #include <ATen/core/ivalue.h>
 
@@ -105,6 +106,21 @@ class Ledger {
   // Whether the stream has begun record `id`'s operation: known for a pending
   // work of a stream backend that says (StreamStartAware), else nullopt.
   std::optional<bool> streamStarted(uint64_t id) const;
+  // A host thread blocks in the wait of record `id` (WaitScope) until it
+  // completes: what makes a wait-for cycle a certain deadlock (WaitGraph).
+  // The last thread to enter is remembered; one that leaves while another
+  // entered since clears nothing, so blockedIn() may miss a blocked thread
+  // (a cycle then stays unconfirmed) but never names a wait nobody is in.
+  void enterWait(uint64_t id) {
+    blockedIn_.store(id, std::memory_order_release);
+  }
+  void leaveWait(uint64_t id) {
+    blockedIn_.compare_exchange_strong(id, 0, std::memory_order_acq_rel);
+  }
+  // The record a host thread blocks in now (0: none known).
+  uint64_t blockedIn() const {
+    return blockedIn_.load(std::memory_order_acquire);
+  }
   // Failures of reportFailure works found by polling since the last call (the
   // first few), as (record id, error).
   std::vector<std::pair<uint64_t, std::string>> takePolledFailures();
@@ -140,6 +156,7 @@ class Ledger {
   bool stillPending(Entry& e, int64_t now);
 
   mutable std::mutex mu_;
+  std::atomic<uint64_t> blockedIn_{0};
   std::vector<Entry> ring_;
   std::vector<std::pair<uint64_t, uint64_t>> rollingRing_;  // (seq, rolling)
   uint64_t nextId_ = 1;

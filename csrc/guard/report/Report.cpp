@@ -651,6 +651,7 @@ Json Verdict::toJson() const {
       Json groups = Json::array();
       for (const auto& g : cycleGroups) groups.push(g);
       j.set("cycle_groups", groups);
+      j.set("certain", certain);
     }
     if (shape == WaitShape::Chain) j.set("waits_for", ranksJson(waitsFor));
     if (!sites.empty()) {
@@ -680,6 +681,7 @@ Verdict Verdict::fromJson(const Json& j) {
   if (const Json* groups = j.get("cycle_groups"); groups != nullptr && groups->isArray()) {
     for (const auto& g : groups->asArray()) v.cycleGroups.push_back(g.asString("cycle group"));
   }
+  if (const Json* c = j.get("certain"); c != nullptr && c->type() == Json::Type::Bool) v.certain = c->asBool("certain");
   v.waitsFor = ranksFrom(j, "waits_for");
   if (const Json* sites = j.get("wait_sites"); sites != nullptr && sites->isArray()) {
     for (const auto& s : sites->asArray()) v.sites.push_back(waitSiteFromJson(s));
@@ -872,6 +874,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   v.sites = across.sites;
   if (across.shape == WaitShape::Cycle) {
     v.cycleGroups = across.groups;
+    v.certain = across.certain;
     // Every group on the cycle finds it; the report of one of them is logged.
     if (!ranks.empty() && !across.owner.empty() && across.owner != ranks.front().groupName) v.reporter = -1;
   } else if (across.shape == WaitShape::Chain) {

@@ -108,6 +108,9 @@ struct Verdict {
   // (a deadlock across `cycleGroups`, by label) or a chain ending at `waitsFor`.
   WaitShape shape = WaitShape::None;
   std::vector<std::string> cycleGroups;
+  // Cycle: every rank of the loop blocks in its wait (WaitFinding::certain):
+  // a deadlock that can never resolve, ended at once (Config::endCertain).
+  bool certain = false;
   std::vector<int64_t> waitsFor;
   // Cycle or chain: its sites, each waiting for ranks of the next (the
   // HTML view draws them).

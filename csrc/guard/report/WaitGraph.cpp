@@ -61,6 +61,7 @@ Json toJson(const GroupWait& w) {
     p.set("op", w.op);
     p.set("where", w.where);
     p.set("time_created_ns", w.startNs);
+    if (w.blocked) p.set("blocked", true);
     if (w.waitsInP2P()) {
       p.set("peer", w.peer);
       p.set("direction", w.recv ? "recv" : "send");
@@ -86,6 +87,7 @@ GroupWait groupWaitFromJson(const Json& j) {
     w.op = optString(*p, "op");
     w.where = optString(*p, "where");
     w.startNs = optInt(*p, "time_created_ns");
+    if (const Json* b = p->get("blocked"); b != nullptr && b->type() == Json::Type::Bool) w.blocked = b->asBool("waits blocked");
     if (const Json* peer = p->get("peer"); peer != nullptr && peer->isNumber()) {
       w.peer = peer->asInt("waits peer");
       w.recv = optString(*p, "direction") == "recv";
@@ -445,7 +447,12 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
 WaitFinding WaitGraph::followFrom(WaitSite start, const std::vector<int64_t>& missing) const {
   SiteCache sites(*this);
   const auto found = loops(sites, missing);
-  if (!found.empty()) return cycleOf(sites, found.front());
+  if (!found.empty()) {
+    WaitFinding f = cycleOf(sites, found.front());
+    f.unblocked = notBlocked(f.loop);
+    f.certain = f.unblocked.empty();
+    return f;
+  }
   // No loop: the chain from the stuck operation, site by site.
   WaitFinding f;
   std::set<SiteKey> seen{keyOf(start)};
@@ -481,7 +488,20 @@ WaitFinding WaitGraph::anyCycle() const {
   std::vector<int64_t> roots;
   for (const auto& kv : ranks_) roots.push_back(kv.first);
   const auto found = loops(sites, roots);
-  return found.empty() ? WaitFinding{} : cycleOf(sites, found.front());
+  if (found.empty()) return WaitFinding{};
+  WaitFinding f = cycleOf(sites, found.front());
+  f.unblocked = notBlocked(f.loop);
+  f.certain = f.unblocked.empty();
+  return f;
+}
+
+std::vector<int64_t> WaitGraph::notBlocked(const std::vector<int64_t>& ranks) const {
+  std::vector<int64_t> out;
+  for (auto r : ranks) {
+    const GroupWait* w = waitOf(r);
+    if (w == nullptr || !w->blocked) out.push_back(r);
+  }
+  return out;
 }
 
 std::string WaitFinding::describe(int64_t nowNs) const {
@@ -520,6 +540,15 @@ std::string WaitFinding::describe(int64_t nowNs) const {
         first = false;
       }
     }
+  }
+  if (shape == WaitShape::Cycle && certain) {
+    os << "\n  every rank of the loop blocks in its wait, so none can issue what the others wait for: it can "
+          "never complete";
+  } else if (shape == WaitShape::Cycle) {
+    os << "\n  possibly temporary: " << formatRanks(unblocked)
+       << (unblocked.size() == 1 ? " has" : " have")
+       << " its operation pending without blocking in it (async_op=True, DDP's gradient buckets, a stream) "
+          "and may still issue what the others wait for";
   }
   if (shape == WaitShape::Chain && !end.empty()) {
     os << "\n  everything waits for " << formatRanks(end);

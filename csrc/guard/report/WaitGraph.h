@@ -43,6 +43,11 @@ struct GroupWait {
   int64_t peer = -1;
   bool recv = false;
   int32_t tag = 0;
+  // A host thread of the rank blocks in this very operation (no deadline),
+  // which cannot finish before the ranks it waits for have issued it (not a
+  // send, a broadcast's root, ...: Fingerprint::mayFinishAlone). Such a rank
+  // issues nothing more until they do: a cycle of such waits is certain.
+  bool blocked = false;
 
   bool waitsInCollective() const {
     return pending && seq > 0;
@@ -130,6 +135,14 @@ struct WaitFinding {
   // Cycle: the ranks that wait for each other (a strongly connected part of
   // the waits: every one of them waits, directly or not, for every other).
   std::vector<int64_t> loop;
+  // Cycle: every rank of the loop blocks in its wait there (GroupWait::blocked),
+  // so none of them can issue what another waits for: the deadlock is certain
+  // and waiting longer cannot resolve it. Otherwise a rank of the loop only has
+  // the operation pending (async_op=True, DDP's buckets, a stream) and may
+  // still issue what the others wait for.
+  bool certain = false;
+  // Cycle, not certain: the ranks of the loop not known to block in their wait.
+  std::vector<int64_t> unblocked;
   // Cycle: the group (name) whose report logs it: the lowest-named group on
   // it that holds every rank of the loop, so its analyst saw them all and
   // finds the same loop; when no group holds them all, the lowest-named group
@@ -171,6 +184,8 @@ class WaitGraph {
   WaitFinding followFrom(WaitSite start, const std::vector<int64_t>& missing) const;
   // A cycle anywhere in the graph (post-mortem: no stuck collective given).
   WaitFinding anyCycle() const;
+  // Those of `ranks` not known to block in their wait (GroupWait::blocked).
+  std::vector<int64_t> notBlocked(const std::vector<int64_t>& ranks) const;
 
  private:
   std::map<int64_t, const std::vector<GroupWait>*> ranks_;

@@ -24,12 +24,28 @@ Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseco
       fallbackNs_(std::max<int64_t>(5'000'000'000, static_cast<int64_t>(25 * intervalS * 1e9))),
       check_(check) {}
 
+int64_t Deadlines::warnAfterNs(uint32_t site) const {
+  auto it = siteLongestNs_.find(site);
+  return it == siteLongestNs_.end() ? warnNs_ : std::max(warnNs_, it->second + it->second / 4);
+}
+
 DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) {
   DeadlineActions out;
+  if (warnedOpen_ && !(p.hasPending && p.oldestPending.id == warnedId_)) {
+    // The op warned about is done. Unless it was aborted, it ended by itself:
+    // a wait its call site can show again without a new report.
+    warnedOpen_ = false;
+    if (abortedId_ != warnedId_ && warnedSite_ != 0 &&
+        (siteLongestNs_.size() < kMaxSites || siteLongestNs_.count(warnedSite_))) {
+      int64_t& longest = siteLongestNs_[warnedSite_];
+      longest = std::max(longest, warnedWaitNs_);
+    }
+  }
   if (!p.hasPending) return out;
   const Entry& e = p.oldestPending;
   out.entry = e;
   out.waitedNs = now - e.startSteadyNs;
+  if (warnedOpen_) warnedWaitNs_ = out.waitedNs;
   const IncidentSubject subject = e.seq ? IncidentSubject::collective(e.seq) : IncidentSubject::p2p(groupRank, e.id);
   if (out.waitedNs > abortNs_ && abortedId_ != e.id) {
     abortedId_ = e.id;
@@ -38,9 +54,12 @@ DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) 
     out.raise = Incident{IncidentKind::Abort, subject, groupRank, ""};
     return out;
   }
-  if (out.waitedNs > warnNs_ && warnedId_ != e.id && abortedId_ != e.id) {
+  if (warnedId_ != e.id && abortedId_ != e.id && out.waitedNs > warnAfterNs(e.callSite)) {
     warnedId_ = e.id;
     warnedAtNs_ = now;
+    warnedSite_ = e.callSite;
+    warnedWaitNs_ = out.waitedNs;
+    warnedOpen_ = true;
     warnedSubject_ = subject;
     warnReported_ = localWarned_ = false;
     out.raise = Incident{IncidentKind::Hang, subject, groupRank, ""};

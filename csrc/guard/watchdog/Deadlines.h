@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 
 namespace torch_ext {
@@ -42,6 +43,11 @@ class Deadlines {
   int64_t fallbackNs() const {
     return fallbackNs_;
   }
+  // The hang look at an op of call site `site` comes after this long: warn_after,
+  // or, where a wait past warn_after ended by itself before, a quarter more than
+  // the longest such wait there (a checkpoint on rank 0 every epoch is named
+  // once, not every epoch).
+  int64_t warnAfterNs(uint32_t site) const;
 
  private:
   int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_;
@@ -50,6 +56,13 @@ class Deadlines {
   int64_t warnedAtNs_ = 0, abortedAtNs_ = 0;
   std::optional<IncidentSubject> warnedSubject_;
   bool warnReported_ = false, localWarned_ = false, localAborted_ = false;
+  // The warned op while it is the oldest pending: its call site and how long it
+  // was last seen waiting. When it ends (not aborted), that wait is the site's.
+  uint32_t warnedSite_ = 0;
+  int64_t warnedWaitNs_ = 0;
+  bool warnedOpen_ = false;
+  std::map<uint32_t, int64_t> siteLongestNs_;  // call site -> longest wait past warn_after that ended
+  static constexpr size_t kMaxSites = 4096;
 };
 
 } // namespace torch_ext

@@ -102,6 +102,19 @@ std::string abortText(const GroupState& st, const std::string& body) {
   return first + ": " + why + rest;
 }
 
+// A certain deadlock's report as the error it ends its groups with: the first
+// line says it can never complete and that it was ended for that (not for a
+// deadline), and how to wait for abort_after instead.
+std::string deadlockText(const std::string& body) {
+  const std::string why =
+      "it can never complete, so it fails now on every live rank of the groups on the cycle; "
+      "TORCH_EXT_END_DEADLOCKS=0 would wait for abort_after";
+  const auto nl = body.find('\n');
+  std::string first = body.substr(0, nl);
+  if (!first.empty() && first.back() == ':') first.pop_back();
+  return first + "; " + why + ":" + (nl == std::string::npos ? "" : body.substr(nl));
+}
+
 // TORCH_EXT_LIVE_SIGNAL: the handler only raises a flag (async-signal-safe);
 // the watchdog thread sees it at its next tick and asks the runtime for the
 // live report, which the Python side makes on a thread of its own.
@@ -768,7 +781,15 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       break;
     case Verdict::Kind::Hang:
       if (v.shape == WaitShape::Cycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
-      if (inc.kind == IncidentKind::Abort) {
+      if (v.shape == WaitShape::Cycle && v.certain && st.config().endDeadlocks && inc.kind != IncidentKind::Abort) {
+        // Waiting longer cannot resolve it (WaitFinding::certain): end it now.
+        text = deadlockText(text);
+        // Logged once: a group the cycle's verdict reached through another
+        // group (endCycleGroups) has failed already.
+        if (reporter && !st.failed()) logMessage(LogLevel::Error, text);
+        st.fail(GuardErrorKind::Deadlock, text);
+        endCycleGroups(st, v, text);
+      } else if (inc.kind == IncidentKind::Abort) {
         text = abortText(st, text);
         if (reporter) logMessage(LogLevel::Error, text);
         st.fail(GuardErrorKind::Timeout, text);
@@ -809,6 +830,35 @@ bool Watchdog::publishVerdict(const std::shared_ptr<GroupState>& state, const In
     return ok;
   });
   return r.ok() && r.value;
+}
+
+void Watchdog::endCycleGroups(const GroupState& from, const Verdict& v, const std::string& text) {
+  // Each group on the cycle finds it through its own incident, but at its own
+  // pace: a rank that ends first and exits (taking the store with it under
+  // plain env://) would leave the others a lost store or a gone peer to report
+  // instead of the deadlock. So this process's other groups on the cycle end
+  // now too, and their peers get the verdict through them at their next
+  // exchange: published once per group (the first rank to publish wins), as a
+  // hang incident about any operation of the group.
+  std::vector<std::shared_ptr<GroupCtx>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all = groups_;
+  }
+  for (const auto& ctx : all) {
+    GroupState& st = *ctx->state;
+    if (&st == &from || st.failed()) continue;
+    const bool onCycle =
+        std::any_of(v.sites.begin(), v.sites.end(), [&](const WaitSite& s) { return s.group == st.id().name; });
+    if (!onCycle) continue;
+    const Incident inc{IncidentKind::Hang, IncidentSubject::any(), st.id().rank, ""};
+    // Posted, not called: this runs on a store channel's I/O thread, which
+    // may be this group's too.
+    st.store().channel().post([this, ctx, inc, v] {
+      if (!ctx->removed && ctx->protocol.publishVerdict(inc, v)) ++incidents_;
+    });
+    st.fail(GuardErrorKind::Deadlock, text);
+  }
 }
 
 void Watchdog::requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) {

@@ -190,6 +190,9 @@ class Watchdog {
   // about named stragglers (rate-limited) and publishes the analysis.
   void lookForStragglers(GroupCtx& ctx);
   void applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v);
+  // A certain deadlock's verdict (`text`: its error) reached group `from`: ends
+  // this process's other groups on the cycle and publishes it to their peers.
+  void endCycleGroups(const GroupState& from, const Verdict& v, const std::string& text);
   LocalFacts localFacts(GroupCtx& ctx, const Progress& p);
   std::shared_ptr<GroupCtx> find(const GroupState* state);
   void leaveGroup(GroupCtx& ctx);  // I/O thread
