@@ -191,6 +191,12 @@ _MASKS = [
     (re.compile(r'^(deadlock across groups [^:\n]+: collective #\d+ [^\n]*? on group "[^"]+") '
                 r"(?:has waited <n> s|failed in the inner backend \(rank <r> saw: <gloo error>\))", re.M),
      r"\1 <waited or failed>"),
+    # A certain deadlock ends every group on the cycle with the verdict that reached the rank
+    # first, found from whichever group's collective (Watchdog::endCycleGroups): the loop's edges
+    # below it are the same either way.
+    (re.compile(r'(deadlock across groups [^:\n]+: )collective #\d+ [^\n]*? on group "[^"]+" '
+                r"(?:<waited or failed>|has waited <n> s)(; it can never complete)"),
+     r"\1<a collective of the cycle> <waited or failed>\2"),
     # When a straggler is first named: the windows of collectives seen by then.
     (re.compile(r"collectives \d+-\d+"), "collectives <a>-<b>"),
     (re.compile(r"\(\d+ windows of collectives out of \d+ there\)"), "(<n> windows of collectives out of <n> there)"),

@@ -8,6 +8,7 @@ import site
 import sys
 import sysconfig
 import threading
+import traceback
 
 import torch
 
@@ -49,10 +50,51 @@ def install() -> None:
     _installed = True
 
 
+# How much of an uncaught exception's message its peers' reports quote (DDP's
+# "Expected to have finished reduction ..." names the parameters without a
+# gradient on its last lines, after about 900 characters).
+_LAST_WORDS_CHARS = 1500
+
+
+def _uncaught() -> str:
+    """The exception ending this interpreter, if the program did not catch it:
+    ``"RuntimeError: ... (at train.py:30 in step)"``; "" for none, and for the
+    guard's own errors (every peer has the verdict already).
+
+    Python keeps it in ``sys.last_exc`` (3.12) / ``sys.last_value`` once it has
+    printed it, before the atexit hooks run.
+    """
+    exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if exc is None or isinstance(exc, SystemExit):
+        return ""
+    from torch_ext.errors import GuardError
+
+    if isinstance(exc, GuardError):
+        return ""
+    text = str(exc).split("\nException raised from")[0].strip()  # torch's C++ backtrace
+    if len(text) > _LAST_WORDS_CHARS:
+        text = text[:_LAST_WORDS_CHARS] + " ..."
+    where = ""
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ is not None else []
+    if frames:
+        # The innermost frame of the program's own code (not torch's, nor another library's).
+        internal = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+        ours = [f for f in frames if not f.filename.startswith(internal) and "-packages" + os.sep not in f.filename]
+        f = (ours or frames)[-1]
+        where = f" (at {os.path.basename(f.filename)}:{f.lineno} in {f.name})"
+    text = "\n    ".join(line.rstrip() for line in text.splitlines())  # nested under the report's line
+    return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
+
+
 def _at_exit() -> None:
     """Interpreter exit (see install): a mismatch found while waiting for the
-    verdict on the last collectives ends the process with status 1, never 0."""
-    mismatches = _C._at_exit()
+    verdict on the last collectives ends the process with status 1, never 0; an
+    uncaught exception is left as this rank's last words for its peers."""
+    try:
+        uncaught = _uncaught()
+    except Exception:  # noqa: BLE001 - the exit must go on whatever the exception's str() does
+        uncaught = ""
+    mismatches = _C._at_exit(uncaught)
     if not mismatches:
         return
     for report in mismatches:

@@ -353,12 +353,12 @@ PYBIND11_MODULE(_C, m) {
       });
   m.def(
       "_at_exit",
-      []() {
+      [](const std::string& uncaught) {
         std::vector<std::string> mismatches;
         {
           // The watchdog never needs the GIL, but the runtime's helper may.
           py::gil_scoped_release release;
-          mismatches = torch_ext::Watchdog::instance().atExit();
+          mismatches = torch_ext::Watchdog::instance().atExit(uncaught);
           // Reports logged just before the error that ends the process (e.g.
           // a mismatch) are written before the runtime detaches.
           torch_ext::py::flushLogs(std::chrono::seconds(2));

@@ -627,3 +627,35 @@ TEST(Report, MismatchLinesSeparateRanksWhoseFingerprintsDifferBeyondTheText) {
   EXPECT_NE(v.text.find("rank 0:"), std::string::npos) << v.text;
   EXPECT_NE(v.text.find("rank 1:"), std::string::npos) << v.text;
 }
+
+TEST(Report, LastWordsSayHowARanksProcessEnded) {
+  for (const auto& w : {LastWordsWhy{LastWordsCause::Terminated, ""}, LastWordsWhy{LastWordsCause::Exited, ""},
+                        LastWordsWhy{LastWordsCause::Raised, "ValueError: empty: shard 7 (at t.py:3 in f)"}}) {
+    auto back = LastWordsWhy::decode(w.encode());
+    ASSERT_TRUE(back.has_value()) << w.encode();
+    EXPECT_EQ(back->cause, w.cause);
+    EXPECT_EQ(back->exception, w.exception);
+  }
+  EXPECT_EQ((LastWordsWhy{LastWordsCause::Raised, "E: x"}.encode()), "raised: E: x");
+  EXPECT_FALSE(LastWordsWhy::decode("hang:57").has_value());  // an incident's snapshot, not last words
+
+  RankInput r;
+  r.globalRank = 1;
+  r.statusKnown = true;
+  r.phase = RankPhase::Exited;
+  r.lastSeq = 3;
+  const int64_t now = 1700000000LL * 1000000000LL;
+  r.heartbeatNs = now - 1400000000LL;
+  // Without last words: what an exit can be.
+  EXPECT_EQ(describeAbsent(r, now),
+            "exited 1.4 s ago after issuing #3: its process ended without destroy_process_group (an uncaught "
+            "exception, sys.exit or the end of its script)");
+  // With them: what it raised.
+  r.lastWords = true;
+  r.snapshot.incident = LastWordsWhy{LastWordsCause::Raised, "ValueError: batch 3 is empty (at t.py:9 in step)"}.encode();
+  EXPECT_EQ(describeAbsent(r, now),
+            "exited 1.4 s ago after issuing #3, raising ValueError: batch 3 is empty (at t.py:9 in step)");
+  EXPECT_EQ(lastWordsNote(r), "then its process exited, raising ValueError: batch 3 is empty (at t.py:9 in step)");
+  r.snapshot.incident = "terminated";
+  EXPECT_EQ(lastWordsNote(r), "then its process was terminated");
+}

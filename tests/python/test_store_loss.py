@@ -143,8 +143,10 @@ def test_with_the_store_in_the_launcher_the_survivors_name_rank_0(tmp_path, faul
     assert err["message"].startswith("collective #4 all_reduce(float32[4], SUM) on group \"default_pg\" failed in "
                                      "the inner backend"), err["message"]
     if fault == "raise":
-        # Its process ran its exit path and said so before going.
-        assert "rank 0: exited" in err["message"] and "without destroy_process_group" in err["message"], err
+        # Its process ran its exit path and said so before going, with what it raised (its last words).
+        assert ("rank 0: exited" in err["message"] and
+                ", raising RuntimeError: rank 0 failed in its training step (injected) (at fault_job.py:"
+                in err["message"]), err
     else:
         assert "rank 0: no heartbeat" in err["message"], err
 

@@ -36,6 +36,8 @@ SCENARIOS = {
     "p2p": (2, "parent", {}, 90),
     "pipeline": (4, "rank0", {}, 90),
     "gone": (3, "rank0", {}, 90),
+    "raised": (2, "parent", {}, 90),
+    "unused": (2, "rank0", {}, 90),
     "checkpoint": (2, "rank0", {"CKPT_S": "11"}, 120),
     "async": (2, "parent", {"ASYNC_S": "12"}, 90),
     "stall": (2, "rank0", {"TORCH_EXT_INNER": "cpu:nccl_sim", "TORCH_EXT_NCCL_SIM_WAIT": "data",
@@ -138,6 +140,30 @@ def test_a_gone_rank_ends_the_survivors_within_seconds(runs):
         assert rec["error"] == "CollectiveFailureError", text
         assert rec["after"] < 10, (rec["after"], text)
         assert "rank 2" in rec["message"], rec["message"]
+
+
+def test_a_rank_ended_by_an_uncaught_exception_is_named_with_what_it_raised(runs):
+    # Its last words: the peers it leaves waiting say what ended it, not only that it exited.
+    results, records, text = _scenario(runs, "raised")
+    assert results[1].returncode == 1 and "ValueError: batch 3 of shard 7 is empty" in results[1].output, text
+    assert results[0].returncode == 4, text
+    rec = records[0]
+    assert rec["error"] == "CollectiveFailureError", text
+    assert rec["after"] < 10, (rec["after"], text)
+    assert ("rank 1: exited" in rec["message"] and ", raising ValueError: batch 3 of shard 7 is empty (at "
+            "defaults_job.py:" in rec["message"] and " in raised)" in rec["message"]), rec["message"]
+
+
+def test_ddps_unused_parameter_error_on_one_rank_reaches_the_rank_it_leaves_waiting(runs):
+    # DDP raises on rank 1 (a parameter without a gradient there) and the process ends;
+    # rank 0, waiting in the gradient all_reduce, is told what rank 1 raised.
+    results, records, text = _scenario(runs, "unused")
+    assert results[1].returncode == 1 and "Expected to have finished reduction" in results[1].output, text
+    assert results[0].returncode == 4, text
+    msg = records[0]["message"]
+    assert records[0]["error"] == "CollectiveFailureError", text
+    assert "raising RuntimeError: Expected to have finished reduction in the prior iteration" in msg, msg
+    assert "Parameter indices which did not receive grad for rank 1: 2 3" in msg, msg
 
 
 def test_a_checkpoint_on_rank_0_every_epoch_is_named_once_and_never_ended(runs):

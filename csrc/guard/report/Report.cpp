@@ -248,7 +248,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (e) {
         op.text = e->text;
         op.where = e->where();
-        if (r.lastWords) op.where += " (then its process was terminated: from its last words)";
+        if (r.lastWords) op.where += " (" + lastWordsNote(r) + ": from its last words)";
         op.hint = e->label.hint;
         op.hash = e->hash;
       } else {
@@ -498,11 +498,22 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
 
 } // namespace
 
+std::string lastWordsNote(const RankInput& r) {
+  const auto why = LastWordsWhy::decode(r.snapshot.incident);
+  if (!why || why->cause == LastWordsCause::Terminated) return "then its process was terminated";
+  if (why->cause == LastWordsCause::Raised) return "then its process exited, raising " + why->exception;
+  return "then its process exited";
+}
+
 std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   std::ostringstream os;
   const std::string ago = r.heartbeatNs > 0 ? " " + secondsBetween(r.heartbeatNs, nowNs) + " ago" : "";
+  const auto why = r.lastWords ? LastWordsWhy::decode(r.snapshot.incident) : std::nullopt;
   if (r.statusKnown && r.phase == RankPhase::Left) {
     os << "left the group (destroy_process_group)" << ago << " after issuing #" << r.lastSeq;
+  } else if (r.statusKnown && r.phase == RankPhase::Exited && why && why->cause == LastWordsCause::Raised) {
+    // Its last words say what ended it: no need to guess.
+    os << "exited" << ago << " after issuing #" << r.lastSeq << ", raising " << why->exception;
   } else if (r.statusKnown && r.phase == RankPhase::Exited) {
     os << "exited" << ago << " after issuing #" << r.lastSeq
        << ": its process ended without destroy_process_group (an uncaught exception, sys.exit or the end of its "

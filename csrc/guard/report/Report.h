@@ -139,6 +139,9 @@ inline const char* Verdict::kindName(Kind k) {
 // "exited 0.3 s ago after issuing #2: ...", "no heartbeat for 4.0 s (process
 // gone or frozen)": what a report says of a rank that did not answer.
 std::string describeAbsent(const RankInput& r, int64_t nowNs);
+// For a rank known by its last words: how its process ended, "then its process
+// was terminated" / "then its process exited" / "..., raising RuntimeError: ...".
+std::string lastWordsNote(const RankInput& r);
 
 // Where ranks outside the group stand (global rank -> its positions), when the
 // caller knows: the post-mortem reads every rank's dump, so it can follow a

@@ -192,6 +192,22 @@ Json toJson(const GroupView& g) {
   return j;
 }
 
+std::string LastWordsWhy::encode() const {
+  std::string out = enumName(cause);
+  if (cause == LastWordsCause::Raised) out += ": " + exception;
+  return out;
+}
+
+std::optional<LastWordsWhy> LastWordsWhy::decode(const std::string& incident) {
+  const auto colon = incident.find(':');
+  auto cause = enumFromName<LastWordsCause>(incident.substr(0, colon));
+  if (!cause) return std::nullopt;
+  LastWordsWhy w;
+  w.cause = *cause;
+  if (colon != std::string::npos && colon + 2 <= incident.size()) w.exception = incident.substr(colon + 2);
+  return w;
+}
+
 Json toJson(const RankSnapshot& s) {
   Json j = Json::object();
   j.set("version", s.version);

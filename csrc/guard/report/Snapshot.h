@@ -138,6 +138,31 @@ struct DumpStatus {
   std::vector<DumpAwaited> awaited;
 };
 
+// Why a rank left its last words (LastWords): the `incident` of that snapshot,
+// "terminated", "exited" or "raised: <exception>".
+enum class LastWordsCause : uint8_t {
+  Terminated,  // std::terminate (gloo's abort on a byte-count difference)
+  Exited,      // its process ended after a group of it failed
+  Raised,      // its process ended on an exception the program did not catch
+};
+
+template <>
+struct EnumTable<LastWordsCause> {
+  static constexpr NamedValue<LastWordsCause> kEntries[] = {
+      {LastWordsCause::Terminated, "terminated"},
+      {LastWordsCause::Exited, "exited"},
+      {LastWordsCause::Raised, "raised"},
+  };
+};
+
+struct LastWordsWhy {
+  LastWordsCause cause = LastWordsCause::Exited;
+  std::string exception;  // Raised: "RuntimeError: ... (at train.py:30 in step)"
+  std::string encode() const;
+  // nullopt for an incident that is not a last words' cause.
+  static std::optional<LastWordsWhy> decode(const std::string& incident);
+};
+
 struct RankSnapshot {
   std::string version = kSnapshotVersion;
   int64_t rank = 0;  // global rank

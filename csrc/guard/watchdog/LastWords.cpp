@@ -109,7 +109,7 @@ void say(const std::string& text) {
         }
         box->cv.notify_all();
         try {
-          for (const auto& st : Watchdog::instance().groupStates()) publishLastWords(*st, "terminated");
+          for (const auto& st : Watchdog::instance().groupStates()) publishLastWords(*st, LastWordsWhy{LastWordsCause::Terminated, ""});
         } catch (...) {
         }
         {
@@ -147,14 +147,14 @@ void say(const std::string& text) {
 
 } // namespace
 
-void publishLastWords(GroupState& st, const std::string& why) {
+void publishLastWords(GroupState& st, const LastWordsWhy& why) {
   if (st.id().size < 2 || st.store().health() != StoreHealth::Healthy) return;
   RankSnapshot snap;
   snap.rank = st.id().globalRank(st.id().rank);
   snap.pid = static_cast<int64_t>(getpid());
   snap.hostname = hostname();
   snap.timeNs = wallNs();
-  snap.incident = why;
+  snap.incident = why.encode();
   snap.groups.push_back(groupView(st, kWindow));
   st.store().set(keys::lastWords(st.id().rank), toJson(snap).dump(), kStoreBound);
 }

@@ -23,6 +23,8 @@
 // words, which come first, then 1.5 s for the writes): a terminate handler
 // that blocks would turn a crash into a hang.
 
+#include "guard/report/Snapshot.h"
+
 #include <string>
 
 namespace torch_ext {
@@ -33,9 +35,11 @@ class GroupState;
 void installLastWords();
 
 // Writes this rank's ledger window of `st` under keys::lastWords (bounded;
-// nothing when the store is not healthy or the rank is alone). Also called at
-// interpreter exit for a group that failed: a rank that raised a verdict and
-// ends at once leaves what it issued for the ranks still analysing.
-void publishLastWords(GroupState& st, const std::string& why);
+// nothing when the store is not healthy or the rank is alone), with `why`.
+// Also called at interpreter exit for a group that failed (a rank that raised
+// a verdict and ends at once leaves what it issued for the ranks still
+// analysing), and for every group when an uncaught exception ends the process
+// (the peers it leaves waiting say what it raised).
+void publishLastWords(GroupState& st, const LastWordsWhy& why);
 
 } // namespace torch_ext

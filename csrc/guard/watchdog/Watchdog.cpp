@@ -301,7 +301,7 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   store.deleteKeys(written);
 }
 
-std::vector<std::string> Watchdog::atExit() {
+std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
   std::vector<std::shared_ptr<GroupCtx>> groups;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -343,8 +343,13 @@ std::vector<std::string> Watchdog::atExit() {
     GroupState& st = *g->state;
     if (st.store().health() != StoreHealth::Healthy) continue;
     // A failed group: what this rank issued stays for the ranks still
-    // analysing (a verdict this rank raised may not have reached them).
-    if (st.failed()) publishLastWords(st, "exited");
+    // analysing (a verdict this rank raised may not have reached them). An
+    // uncaught exception: what it raised, for the peers it leaves waiting.
+    if (!uncaught.empty()) {
+      publishLastWords(st, LastWordsWhy{LastWordsCause::Raised, uncaught});
+    } else if (st.failed()) {
+      publishLastWords(st, LastWordsWhy{LastWordsCause::Exited, ""});
+    }
     st.store().set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(),
                    kExitStatusBound);
   }
@@ -784,9 +789,17 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       if (v.shape == WaitShape::Cycle && v.certain && st.config().endDeadlocks && inc.kind != IncidentKind::Abort) {
         // Waiting longer cannot resolve it (WaitFinding::certain): end it now.
         text = deadlockText(text);
-        // Logged once: a group the cycle's verdict reached through another
-        // group (endCycleGroups) has failed already.
-        if (reporter && !st.failed()) logMessage(LogLevel::Error, text);
+        // Logged once, by the lowest rank of the loop, whichever group's
+        // verdict reaches it first (endCycleGroups hands each one to every
+        // group on the cycle, so the owner's may come second or not at all).
+        int64_t lowest = -1;
+        for (const auto& s : v.sites) {
+          for (auto r : s.waiters) lowest = lowest < 0 ? r : std::min(lowest, r);
+        }
+        if (st.id().globalRank(st.id().rank) == lowest) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (loggedDeadlocks_.insert(v.cycleGroups).second) logMessage(LogLevel::Error, text);
+        }
         st.fail(GuardErrorKind::Deadlock, text);
         endCycleGroups(st, v, text);
       } else if (inc.kind == IncidentKind::Abort) {

@@ -102,8 +102,12 @@ class Watchdog {
   // has not verified yet, says "exited" for every group where the store
   // answers (briefly), stops the thread without waiting on the store, and
   // closes the store channels. Later removals publish nothing. Returns the
-  // mismatch reports of groups found to differ while waiting.
-  std::vector<std::string> atExit();
+  // mismatch reports of groups found to differ while waiting. `uncaught`:
+  // what ends the process, when it is an exception the program did not catch
+  // ("RuntimeError: ... (at train.py:30 in step)"): left as this rank's last
+  // words in every group, so the report of a peer it leaves waiting says what
+  // it raised instead of only that it exited.
+  std::vector<std::string> atExit(const std::string& uncaught = std::string());
   bool exiting() const {
     return exiting_.load(std::memory_order_acquire);
   }
@@ -206,6 +210,8 @@ class Watchdog {
   // "failure" incident of the collectives the mismatch aborted (their analysis
   // finds the same mismatch first). It is logged once.
   std::set<std::string> loggedMismatches_;
+  // The certain deadlocks (by the groups on the cycle) this process logged.
+  std::set<std::vector<std::string>> loggedDeadlocks_;
   std::thread thread_;
   std::thread::id threadId_;
   bool stop_ = false;

@@ -18,6 +18,11 @@ launcher as under torchrun), on backend "guard" with its defaults. Settings:
                         and computes ASYNC_S seconds before mp's, rank 1 issues mp
                         then dp: the waits look like a cycle for a while, but rank
                         0 is not blocked in its wait: not a deadlock
+            raised      2 ranks: rank 1 raises ValueError in its 3rd step, uncaught,
+                        while rank 0 is in the step's all_reduce
+            unused      2 ranks, DDP: rank 1 leaves a parameter out of its loss
+                        (find_unused_parameters=False): its next forward raises
+                        DDP's "Expected to have finished reduction", uncaught
             stall       2 ranks on nccl_sim (TORCH_EXT_NCCL_SIM_STALL set by the
                         test): both in the same collective, rank 1's stream stalled
   OUT       folder for one JSON record per rank: how it ended, its warnings
@@ -137,6 +142,34 @@ def async_ops() -> None:
         dist.all_reduce(torch.ones(4), group=dp)
 
 
+def raised() -> None:
+    for step in range(6):
+        if step == 3:
+            mark()
+            if rank == 1:
+                raise ValueError(f"batch {step} of shard 7 is empty")  # a data bug, on one rank
+        dist.all_reduce(torch.ones(4))
+
+
+class TwoHeads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        return self.a(x) + (self.b(x) if use_b else 0)
+
+
+def unused() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(TwoHeads())
+    for step in range(4):
+        if step == 1:
+            mark()
+        model(torch.ones(2, 4), use_b=rank == 0).sum().backward()
+
+
 def stall() -> None:
     for _ in range(8):
         dist.all_reduce(torch.ones(4))
@@ -144,8 +177,8 @@ def stall() -> None:
     dist.all_reduce(torch.ones(4))
 
 
-SCENARIOS = {"crossed": crossed, "p2p": p2p, "pipeline": pipeline, "gone": gone, "checkpoint": checkpoint, "async": async_ops,
-             "stall": stall}
+SCENARIOS = {"crossed": crossed, "p2p": p2p, "pipeline": pipeline, "gone": gone, "raised": raised, "unused": unused,
+             "checkpoint": checkpoint, "async": async_ops, "stall": stall}
 scenario = os.environ["SCENARIO"]
 
 if __name__ == "__main__":
