@@ -64,6 +64,8 @@ def _uncaught() -> str:
     Python keeps it in ``sys.last_exc`` (3.12) / ``sys.last_value`` once it has
     printed it, before the atexit hooks run.
     """
+    if hasattr(sys, "ps1"):
+        return ""  # an interactive session keeps the last error shown at its prompt, long handled
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if exc is None or isinstance(exc, SystemExit):
         return ""
