@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 import torch_ext
 from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks
+from jobs import defaults_job  # the pipeline's step, also run at the defaults there
 
 # The deadlocks here end at abort_after (END_DEADLOCKS=0): these tests read the warn_after
 # report and the abort; test_verdicts_at_defaults ends them at once, with nothing set.
@@ -250,24 +251,9 @@ def test_device_mesh_dimensions_issued_in_crossed_orders_are_one_deadlock_live(t
 
 def _pipeline(rank: int, world: int) -> dict:
     cap = _capture()
-    dp = [dist.new_group(r, backend="guard", group_desc="dp") for r in ([0, 1], [2, 3])][rank // 2]
-    pp = [dist.new_group(r, backend="guard", group_desc="pp") for r in ([0, 2], [1, 3])][rank % 2]
+    dp, pp = defaults_job.pipeline_groups(rank)
     t = torch.ones(3)
-
-    def step():
-        if rank == 0:
-            dist.all_reduce(t, group=dp)
-            dist.send(t, 2, group=pp)
-        elif rank == 1:
-            dist.recv(t, 3, group=pp)
-            dist.all_reduce(t, group=dp)
-        elif rank == 2:
-            dist.recv(t, 0, group=pp)
-            dist.all_reduce(t, group=dp)
-        else:
-            dist.all_reduce(t, group=dp)
-            dist.send(t, 1, group=pp)
-    return _timed(cap, step)
+    return _timed(cap, lambda: defaults_job.pipeline_step(rank, dp, pp, t))
 
 
 @STORES

@@ -94,41 +94,40 @@ def _warnings(rec: dict, needle: str) -> list[dict]:
     return [r for r in rec["records"] if r["level"] == "WARNING" and needle in r["text"]]
 
 
-def test_a_cycle_across_groups_ends_typed_on_every_rank_within_seconds(runs):
-    results, records, text = _scenario(runs, "crossed")
+def _ended_typed_on_every_rank(runs, name: str, error: str) -> list[str]:
+    """Every rank of scenario `name` ended by itself with `error` (caught: exit 4), confirmed in
+    time; returns the messages, by rank."""
+    results, records, text = _scenario(runs, name)
+    messages = []
     for r in results:
         assert r.returncode == 4, text  # ended by itself, with the typed error caught
         rec = records[r.rank]
-        assert rec["error"] == "DeadlockError", text
+        assert rec["error"] == error, text
         assert rec["after"] < CONFIRMED_BY_S, (rec["after"], text)
-        first = rec["message"].splitlines()[0]
-        assert first.startswith("deadlock across groups dp and mp: "), rec["message"]
+        messages.append(rec["message"])
+    return messages
+
+
+def test_a_cycle_across_groups_ends_typed_on_every_rank_within_seconds(runs):
+    for message in _ended_typed_on_every_rank(runs, "crossed", "DeadlockError"):
+        first = message.splitlines()[0]
+        assert first.startswith("deadlock across groups dp and mp: "), message
         assert "it can never complete" in first and "TORCH_EXT_END_DEADLOCKS=0" in first, first
-        assert "every rank of the loop blocks in its wait" in rec["message"], rec["message"]
+        assert "every rank of the loop blocks in its wait" in message, message
 
 
 def test_two_stages_that_both_receive_first_end_typed_on_both(runs):
     # Within one group the pairing check sees it first (a second in): no send
     # can ever meet these receives.
-    results, records, text = _scenario(runs, "p2p")
-    for r in results:
-        assert r.returncode == 4, text
-        rec = records[r.rank]
-        assert rec["error"] == "CollectiveMismatchError", text
-        assert rec["after"] < CONFIRMED_BY_S, (rec["after"], text)
-        assert "send/recv on group \"default_pg\" do not pair" in rec["message"], rec["message"]
-        assert f"rank {1 - r.rank} has posted no matching send" in rec["message"], rec["message"]
+    for rank, message in enumerate(_ended_typed_on_every_rank(runs, "p2p", "CollectiveMismatchError")):
+        assert "send/recv on group \"default_pg\" do not pair" in message, message
+        assert f"rank {1 - rank} has posted no matching send" in message, message
 
 
 def test_a_pipeline_cycle_through_send_recv_and_reduce_ends_typed_on_every_stage(runs):
-    results, records, text = _scenario(runs, "pipeline")
-    for r in results:
-        assert r.returncode == 4, text
-        rec = records[r.rank]
-        assert rec["error"] == "DeadlockError", text
-        assert rec["after"] < CONFIRMED_BY_S, (rec["after"], text)
-        assert rec["message"].startswith("deadlock across groups dp and pp: "), rec["message"]
-        assert 'rank 2 waits in recv(float32[3], src=0, tag=0) from rank 0 on group "pp"' in rec["message"], text
+    for message in _ended_typed_on_every_rank(runs, "pipeline", "DeadlockError"):
+        assert message.startswith("deadlock across groups dp and pp: "), message
+        assert 'rank 2 waits in recv(float32[3], src=0, tag=0) from rank 0 on group "pp"' in message, message
 
 
 def test_a_gone_rank_ends_the_survivors_within_seconds(runs):

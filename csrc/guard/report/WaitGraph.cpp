@@ -385,10 +385,12 @@ std::vector<std::vector<int64_t>> loops(SiteCache& sites, const std::vector<int6
 
 // The finding for the ranks of one loop: their sites, walked in wait order
 // from the owner's (the others after, if any).
-WaitFinding cycleOf(SiteCache& sites, const std::vector<int64_t>& loop) {
+WaitFinding cycleOf(const WaitGraph& graph, SiteCache& sites, const std::vector<int64_t>& loop) {
   WaitFinding f;
   f.shape = WaitShape::Cycle;
   f.loop = loop;
+  f.unblocked = graph.notBlocked(loop);
+  f.certain = f.unblocked.empty();
   std::vector<const WaitSite*> all;
   for (auto r : loop) {
     const WaitSite* s = sites.of(r);
@@ -447,12 +449,7 @@ WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std:
 WaitFinding WaitGraph::followFrom(WaitSite start, const std::vector<int64_t>& missing) const {
   SiteCache sites(*this);
   const auto found = loops(sites, missing);
-  if (!found.empty()) {
-    WaitFinding f = cycleOf(sites, found.front());
-    f.unblocked = notBlocked(f.loop);
-    f.certain = f.unblocked.empty();
-    return f;
-  }
+  if (!found.empty()) return cycleOf(*this, sites, found.front());
   // No loop: the chain from the stuck operation, site by site.
   WaitFinding f;
   std::set<SiteKey> seen{keyOf(start)};
@@ -488,11 +485,7 @@ WaitFinding WaitGraph::anyCycle() const {
   std::vector<int64_t> roots;
   for (const auto& kv : ranks_) roots.push_back(kv.first);
   const auto found = loops(sites, roots);
-  if (found.empty()) return WaitFinding{};
-  WaitFinding f = cycleOf(sites, found.front());
-  f.unblocked = notBlocked(f.loop);
-  f.certain = f.unblocked.empty();
-  return f;
+  return found.empty() ? WaitFinding{} : cycleOf(*this, sites, found.front());
 }
 
 std::vector<int64_t> WaitGraph::notBlocked(const std::vector<int64_t>& ranks) const {

@@ -68,11 +68,17 @@ def mark() -> None:
     begun = time.monotonic()
 
 
-def crossed() -> None:
+def dp_and_mp() -> tuple:
+    """Groups "dp" and "mp" over every rank; the clock starts once all have them."""
     dp = dist.new_group(list(range(world)), backend="guard", group_desc="dp")
     mp = dist.new_group(list(range(world)), backend="guard", group_desc="mp")
     dist.barrier()
     mark()
+    return dp, mp
+
+
+def crossed() -> None:
+    dp, mp = dp_and_mp()
     if rank == 0:
         dist.all_reduce(torch.ones(4), group=dp)
         dist.all_reduce(torch.ones(2), group=mp)
@@ -89,12 +95,15 @@ def p2p() -> None:
     dist.send(torch.ones(3), dst=1 - rank)
 
 
-def pipeline() -> None:
+def pipeline_groups(rank: int) -> tuple:
+    """This rank's data-parallel group (dp: 0,1 and 2,3) and pipeline pair (pp: 0-2 and 1-3)."""
     dp = [dist.new_group(r, backend="guard", group_desc="dp") for r in ([0, 1], [2, 3])][rank // 2]
     pp = [dist.new_group(r, backend="guard", group_desc="pp") for r in ([0, 2], [1, 3])][rank % 2]
-    t = torch.ones(3)
-    dist.barrier()
-    mark()
+    return dp, pp
+
+
+def pipeline_step(rank: int, dp, pp, t: torch.Tensor) -> None:
+    """2 waits for 0 (recv), 0 for 1 (dp), 1 for 3 (recv), 3 for 2 (dp): a certain deadlock."""
     if rank == 0:
         dist.all_reduce(t, group=dp)
         dist.send(t, 2, group=pp)
@@ -107,6 +116,13 @@ def pipeline() -> None:
     else:
         dist.all_reduce(t, group=dp)
         dist.send(t, 1, group=pp)
+
+
+def pipeline() -> None:
+    dp, pp = pipeline_groups(rank)
+    dist.barrier()
+    mark()
+    pipeline_step(rank, dp, pp, torch.ones(3))
 
 
 def gone() -> None:
@@ -128,10 +144,7 @@ def checkpoint() -> None:
 
 
 def async_ops() -> None:
-    dp = dist.new_group(list(range(world)), backend="guard", group_desc="dp")
-    mp = dist.new_group(list(range(world)), backend="guard", group_desc="mp")
-    dist.barrier()
-    mark()
+    dp, mp = dp_and_mp()
     if rank == 0:
         work = dist.all_reduce(torch.ones(4), group=dp, async_op=True)
         time.sleep(float(os.environ.get("ASYNC_S", "12")))  # computing, with dp's all_reduce in flight
@@ -179,7 +192,7 @@ def stall() -> None:
 
 SCENARIOS = {"crossed": crossed, "p2p": p2p, "pipeline": pipeline, "gone": gone, "raised": raised, "unused": unused,
              "checkpoint": checkpoint, "async": async_ops, "stall": stall}
-scenario = os.environ["SCENARIO"]
+scenario = os.environ.get("SCENARIO", "")  # imported by test_cross_group_waits for pipeline_step
 
 if __name__ == "__main__":
     logging.getLogger("torch_ext").addHandler(Records())
