@@ -180,8 +180,11 @@ def _ops(rank: int, world: int, inner_group: bool) -> list[torch.Tensor]:
     if rank != 0:
         red = torch.zeros_like(red)  # only the root's result is defined
     dist.barrier(group=group)
-    ring = torch.full((2,), float(rank), device=dev)
-    got = torch.empty(2, device=dev)
+    # gloo's send/recv take CPU tensors only (a CUDA pointer fails its writev with
+    # "Bad address"), also without the guard: the ring stays on CPU there.
+    p2p_dev = "cpu" if INNER_NAME == "gloo" else dev
+    ring = torch.full((2,), float(rank), device=p2p_dev)
+    got = torch.empty(2, device=p2p_dev)
     reqs = dist.batch_isend_irecv([
         dist.P2POp(dist.isend, ring, (rank + 1) % world, group),
         dist.P2POp(dist.irecv, got, (rank - 1) % world, group),

@@ -193,7 +193,7 @@ class DeferredReceiveWork : public c10d::Work {
   }
   bool isSuccess() const override {
     auto r = real();
-    return r && r->isSuccess();
+    return r && !r->exception();
   }
   std::exception_ptr exception() const override {
     auto r = real();

@@ -169,7 +169,7 @@ bool GuardWork::completedOrThrow() {
 
 bool GuardWork::isSuccess() const {
   if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError() && released();
-  return !state_->failed() && inner_->isSuccess();
+  return !state_->failed() && !inner_->exception();
 }
 
 std::exception_ptr GuardWork::exception() const {
@@ -379,7 +379,7 @@ bool CoalescedWork::isCompleted() {
 
 bool CoalescedWork::isSuccess() const {
   for (auto& w : works_) {
-    if (!w->isSuccess()) return false;
+    if (w->exception()) return false;
   }
   return true;
 }

@@ -81,7 +81,8 @@ bool Ledger::stillPending(Entry& e, int64_t now) {
   std::string err;
   try {
     done = it->work->isCompleted();
-    ok = !done || it->work->isSuccess();
+    // exception(), not isSuccess(): WorkNCCL::isSuccess() throws "deprecated".
+    ok = !done || !it->work->exception();
     if (done && !ok) err = "the operation failed";
   } catch (const std::exception& ex) {
     done = true;
@@ -240,7 +241,7 @@ void Ledger::pollCompletions() {
     std::string err;
     try {
       finished = p.work->isCompleted();
-      if (finished) ok = p.work->isSuccess();
+      if (finished) ok = !p.work->exception();
       if (finished && !ok) {
         err = "the operation failed";
         if (auto ep = p.work->exception()) {
