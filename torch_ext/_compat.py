@@ -6,6 +6,7 @@ in one place, with the reason it is used written next to it.
 """
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -47,9 +48,22 @@ def group_device_types(pg: dist.ProcessGroup) -> list[torch.device]:
     return list(pg._device_types)
 
 
+def torch_release() -> tuple[int, int]:
+    """(major, minor) of the running torch."""
+    major, minor = (int(n) for n in re.findall(r"\d+", torch.__version__)[:2])
+    return major, minor
+
+
+# torch 2.15 made setSequenceNumberForGroup() a deprecated no-op that warns
+# (sequence numbers start at 0 on every rank): not called from there on.
+SEQUENCE_NUMBERS_START_AT_ZERO = torch_release() >= (2, 15)
+
+
 def set_sequence_number(pg: Any) -> None:
-    """Wraps ``ProcessGroup._set_sequence_number_for_group()``: what ``new_group`` does to the backends it creates."""
-    pg._set_sequence_number_for_group()
+    """Wraps ``ProcessGroup._set_sequence_number_for_group()``: what ``new_group`` does to the backends it
+    creates, before torch 2.15 (a no-op there, which only warns)."""
+    if not SEQUENCE_NUMBERS_START_AT_ZERO:
+        pg._set_sequence_number_for_group()
 
 
 def default_timeout(backend: str) -> timedelta:

@@ -14,6 +14,7 @@
 // BuildExtension would otherwise compile with -std=c++17).
 
 #include <c10/core/DeviceType.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h> // TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR
@@ -30,6 +31,10 @@
 #define TORCH_EXT_HAS_OPTYPE_REDUCE_SCATTER_TENSOR_COALESCED TORCH_EXT_TORCH_AT_LEAST(2, 12)
 // c10d::ProcessGroup::hasBackendForDeviceType: torch 2.13 and newer.
 #define TORCH_EXT_HAS_PG_HAS_BACKEND_FOR_DEVICE_TYPE TORCH_EXT_TORCH_AT_LEAST(2, 13)
+
+// Backend::setSequenceNumberForGroup() is a deprecated no-op that warns from
+// torch 2.15 on (sequence numbers start at 0 on every rank): not forwarded there.
+#define TORCH_EXT_SEQUENCE_NUMBERS_START_AT_ZERO TORCH_EXT_TORCH_AT_LEAST(2, 15)
 
 namespace torch_ext::compat {
 
@@ -59,6 +64,15 @@ inline bool hasBackendFor(const c10d::ProcessGroup& pg, c10::DeviceType type) {
     if (device.type() == type) return true;
   }
   return false;
+#endif
+}
+
+// What new_group does to each backend before torch 2.15; nothing from 2.15 on.
+inline void setSequenceNumber(c10d::Backend& backend) {
+#if TORCH_EXT_SEQUENCE_NUMBERS_START_AT_ZERO
+  (void)backend;
+#else
+  backend.setSequenceNumberForGroup();
 #endif
 }
 

@@ -1,5 +1,7 @@
 #include "guard/collective/GuardBackend.h"
 
+#include "guard/TorchCompat.h"
+
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
 #include "guard/collective/LabelTable.h"
@@ -509,7 +511,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::endCoalescing() {
 
 void GuardBackend::setSequenceNumberForGroup() {
   for (auto& kv : inner_) {
-    if (kv.second.backend) kv.second.backend->setSequenceNumberForGroup();
+    if (kv.second.backend) compat::setSequenceNumber(*kv.second.backend);
   }
 }
 
