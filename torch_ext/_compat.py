@@ -144,3 +144,23 @@ def worker_shutdown(iterator: Any) -> Callable[[], None] | None:
     """
     shutdown = getattr(iterator, "_shutdown_workers", None)
     return shutdown if callable(shutdown) else None
+
+
+# -- DataLoader iterators (torch_ext/epochs.py) --------------------------------
+
+def dataloader_iter_class() -> type:
+    """Wraps ``torch.utils.data.dataloader._BaseDataLoaderIter``: the base of every
+    DataLoader iterator, whose ``_reset`` runs once per epoch (persistent workers
+    too) and whose ``__next__`` raises ``StopIteration`` when the epoch's data ends."""
+    return torch.utils.data.dataloader._BaseDataLoaderIter
+
+
+def batches_yielded(it: Any) -> int:
+    """Wraps ``_BaseDataLoaderIter._num_yielded``: batches (or samples) yielded this epoch."""
+    return int(it._num_yielded)
+
+
+def index_sampler(it: Any) -> tuple[Any, bool]:
+    """Wraps ``_BaseDataLoaderIter._index_sampler`` and ``_auto_collation``: the batch
+    sampler (True) or sampler (False) the iterator draws from, or (None, False)."""
+    return getattr(it, "_index_sampler", None), bool(getattr(it, "_auto_collation", False))

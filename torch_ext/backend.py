@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C, _compat, _libraries, _runtime
+from torch_ext import _C, _compat, _libraries, _runtime, epochs
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "store_health", "monitored_barrier"]
@@ -53,6 +53,9 @@ class GuardOptions:
         end_deadlocks: end a certain deadlock (a wait-for cycle whose ranks all
             block in their waits) when ``warn_after`` finds it, with
             ``DeadlockError``; ``False`` waits for ``abort_after`` (TORCH_EXT_END_DEADLOCKS).
+        epoch_check: compare the ranks' batch counts at the end of each epoch of a
+            DataLoader that issued collectives, and warn when they differ
+            (uneven data); ``False`` turns the warning off (TORCH_EXT_EPOCH_CHECK).
         dump_dir: folder for per-rank JSON dumps (TORCH_EXT_DUMP_DIR).
         ledger_size: collectives remembered per group (TORCH_EXT_LEDGER_SIZE).
         interval: watchdog tick in seconds (TORCH_EXT_INTERVAL).
@@ -78,6 +81,7 @@ class GuardOptions:
     warn_after: float | None = None
     abort_after: float | None = None
     end_deadlocks: bool | None = None
+    epoch_check: bool | None = None
     dump_dir: str | os.PathLike[str] | None = None
     ledger_size: int | None = None
     interval: float | None = None
@@ -274,6 +278,10 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     if not dist_opts.global_ranks_in_group:
         # The default group: `torch-ext-diagnose live HOST:PORT` finds its keys from here (rank 0 writes it).
         _C._publish_live_directory(backend)
+        if cfg["epoch_check"]:
+            epochs.install(store, rank, size)
+        else:
+            epochs.stop()
     return backend
 
 

@@ -251,6 +251,13 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.endDeadlocks = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.endDeadlocks; },
        [](const Config& c) { return std::string(c.endDeadlocks ? "1" : "0"); }},
+      {"epoch_check", "TORCH_EXT_EPOCH_CHECK", "1",
+       "Compare the ranks' batch counts at the end of each epoch of a DataLoader, and warn once per loop when they "
+       "differ and the next epoch begins at different collectives (uneven data: from there on the ranks pair "
+       "collectives of different steps); a warning, never an abort (0: off).",
+       [](Config& c, const std::string& v, const std::string& what) { c.epochCheck = detail::parseBool(v, what); },
+       [](const Config& c) -> SettingValue { return c.epochCheck; },
+       [](const Config& c) { return std::string(c.epochCheck ? "1" : "0"); }},
       {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)",
        "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose.",
        [](Config& c, const std::string& v, const std::string&) { c.dumpDir = v; },

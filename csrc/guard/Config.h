@@ -68,6 +68,8 @@ struct Config {
   // A certain deadlock (a wait-for cycle whose ranks all block in it) fails
   // its groups when found, not at abort_after.
   bool endDeadlocks = true;
+  // torch_ext/epochs.py: the ranks' batch counts per epoch compared, a difference warned about.
+  bool epochCheck = true;
   std::string dumpDir;  // empty: no dump files
   int64_t ledgerSize = 1024;
   double intervalS = 0.2;

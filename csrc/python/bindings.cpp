@@ -246,6 +246,11 @@ PYBIND11_MODULE(_C, m) {
         return torch_ext::Watchdog::instance().stragglers(asGuard(b).state().get());
       },
       py::arg("backend"), py::call_guard<py::gil_scoped_release>());
+  // The last collective seq issued on a guard group (torch_ext/epochs.py: whether an
+  // epoch's loop issued collectives).
+  m.def("_last_seq", [](const c10::intrusive_ptr<c10d::Backend>& b) {
+    return asGuard(b).state()->ledger().progress().lastSeq;
+  });
   // check="verify": the verifier's counters (None in other modes or at world size 1).
   m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     torch_ext::Verifier* v = asGuard(b).state()->verifier();

@@ -85,6 +85,14 @@ def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_pat
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1"], out[-8000:]
     assert "in train\n  rank 1: barrier()" in out, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
+    # Issue 39: the uneven data named at the end of epoch 0, once, while the job still ran ...
+    assert out.count("torch_ext WARNING: uneven data: epoch 0 of the loop at ddp_uneven_steps.py:") == 1, out
+    assert "(batch sampler BucketSampler) gave the ranks different batch counts: rank 0: 8; rank 1: 7" in out, out
+    # ... and the final report shows how each rank got to the barrier, and reads it.
+    assert re.search(r"rank 1: #\d+-#\d+ +\d+ x broadcast", out), out[-8000:]
+    assert re.search(r"#\d+ +1 x barrier at ddp_uneven_steps.py:\d+ in train", out), out[-8000:]
+    assert "reading: rank 1 issued barrier at ddp_uneven_steps.py:" in out, out[-8000:]
+    assert "rank 1 left that loop earlier (fewer batches than rank 0" in out, out[-8000:]
     doc_samples.check_source("ddp_uneven_steps", out)
 
 
@@ -252,6 +260,7 @@ def test_uneven_even_batches_example_ends_each_epoch_together(tmp_path):
     for rank, epoch, steps, reason in found:
         by_epoch.setdefault(epoch, set()).add((steps, reason))
     assert len(found) == 4 and all(len(v) == 1 for v in by_epoch.values()), out
+    assert "uneven data" not in out, out  # handled unevenness is no warning (torch_ext/epochs.py)
 
 
 def test_uneven_join_ddp_example_trains_every_batch_and_ends_in_sync(tmp_path):
@@ -259,6 +268,7 @@ def test_uneven_join_ddp_example_trains_every_batch_and_ends_in_sync(tmp_path):
     found = _per_rank(r"rank (\d): trained on all (\d+) of its batches; loop ended because '(\w+)'", out)
     assert sorted(found) == [0, 1] and found[0][0] != found[1][0], out
     assert "all ranks hold the same model" in out, out
+    assert "uneven data" not in out, out
 
 
 # ---------------------------------------------------------------------------

@@ -4,6 +4,8 @@
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/LabelTable.h"
+#include "guard/report/DifferenceWords.h"
+#include "guard/report/History.h"
 #include "guard/report/Messages.h"
 #include "guard/report/Incident.h"
 #include "guard/report/Report.h"
@@ -16,6 +18,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 namespace torch_ext {
 
@@ -29,7 +32,7 @@ constexpr uint64_t kMaxScan = 4096;
 // reaches them) agree in one gather instead of two.
 constexpr uint64_t kWindow = 4;
 // Bytes of each rank's description of the differing collective.
-constexpr size_t kTextBytes = 1024;
+constexpr size_t kTextBytes = 2048;
 
 std::vector<int64_t> packText(const std::string& text) {
   std::vector<int64_t> words(kTextBytes / sizeof(int64_t), 0);
@@ -40,6 +43,25 @@ std::vector<int64_t> packText(const std::string& text) {
 std::string unpackText(const int64_t* words) {
   const char* bytes = reinterpret_cast<const char*>(words);
   return std::string(bytes, strnlen(bytes, kTextBytes));
+}
+
+// This rank's collectives up to `seq` (as far back as its ledger holds, at most
+// kHistoryItems), folded into runs from one call site: how it got to `seq`.
+std::vector<HistoryRun> localHistory(Ledger& ledger, uint64_t seq) {
+  constexpr uint64_t kHistoryItems = 4096;
+  std::vector<HistoryItem> items;
+  std::unordered_map<uint32_t, std::string> sites;  // call-site id -> its text, each formatted once
+  // A rank that has not issued `seq` yet: how it got to where it is.
+  const uint64_t upTo = std::min(seq, ledger.progress().lastSeq);
+  for (uint64_t s = upTo; s >= 1 && upTo - s < kHistoryItems; --s) {
+    auto e = ledger.bySeq(s);
+    if (!e) break;
+    auto site = sites.find(e->callSite);
+    if (site == sites.end()) site = sites.emplace(e->callSite, CallSites::instance().describe(e->callSite)).first;
+    items.push_back(HistoryItem{s, opName(e->fp.op), site->second});
+  }
+  std::reverse(items.begin(), items.end());
+  return historyRuns(items, kHistoryRuns);
 }
 
 } // namespace
@@ -373,12 +395,10 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     failWithReport(*st, first, os.str());
     return;
   }
-  // Each rank's words for that collective, gathered so every rank writes the
-  // same report.
-  std::string text = "(no longer in this rank's ledger)", where, hint;
-  uint64_t hash = 0;
-  // The metrics this rank synced around it ("*" first when the op itself is a
-  // metric sync; names joined by \x1e): the report compares them across ranks.
+  // Each rank's words for that collective (DifferenceWords), gathered so every
+  // rank writes the same report.
+  DifferenceWords words;
+  // The metrics this rank synced around it: the report compares them across ranks.
   auto& ledger = st->ledger();
   auto metricAt = [&ledger](uint64_t s) -> std::optional<std::string> {
     auto e = ledger.bySeq(s);
@@ -388,19 +408,19 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     }
     return std::nullopt;
   };
-  std::string metrics = metricAt(first) ? "*" : "";
-  for (const auto& n : metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt)) {
-    metrics += n + '\x1e';
-  }
+  words.metricSync = metricAt(first).has_value();
+  words.metrics = metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt);
+  uint64_t hash = 0;
   if (auto e = ledger.bySeq(first)) {
-    text = e->fp.describe();
+    words.text = e->fp.describe();
     const Label label = LabelTable::instance().get(e->label);
     const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
-    where = describeCallSite(frames) + labelSuffix(label, frames);
-    hint = label.hint;
+    words.where = describeCallSite(frames) + labelSuffix(label, frames);
+    words.hint = label.hint;
     hash = e->fp.hash;
   }
-  std::vector<int64_t> mine = packText(text + '\x1f' + where + '\x1f' + metrics + '\x1f' + hint);
+  words.history = localHistory(ledger, first);
+  std::vector<int64_t> mine = packText(words.encode(kTextBytes - 1));
   mine.push_back(static_cast<int64_t>(hash));
   auto self = shared_from_this();
   gather(std::move(mine), [self, first, splitsOnly](const std::vector<int64_t>& texts) {
@@ -409,47 +429,27 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     const size_t stride = kTextBytes / sizeof(int64_t) + 1;
     std::vector<RankOp> ops;
     std::vector<RankMetrics> metrics;
+    std::vector<RankHistory> histories;
     bool metricSync = false;  // the op at `first` is a metric sync on some rank
     for (int r = 0; r < self->size_; ++r) {
       const int64_t* w = texts.data() + r * stride;
-      // "text \x1f where \x1f metrics \x1f hint" (each rank's own words, see above).
-      std::vector<std::string> parts;
-      const std::string all = unpackText(w);
-      for (size_t at = 0;;) {
-        const auto sep = all.find('\x1f', at);
-        if (parts.size() == 3 || sep == std::string::npos) {
-          parts.push_back(all.substr(at));
-          break;
-        }
-        parts.push_back(all.substr(at, sep - at));
-        at = sep + 1;
-      }
-      parts.resize(4);
+      DifferenceWords words = DifferenceWords::decode(unpackText(w));
+      const int64_t globalRank = state->id().globalRank(r);
       RankOp op;
-      op.globalRank = state->id().globalRank(r);
-      op.text = parts[0];
-      op.where = parts[1];
-      op.hint = parts[3];
+      op.globalRank = globalRank;
+      op.text = std::move(words.text);
+      op.where = std::move(words.where);
+      op.hint = std::move(words.hint);
       op.hash = static_cast<uint64_t>(w[stride - 1]);
       ops.push_back(std::move(op));
-      RankMetrics m;
-      m.globalRank = state->id().globalRank(r);
-      m.known = true;
-      std::string names = parts[2];
-      if (!names.empty() && names[0] == '*') {
-        metricSync = true;
-        names.erase(0, 1);
-      }
-      for (size_t at = 0; at < names.size();) {
-        const auto sep = names.find('\x1e', at);
-        m.names.push_back(names.substr(at, sep == std::string::npos ? std::string::npos : sep - at));
-        at = sep == std::string::npos ? names.size() : sep + 1;
-      }
-      metrics.push_back(std::move(m));
+      metricSync = metricSync || words.metricSync;
+      metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
+      histories.push_back(RankHistory{globalRank, true, std::move(words.history)});
     }
+    const std::string more =
+        (metricSync ? formatMetricSyncs(metrics) : std::string()) + formatHistories(histories, first);
     const std::string report =
-        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "",
-                       metricSync ? formatMetricSyncs(metrics) : std::string());
+        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "", more);
     self->failWithReport(*state, first, report);
   });
 }

@@ -1,7 +1,7 @@
 #include "guard/report/LocalReport.h"
 
 #include "guard/report/Messages.h"
-#include "guard/report/Report.h"  // formatRanks
+#include "guard/report/RankList.h"
 
 #include <cstdio>
 #include <sstream>

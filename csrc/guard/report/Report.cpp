@@ -1,6 +1,8 @@
 #include "guard/report/Report.h"
 
+#include "guard/report/History.h"
 #include "guard/report/Messages.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -272,6 +274,27 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
 
 enum class Pair : uint8_t { Found, NotPosted, Unknown };
 
+// How each rank got to collective `seq` (History.h), from the windows it sent.
+std::string historyLines(const std::vector<RankInput>& ranks, uint64_t seq) {
+  std::vector<RankHistory> histories;
+  for (const auto& r : ranks) {
+    RankHistory h;
+    h.globalRank = r.globalRank;
+    if (const GroupView* g = r.group()) {
+      std::vector<HistoryItem> items;
+      for (const auto& e : g->entries) {
+        if (!e.isP2P && e.seq <= seq && (items.empty() || e.seq > items.back().seq)) {
+          items.push_back(HistoryItem{e.seq, opName(e.op), describeCallSite(e.frames)});
+        }
+      }
+      h.known = !items.empty();
+      h.runs = historyRuns(items, kHistoryRuns);
+    }
+    histories.push_back(std::move(h));
+  }
+  return formatHistories(histories, seq);
+}
+
 // The peer's op that pairs with `e` (same tag and ordinal, opposite direction,
 // pointing back at us). NotPosted only when the peer's window proves it has
 // not issued it: ordinals only grow and the window holds the newest records.
@@ -526,24 +549,6 @@ std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   return os.str();
 }
 
-std::string formatRanks(const std::vector<int64_t>& ranks) {
-  // "ranks 0,1,3", with runs of three or more folded: "ranks 0-30".
-  std::ostringstream os;
-  os << (ranks.size() == 1 ? "rank " : "ranks ");
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    os << (i ? "," : "");
-    if (j - i >= 2) {
-      os << ranks[i] << "-" << ranks[j];
-    } else {
-      for (size_t k = i; k <= j; ++k) os << (k > i ? "," : "") << ranks[k];
-    }
-    i = j + 1;
-  }
-  return os.str();
-}
-
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
                            const std::vector<RankOp>& ops, const std::string& note, const std::string& more) {
   // Group ranks by what they issued (fingerprint hash, not just its text: the
@@ -722,7 +727,8 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   if (auto m = findCollectiveMismatch(ranks)) {
     v.kind = Verdict::Kind::Mismatch;
     v.seq = m->seq;
-    v.text = formatMismatch(label, size, m->seq, m->ops, m->note, metricSyncLines(ranks, m->seq));
+    v.text = formatMismatch(label, size, m->seq, m->ops, m->note,
+                            metricSyncLines(ranks, m->seq) + historyLines(ranks, m->seq));
     int64_t lowest = -1;
     for (const auto& r : ranks) {
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;

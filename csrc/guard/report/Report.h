@@ -7,6 +7,7 @@
 
 #include "guard/report/Incident.h"
 #include "guard/report/Json.h"
+#include "guard/report/RankList.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
 #include "guard/report/WaitGraph.h"
@@ -36,9 +37,6 @@ struct RankOp {
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
                            const std::vector<RankOp>& ops, const std::string& note = std::string(),
                            const std::string& more = std::string());
-
-// "ranks 0,1,3" / "rank 2".
-std::string formatRanks(const std::vector<int64_t>& ranks);
 
 // Metric syncs per rank (Lightning#19106: self.log_dict keys that differ across
 // ranks). A metric sync is a collective whose label has a "metric" field.

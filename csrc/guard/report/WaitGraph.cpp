@@ -1,6 +1,6 @@
 #include "guard/report/WaitGraph.h"
 
-#include "guard/report/Report.h"
+#include "guard/report/RankList.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,0 +1,222 @@
+#include "guard/report/History.h"
+
+#include "guard/report/RankList.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace torch_ext {
+
+namespace {
+
+std::string clean(std::string s) {
+  for (char& c : s) {
+    if (c == '\t' || c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+std::string seqs(const HistoryRun& r) {
+  return r.count == 1 ? "#" + std::to_string(r.firstSeq)
+                      : "#" + std::to_string(r.firstSeq) + "-#" + std::to_string(r.lastSeq);
+}
+
+// `runs` from `start` on: older runs dropped, a run that began earlier cut.
+std::vector<HistoryRun> from(const std::vector<HistoryRun>& runs, uint64_t start) {
+  std::vector<HistoryRun> out;
+  for (auto r : runs) {
+    if (r.lastSeq < start) continue;
+    if (r.firstSeq < start) {
+      r.count -= start - r.firstSeq;
+      r.firstSeq = start;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string ordinal(uint64_t n) {
+  const uint64_t tens = n % 100;
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+  return std::to_string(n) + suffix;
+}
+
+std::string at(const HistoryRun& r) {
+  return r.where.empty() ? "" : " at " + r.where;
+}
+
+// The reading when `early` ended a run (`run`, then `next` at seq) where `late`
+// is still in it (its `lateCount`-th collective there at seq). Two stories fit:
+// fewer iterations (uneven data) or a branch; rank 0 alone is the classic
+// rank-0-only block, so that story comes first there.
+std::string earlyEndReading(const std::vector<int64_t>& early, const std::vector<int64_t>& late,
+                            const HistoryRun& run, const HistoryRun& next, uint64_t lateCount) {
+  const std::string who = formatRanks(early);
+  const std::string fewer = who + " left that loop earlier (fewer batches than " + formatRanks(late) +
+                            ": uneven data per rank, such as a sampler or shard split that gives ranks different "
+                            "batch counts)";
+  std::ostringstream os;
+  os << "\n  reading: " << who << " issued " << next.op << at(next) << " after " << run.count << " x " << run.op
+     << at(run) << ", where " << formatRanks(late) << " issued a " << ordinal(lateCount) << " " << run.op
+     << " there: ";
+  if (early.size() == 1 && early[0] == 0 && late.size() > 1) {
+    os << "rank 0 took a branch the others did not (a collective inside `if rank == 0:`: logging, validation, a "
+          "metric's compute()) or " << fewer;
+  } else {
+    os << fewer << " or took a branch the others did not (a collective under `if rank == ...`)";
+  }
+  return os.str();
+}
+
+// `runs` without what was issued at or after `seq`.
+std::vector<HistoryRun> before(const std::vector<HistoryRun>& runs, uint64_t seq) {
+  std::vector<HistoryRun> out;
+  for (auto r : runs) {
+    if (r.firstSeq >= seq) break;
+    if (r.lastSeq >= seq) {
+      r.count -= r.lastSeq - seq + 1;
+      r.lastSeq = seq - 1;
+    }
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+} // namespace
+
+std::vector<HistoryRun> historyRuns(const std::vector<HistoryItem>& items, size_t maxRuns) {
+  std::vector<HistoryRun> runs;
+  for (const auto& it : items) {
+    if (!runs.empty() && runs.back().op == it.op && runs.back().where == it.where && runs.back().lastSeq + 1 == it.seq) {
+      runs.back().lastSeq = it.seq;
+      ++runs.back().count;
+      continue;
+    }
+    runs.push_back(HistoryRun{it.seq, it.seq, 1, it.op, it.where});
+  }
+  if (runs.size() > maxRuns) runs.erase(runs.begin(), runs.end() - static_cast<std::ptrdiff_t>(maxRuns));
+  return runs;
+}
+
+std::string encodeHistory(const std::vector<HistoryRun>& runs) {
+  std::ostringstream os;
+  for (const auto& r : runs) {
+    os << r.firstSeq << '\t' << r.lastSeq << '\t' << r.count << '\t' << clean(r.op) << '\t' << clean(r.where) << '\n';
+  }
+  return os.str();
+}
+
+std::vector<HistoryRun> decodeHistory(const std::string& text) {
+  std::vector<HistoryRun> runs;
+  // Complete lines only: a text cut short (one that did not fit) ends in a
+  // partial run, which is dropped rather than misread.
+  for (size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+    const std::string line = text.substr(at, end - at);
+    std::vector<std::string> f;
+    for (size_t at = 0;;) {
+      const auto tab = line.find('\t', at);
+      if (f.size() == 4 || tab == std::string::npos) {
+        f.push_back(line.substr(at));
+        break;
+      }
+      f.push_back(line.substr(at, tab - at));
+      at = tab + 1;
+    }
+    if (f.size() != 5) continue;
+    try {
+      runs.push_back(HistoryRun{std::stoull(f[0]), std::stoull(f[1]), std::stoull(f[2]), f[3], f[4]});
+    } catch (const std::exception&) {
+      continue;
+    }
+  }
+  return runs;
+}
+
+std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq) {
+  struct Line {
+    std::vector<HistoryRun> runs;
+    std::vector<int64_t> ranks;
+  };
+  // Every history from the same collective on: the latest that every rank's
+  // (window of) history reaches back to.
+  uint64_t start = 0;
+  for (const auto& r : ranks) {
+    if (r.known && !r.runs.empty()) start = std::max(start, r.runs.front().firstSeq);
+  }
+  std::vector<Line> lines;
+  for (const auto& r : ranks) {
+    if (!r.known || r.runs.empty()) continue;
+    std::vector<HistoryRun> runs = from(r.runs, start);
+    if (runs.empty()) continue;
+    auto it = std::find_if(lines.begin(), lines.end(), [&](const Line& l) { return l.runs == runs; });
+    if (it == lines.end()) {
+      lines.push_back(Line{std::move(runs), {r.globalRank}});
+    } else {
+      it->ranks.push_back(r.globalRank);
+    }
+  }
+  if (lines.size() < 2) return "";
+  // Only when it tells more than the lines of the mismatch itself: the histories
+  // part before `seq`, or one side left a run the other is still in (below).
+  bool priorDiffers = false;
+  {
+    std::vector<HistoryRun> first;
+    for (size_t i = 0; i < lines.size() && !priorDiffers; ++i) {
+      std::vector<HistoryRun> prior = before(lines[i].runs, seq);
+      if (i == 0) {
+        first = std::move(prior);
+      } else {
+        priorDiffers = prior != first;
+      }
+    }
+  }
+  std::string reading;
+  if (lines.size() == 2) {
+    // One side still in a run at `seq` (its last run covers seq), the other's
+    // run at the same site ended at seq - 1 and something else followed.
+    for (int a = 0; a < 2; ++a) {
+      const Line& late = lines[a];
+      const Line& early = lines[1 - a];
+      if (early.runs.size() < 2) continue;
+      const HistoryRun& lateRun = late.runs.back();
+      const HistoryRun& earlyRun = early.runs[early.runs.size() - 2];
+      const HistoryRun& earlyNext = early.runs.back();
+      if (lateRun.sameSite(earlyRun) && lateRun.lastSeq >= seq && earlyRun.lastSeq + 1 == seq &&
+          earlyNext.firstSeq == seq && !earlyNext.sameSite(lateRun)) {
+        const uint64_t lateCount = seq - lateRun.firstSeq + 1;
+        const uint64_t earlyStart = earlyRun.firstSeq;
+        // Counted from the same start only: a window that begins inside the run
+        // would make the counts incomparable.
+        if (earlyStart == lateRun.firstSeq) reading = earlyEndReading(early.ranks, late.ranks, earlyRun, earlyNext, lateCount);
+        break;
+      }
+    }
+  }
+  if (!priorDiffers && reading.empty()) return "";
+  size_t who = 0, seqWidth = 0, countWidth = 0;
+  for (const auto& l : lines) {
+    who = std::max(who, formatRanks(l.ranks).size() + 1);
+    for (const auto& r : l.runs) {
+      seqWidth = std::max(seqWidth, seqs(r).size());
+      countWidth = std::max(countWidth, std::to_string(r.count).size());
+    }
+  }
+  std::ostringstream os;
+  os << "\n  how each rank got to #" << seq << " (its collectives from #" << start
+     << " on, each run from one call site counted):";
+  for (const auto& l : lines) {
+    for (size_t i = 0; i < l.runs.size(); ++i) {
+      const HistoryRun& r = l.runs[i];
+      std::string name = i == 0 ? formatRanks(l.ranks) + ":" : "";
+      std::string at = seqs(r), count = std::to_string(r.count);
+      name.resize(who + 1, ' ');
+      at.resize(seqWidth, ' ');
+      count.insert(0, countWidth - count.size(), ' ');
+      os << "\n    " << name << at << "  " << count << " x " << r.op << (r.where.empty() ? "" : " at " + r.where);
+    }
+  }
+  os << reading;
+  return os.str();
+}
+
+} // namespace torch_ext
