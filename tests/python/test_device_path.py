@@ -400,12 +400,14 @@ def test_ledger_and_queue_stay_bounded_and_keep_the_oldest_pending():
 
 def _queue_full(rank: int, world: int) -> dict:
     t = torch.ones(1)
+    i = -1
     try:
         for i in range(100):
             dist.all_reduce(t)
+        _sync()  # the sync point, where a device-path program learns of an asynchronous failure
     except torch_ext.GuardError as e:
         return {"error": type(e).__name__, "issued": i, "text": str(e)}
-    return {"error": None}
+    return {"error": None, "issued": i}
 
 
 @needs_sim
@@ -414,8 +416,15 @@ def test_a_full_queue_blocks_the_host_until_the_guard_aborts():
     values = assert_all_ok(run_ranks(_queue_full, 2, env=env, timeout=60, natural_exit=True))
     for v in values:
         assert v["error"] == "CollectiveTimeoutError", v
-        assert v["issued"] < 20, v
         assert "collective #3 all_reduce" in v["text"].splitlines()[0], v["text"]
+    # The stalled rank's host stays blocked on its full queue until the abort. Its
+    # peer's too, until the stalled rank's process ends: from then on the peer's
+    # remaining operations fail at once (the connection closed), its queue drains
+    # and its host runs on, as on NCCL after an asynchronous error, until its
+    # watchdog applies the verdict; the results are never released (the sync point
+    # raises). Under load that window let the peer issue 26 or all 100 (found as
+    # this test's flake in clean-clone CI runs; issue 39).
+    assert values[0]["issued"] < 20, values
 
 
 # --- training: DDP and FSDP2 equal to gloo --------------------------------------
