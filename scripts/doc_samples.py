@@ -116,6 +116,7 @@ def _post_mortem(cwd: str) -> str:
 SOURCES: dict[str, Callable[[str], str]] = {
     "demo": _demo,
     "rank0_only_reduce": _example("examples/bugs/rank0_only_reduce.py"),
+    "mixed_metrics": _example("examples/bugs/mixed_metrics.py"),
     "deferred_metric": _example("examples/bugs/deferred_metric.py"),
     "lightning_metric_keys": _example("examples/bugs/lightning_metric_keys.py"),
     "rank0_metric_compute": _example("examples/bugs/rank0_metric_compute.py"),
@@ -354,6 +355,7 @@ SAMPLES: dict[str, Sample] = {
     "demo-mismatch": Sample("demo", _demo_error("CollectiveMismatchError")),
     "demo-hang": Sample("demo", _demo_hang),
     "rank0-only-reduce": Sample("rank0_only_reduce", _raised(1, "CollectiveMismatchError")),
+    "mixed-metrics": Sample("mixed_metrics", _raised(0, "CollectiveMismatchError")),
     "deferred-metric": Sample("deferred_metric", _raised(0, "CollectiveMismatchError")),
     "lightning-metric-keys": Sample("lightning_metric_keys", _raised(0, "CollectiveMismatchError")),
     "rank0-metric-compute": Sample("rank0_metric_compute", _raised(0, "CollectiveMismatchError")),

@@ -321,3 +321,21 @@ TEST(Labels, LazyOriginsAreResolvedWhenFirstRead) {
   EXPECT_EQ(table.unresolved(), 0u);
   table.setResolver(nullptr);
 }
+
+TEST(LabelTable, AMetricFieldIsWhatRanksMustAgreeOn) {
+  auto& table = LabelTable::instance();
+  const uint32_t a = table.intern(Label{"metric 'id_a'", {{"metric", "id_a"}}, {}, ""});
+  const uint32_t a2 = table.intern(Label{"metric 'id_a' again", {{"metric", "id_a"}, {"hook", "x"}}, {}, "h"});
+  const uint32_t b = table.intern(Label{"metric 'id_b'", {{"metric", "id_b"}}, {}, ""});
+  const uint32_t plain = table.intern(Label{"no metric here", {{"step", "3"}}, {}, ""});
+  EXPECT_NE(table.identityOf(a), 0u);
+  EXPECT_EQ(table.identityOf(a), table.identityOf(a2));  // only the metric counts, not text, fields or hint
+  EXPECT_NE(table.identityOf(a), table.identityOf(b));
+  EXPECT_EQ(table.identityOf(plain), 0u);
+  EXPECT_EQ(table.identityOf(0), 0u);
+  const uint32_t prev = LabelTable::setCurrent(b);
+  EXPECT_EQ(LabelTable::currentIdentity(), table.identityOf(b));
+  LabelTable::setCurrent(plain);
+  EXPECT_EQ(LabelTable::currentIdentity(), 0u);
+  LabelTable::setCurrent(prev);
+}

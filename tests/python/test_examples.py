@@ -69,7 +69,7 @@ def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation", "deferred_metric",
-                                  "rank0_metric_compute"])
+                                  "rank0_metric_compute", "mixed_metrics"])
 def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
     out = _source(name, tmp_path)  # python examples/bugs/<name>.py
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1", "2"], out[-8000:]

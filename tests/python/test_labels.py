@@ -215,6 +215,45 @@ def test_mismatch_report_names_the_metrics_each_rank_synced(mode):
         assert text.count(f"hint: {HINT}") == 1, text
 
 
+def _different_metrics(rank: int, world: int) -> dict:
+    """Lightning#19106 with equal key counts: each rank syncs a metric of the same shape at the same
+    step, but not the same metric. Without the metric in the fingerprint the values mix silently."""
+    name = "val_acc_a" if rank == 0 else "val_acc_b"
+    dist.all_reduce(torch.ones(16))  # #1 a training step
+    read = None
+    try:
+        with torch_ext.label(f"metric '{name}'", metric=name):
+            t = torch.full((1,), float(rank + 1))
+            dist.all_reduce(t)  # #2: the same op and shape on every rank
+            read = t.item()
+        for _ in range(50):  # the next steps
+            dist.all_reduce(torch.ones(1))
+    except torch_ext.CollectiveMismatchError as e:
+        return {"error": str(e), "read": read}
+    return {"error": None, "read": read}
+
+
+@pytest.mark.parametrize("mode", ["verify", "strict"])
+def test_ranks_syncing_different_metrics_of_one_shape_get_a_mismatch_not_a_mixed_value(mode):
+    for v in assert_all_ok(run_ranks(_different_metrics, 3, env=dict(FAST, TORCH_EXT_CHECK=mode), timeout=90)):
+        assert v["read"] is None, v  # the mixed sum (1 + 2 + 2) never reached user code
+        text = v["error"]
+        assert text and text.startswith('collective #2 on group "default_pg" (3 ranks) differs across ranks:'), v
+        assert "for metric 'val_acc_a'" in text and "for metric 'val_acc_b'" in text, text
+        assert "\n  metric syncs here: rank 0 synced val_acc_a; ranks 1,2 synced val_acc_b" in text, text
+
+
+def _same_metric_labels(rank: int, world: int) -> float:
+    with torch_ext.label("metric 'val_loss'", metric="val_loss"):
+        t = torch.full((1,), float(rank + 1))
+        dist.all_reduce(t)
+    return t.item()
+
+
+def test_the_same_metric_on_every_rank_syncs_as_before():
+    assert assert_all_ok(run_ranks(_same_metric_labels, 3, env=FAST, timeout=60)) == [6.0, 6.0, 6.0]
+
+
 def _lazy(rank: int, world: int) -> dict:
     from torch_ext import _C
 

@@ -222,6 +222,11 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   }
   const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
   const uint32_t label = LabelTable::current();  // one thread_local load
+  // A metric sync: the metric is part of what ranks must agree on (two ranks
+  // syncing different metrics of one shape would mix their values silently).
+  if (const uint64_t identity = LabelTable::currentIdentity(); identity != 0 && !isP2P(op)) {
+    fp.hash = detail::combine(fp.hash, identity);
+  }
   const CollectiveChecks::Plan checks = checks_->plan(op);
   const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv, hash = fp.hash;
   Fingerprint strictCopy;

@@ -1,5 +1,7 @@
 #include "guard/collective/LabelTable.h"
 
+#include "guard/collective/Fingerprint.h"
+
 namespace torch_ext {
 
 LabelTable& LabelTable::instance() {
@@ -15,6 +17,18 @@ void appendField(std::string& key, const std::string& s) {
   key += std::to_string(s.size());
   key += ':';
   key += s;
+}
+
+// FNV-1a over the metric's name, finished by mix64; never 0 for a metric.
+uint64_t metricIdentity(const Label& label) {
+  for (const auto& [k, v] : label.fields) {
+    if (k != "metric") continue;
+    uint64_t h = 0xcbf29ce484222325ULL;
+    for (unsigned char ch : v) h = (h ^ ch) * 0x100000001b3ULL;
+    const uint64_t id = detail::mix64(h);
+    return id ? id : 1;
+  }
+  return 0;
 }
 
 } // namespace
@@ -46,7 +60,7 @@ uint32_t LabelTable::intern(const Label& label, const std::vector<OriginRef>& la
   if (it != byKey_.end()) return it->second;
   if (labels_.size() >= kMaxLabels) return 0;
   const auto id = static_cast<uint32_t>(labels_.size());
-  labels_.push_back(Stored{label, lazyOrigin});
+  labels_.push_back(Stored{label, lazyOrigin, metricIdentity(label)});
   byKey_.emplace(std::move(key), id);
   return id;
 }
@@ -101,6 +115,18 @@ size_t LabelTable::unresolved() const {
   size_t n = 0;
   for (const auto& s : labels_) n += s.pending.empty() ? 0 : 1;
   return n;
+}
+
+uint32_t LabelTable::setCurrent(uint32_t id) {
+  const uint32_t prev = detail::t_currentLabel;
+  detail::t_currentLabel = id;
+  detail::t_currentIdentity = id ? instance().identityOf(id) : 0;
+  return prev;
+}
+
+uint64_t LabelTable::identityOf(uint32_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return id < labels_.size() ? labels_[id].identity : 0;
 }
 
 } // namespace torch_ext

@@ -29,6 +29,8 @@ namespace torch_ext {
 
 namespace detail {
 inline thread_local uint32_t t_currentLabel = 0;
+// What of the current label every rank must agree on (identityOf), 0: nothing.
+inline thread_local uint64_t t_currentIdentity = 0;
 } // namespace detail
 
 // An origin frame not resolved yet: a code object (opaque here) and a line.
@@ -67,17 +69,24 @@ class LabelTable {
   static uint32_t current() {
     return detail::t_currentLabel;
   }
-  // Sets the calling thread's current label; returns the previous one.
-  static uint32_t setCurrent(uint32_t id) {
-    const uint32_t prev = detail::t_currentLabel;
-    detail::t_currentLabel = id;
-    return prev;
+  // The calling thread's current label's identity (identityOf), 0: none.
+  static uint64_t currentIdentity() {
+    return detail::t_currentIdentity;
   }
+  // Sets the calling thread's current label; returns the previous one.
+  static uint32_t setCurrent(uint32_t id);
+  // What every rank must agree on for a collective issued under label `id`: a
+  // hash of its "metric" field (the metric a sync is for: ranks syncing
+  // different metrics of the same shape at the same step would otherwise mix
+  // their values silently, Lightning#19106), 0 for a label without one. The
+  // guard mixes it into the collective's fingerprint, so the checks compare it.
+  uint64_t identityOf(uint32_t id) const;
 
  private:
   struct Stored {
     Label label;
     std::vector<OriginRef> pending;  // origin frames still to resolve (appended to label.origin)
+    uint64_t identity = 0;           // identityOf
   };
   // Resolves `id`'s pending origin (outside the lock) and keeps it.
   void resolve(uint32_t id) const;
