@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
 from torch_ext import _C, _compat
 
 __all__: list[str] = []

@@ -294,6 +294,7 @@ def test_webdataset_lightning_example_trains_the_announced_length(tmp_path):
     assert len(set(counts.split(", "))) > 1, plan                    # uneven shards: unequal without the helper
     trained = re.findall(r"epoch (\d) trained (\d+) batches; Lightning knew the length in advance: (\d+)", out)
     assert trained and all(t[1] == length and t[2] == length for t in trained), out[-8000:]
+    assert "uneven data" not in out, out[-8000:]  # equal per-rank lengths: nothing to warn about (epochs.py)
 
 
 def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(tmp_path):
@@ -308,6 +309,7 @@ def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(
     assert full == length and int(length) > 0, out[-8000:]
     (stopped, _), = by_epoch["1"]             # rank 1's trigger stopped both ranks at the same step
     assert stopped == "5", out[-8000:]
+    assert "uneven data" not in out, out[-8000:]  # equal counts under Accelerate: no warning (epochs.py)
     summary = _per_rank(r"\[rank (\d)\] samples seen per rank \[(\d+), (\d+)\], together (\d+) of 300; "
                         r"eval gathered (\d+) of 50 \(accuracy [\d.]+\); accelerate backend label '(\w+)', "
                         r"process group '(\w+)'", out)
