@@ -101,6 +101,26 @@ TEST(History, AnEarlierEndOfALoopIsRead) {
   EXPECT_NE(text.find("where ranks 0,2 issued a 9th all_reduce there"), std::string::npos) << text;
 }
 
+TEST(History, RunsOfOneLoopInterruptedByOtherCollectivesCountTogether) {
+  // DDP: the first step's all_reduce (#2), its bucket-rebuild broadcasts (#3-#4),
+  // then the other steps': rank 1 ran 21 steps, rank 0 is in its 22nd.
+  auto ddp = [](int64_t rank, int steps, bool barrier) {
+    std::vector<HistoryItem> items;
+    uint64_t seq = 1;
+    add(items, seq, 1, "broadcast", "t.py:40 in main");
+    add(items, seq, 1, "all_reduce", "t.py:53 in train");
+    add(items, seq, 2, "broadcast", "t.py:52 in train");
+    add(items, seq, steps - 1, "all_reduce", "t.py:53 in train");
+    if (barrier) add(items, seq, 1, "barrier", "t.py:56 in train");
+    return RankHistory{rank, true, historyRuns(items, kHistoryRuns)};
+  };
+  const std::string text = formatHistories({ddp(0, 22, false), ddp(1, 21, true)}, 25);
+  EXPECT_NE(text.find("reading: rank 1 issued barrier at t.py:56 in train after 21 x all_reduce at t.py:53 in train, "
+                      "where rank 0 issued a 22nd all_reduce there"),
+            std::string::npos)
+      << text;
+}
+
 TEST(History, RankZeroAloneReadsAsARankZeroOnlyBlockFirst) {
   const std::vector<RankHistory> ranks{loopRank(0, 4, "barrier", "m.py:27 in train"), loopRank(1, 5), loopRank(2, 5)};
   const std::string text = formatHistories(ranks, 6);

@@ -45,18 +45,30 @@ std::string at(const HistoryRun& r) {
   return r.where.empty() ? "" : " at " + r.where;
 }
 
+// Collectives from `site`'s call site among `runs`, up to `seq`: runs of one
+// loop that other collectives interrupted count together (DDP's first step, its
+// bucket-rebuild broadcasts, then the other steps' all_reduces).
+uint64_t countAt(const std::vector<HistoryRun>& runs, const HistoryRun& site, uint64_t seq) {
+  uint64_t n = 0;
+  for (const auto& r : runs) {
+    if (r.sameSite(site) && r.firstSeq <= seq) n += std::min(r.lastSeq, seq) - r.firstSeq + 1;
+  }
+  return n;
+}
+
 // The reading when `early` ended a run (`run`, then `next` at seq) where `late`
-// is still in it (its `lateCount`-th collective there at seq). Two stories fit:
-// fewer iterations (uneven data) or a branch; rank 0 alone is the classic
-// rank-0-only block, so that story comes first there.
+// is still in it: `earlyCount` collectives at that site against the late side's
+// `lateCount` (at seq). Two stories fit: fewer iterations (uneven data) or a
+// branch; rank 0 alone is the classic rank-0-only block, so that story comes
+// first there.
 std::string earlyEndReading(const std::vector<int64_t>& early, const std::vector<int64_t>& late,
-                            const HistoryRun& run, const HistoryRun& next, uint64_t lateCount) {
+                            const HistoryRun& run, const HistoryRun& next, uint64_t earlyCount, uint64_t lateCount) {
   const std::string who = formatRanks(early);
   const std::string fewer = who + " left that loop earlier (fewer batches than " + formatRanks(late) +
                             ": uneven data per rank, such as a sampler or shard split that gives ranks different "
                             "batch counts)";
   std::ostringstream os;
-  os << "\n  reading: " << who << " issued " << next.op << at(next) << " after " << run.count << " x " << run.op
+  os << "\n  reading: " << who << " issued " << next.op << at(next) << " after " << earlyCount << " x " << run.op
      << at(run) << ", where " << formatRanks(late) << " issued a " << ordinal(lateCount) << " " << run.op
      << " there: ";
   if (early.size() == 1 && early[0] == 0 && late.size() > 1) {
@@ -183,11 +195,12 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
       const HistoryRun& earlyNext = early.runs.back();
       if (lateRun.sameSite(earlyRun) && lateRun.lastSeq >= seq && earlyRun.lastSeq + 1 == seq &&
           earlyNext.firstSeq == seq && !earlyNext.sameSite(lateRun)) {
-        const uint64_t lateCount = seq - lateRun.firstSeq + 1;
-        const uint64_t earlyStart = earlyRun.firstSeq;
         // Counted from the same start only: a window that begins inside the run
         // would make the counts incomparable.
-        if (earlyStart == lateRun.firstSeq) reading = earlyEndReading(early.ranks, late.ranks, earlyRun, earlyNext, lateCount);
+        if (earlyRun.firstSeq == lateRun.firstSeq) {
+          reading = earlyEndReading(early.ranks, late.ranks, earlyRun, earlyNext, countAt(early.runs, earlyRun, seq),
+                                    countAt(late.runs, lateRun, seq));
+        }
         break;
       }
     }

@@ -48,7 +48,7 @@ std::string encodeHistory(const std::vector<HistoryRun>& runs);
 std::vector<HistoryRun> decodeHistory(const std::string& text);
 
 // Runs of each rank's history a report shows.
-constexpr size_t kHistoryRuns = 3;
+constexpr size_t kHistoryRuns = 4;
 
 struct RankHistory {
   int64_t globalRank = 0;
