@@ -15,7 +15,8 @@
 # 4. The GPU benchmarks, whose figures it prints: the host cost per collective, guard
 #    vs plain nccl, 4 B and 4 MB all_reduce at world 1 (benchmarks/overhead.py --device
 #    cuda); a DDP training step with 24 gradient buckets, guard vs nccl, world 1
-#    (benchmarks/train_step.py --device cuda).
+#    (benchmarks/train_step.py --device cuda); the stream gate's costs: a hold's
+#    launch, release and poison latency (benchmarks/stream_gate.py).
 #
 # Every part runs even when one before it failed; a summary ends the output, and the
 # exit status is non-zero if any part failed. Everything printed is also written to
@@ -124,6 +125,8 @@ main() {
     "$PY" benchmarks/overhead.py --device cuda --rounds 31
   part "benchmark: DDP training step (24 buckets), guard vs nccl, world 1" \
     "$PY" benchmarks/train_step.py --device cuda --model ddp --rounds 21 --steps 20
+  part "benchmark: the stream gate on CUDA (hold, release and poison latency)" \
+    "$PY" benchmarks/stream_gate.py --rounds 21
   echo
   echo "== summary"
   printf '%s\n' "${results[@]}"

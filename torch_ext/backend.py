@@ -53,6 +53,12 @@ class GuardOptions:
         end_deadlocks: end a certain deadlock (a wait-for cycle whose ranks all
             block in their waits) when ``warn_after`` finds it, with
             ``DeadlockError``; ``False`` waits for ``abort_after`` (TORCH_EXT_END_DEADLOCKS).
+        stream_gate: with ``check="verify"`` on a stream backend, the stream that
+            waits for a collective also waits, on the device, for the verdict, and a
+            difference fills the result with NaN. ``"auto"`` (default): on nccl_sim's
+            CPU streams, not yet on CUDA; ``"on"`` / ``True``: on CUDA (NCCL) too;
+            ``"off"`` / ``False``: results are not held there, as ``async``
+            (TORCH_EXT_STREAM_GATE).
         epoch_check: compare the ranks' batch counts at the end of each epoch of a
             DataLoader that issued collectives, and warn when they differ
             (uneven data); ``False`` turns the warning off (TORCH_EXT_EPOCH_CHECK).
@@ -81,6 +87,7 @@ class GuardOptions:
     warn_after: float | None = None
     abort_after: float | None = None
     end_deadlocks: bool | None = None
+    stream_gate: bool | str | None = None
     epoch_check: bool | None = None
     dump_dir: str | os.PathLike[str] | None = None
     ledger_size: int | None = None

@@ -155,6 +155,14 @@ CheckMode parseCheckMode(const std::string& text, const std::string& what) {
   bad(what, text, "one of off, async, verify, strict");
 }
 
+StreamGateMode parseStreamGateMode(const std::string& text, const std::string& what) {
+  std::string t = lower(trim(text));
+  if (t == "1") return StreamGateMode::On;
+  if (t == "0") return StreamGateMode::Off;
+  if (auto mode = enumFromName<StreamGateMode>(t)) return *mode;
+  bad(what, text, "one of auto, on, off (or 1, 0)");
+}
+
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what) {
   const std::string accepted = "comma-separated importable package names such as 'mylab,mylab_utils.trainer'";
   std::vector<std::string> out;
@@ -251,6 +259,14 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.endDeadlocks = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.endDeadlocks; },
        [](const Config& c) { return std::string(c.endDeadlocks ? "1" : "0"); }},
+      {"stream_gate", "TORCH_EXT_STREAM_GATE", "auto",
+       "check=verify on a stream backend: the stream that waits for a collective also waits, on the device, until "
+       "every rank is known to have issued the same collectives, and a difference fills the result with NaN "
+       "(integers: their minimum) instead of releasing it. auto: on nccl_sim's CPU streams, not yet on CUDA; on: "
+       "CUDA too (NCCL); off: results are not held on a stream backend, as in async.",
+       [](Config& c, const std::string& v, const std::string& what) { c.streamGate = detail::parseStreamGateMode(v, what); },
+       [](const Config& c) -> SettingValue { return std::string(enumName(c.streamGate)); },
+       [](const Config& c) { return std::string(enumName(c.streamGate)); }},
       {"epoch_check", "TORCH_EXT_EPOCH_CHECK", "1",
        "Compare the ranks' batch counts at the end of each epoch of a DataLoader, and warn once per loop when they "
        "differ and the next epoch begins at different collectives (uneven data: from there on the ranks pair "

@@ -37,6 +37,20 @@ inline const char* checkModeName(CheckMode mode) {
   return enumName(mode);
 }
 
+// Where check="verify" holds a stream backend's results on their stream
+// (device/StreamGate.h): nowhere; on CPU streams (nccl_sim) but not CUDA's,
+// until the CUDA gate's tests have passed on a GPU; on every stream.
+enum class StreamGateMode : uint8_t { Off, Auto, On };
+
+template <>
+struct EnumTable<StreamGateMode> {
+  static constexpr NamedValue<StreamGateMode> kEntries[] = {
+      {StreamGateMode::Off, "off"},
+      {StreamGateMode::Auto, "auto"},
+      {StreamGateMode::On, "on"},
+  };
+};
+
 // The watchdog's store operations per rank per exchange (status set, the ring
 // neighbours' multi_get, the alert counter), which the store budget divides.
 constexpr int kStoreOpsPerExchange = 3;
@@ -68,6 +82,9 @@ struct Config {
   // A certain deadlock (a wait-for cycle whose ranks all block in it) fails
   // its groups when found, not at abort_after.
   bool endDeadlocks = true;
+  // check="verify" on a stream backend holds the waiting stream until the
+  // verdict (device/StreamGate.h).
+  StreamGateMode streamGate = StreamGateMode::Auto;
   // torch_ext/epochs.py: the ranks' batch counts per epoch compared, a difference warned about.
   bool epochCheck = true;
   std::string dumpDir;  // empty: no dump files
@@ -160,6 +177,7 @@ double parseSeconds(const std::string& text, const std::string& what, double lo,
 int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, int64_t hi);
 bool parseBool(const std::string& text, const std::string& what);
 CheckMode parseCheckMode(const std::string& text, const std::string& what);
+StreamGateMode parseStreamGateMode(const std::string& text, const std::string& what);
 // "SIGUSR2", "usr1", "SIGRTMIN+3", "off" -> the signal number (0: off).
 int parseSignal(const std::string& text, const std::string& what);
 // The name parseSignal reads back: "SIGUSR2", "SIGRTMIN+3", "off".

@@ -12,6 +12,8 @@
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
+#include "guard/device/CudaGate.h"
+#include "guard/device/StreamGate.h"
 #include "guard/report/DumpAnalysis.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
@@ -36,6 +38,11 @@ namespace py = pybind11;
 using torch_ext::GuardBackend;
 
 namespace {
+
+// A stream gate of its own for Python (tests, benchmarks/stream_gate.py).
+struct PyStreamGate {
+  torch_ext::device::StreamGate gate;
+};
 
 GuardBackend& asGuard(const c10::intrusive_ptr<c10d::Backend>& backend) {
   auto* g = dynamic_cast<GuardBackend*>(backend.get());
@@ -265,6 +272,41 @@ PYBIND11_MODULE(_C, m) {
     d["verified_seq"] = s.verifiedSeq;
     d["issued_seq"] = s.issuedSeq;
     return d;
+  });
+  // The stream gate's counters on a group (None where no gate holds streams).
+  m.def("_stream_gate_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
+    torch_ext::device::StreamGate* g = asGuard(b).state()->streamGate();
+    if (g == nullptr) return py::none();
+    const auto s = g->stats();
+    py::dict d;
+    d["device_holds"] = s.deviceHolds;
+    d["host_holds"] = s.hostHolds;
+    d["passed"] = s.passed;
+    d["poisoned"] = s.poisoned;
+    d["word"] = g->word();
+    return d;
+  });
+  // A stream gate of its own, for tests and benchmarks/stream_gate.py: hold(seq,
+  // tensors) on their device's current stream, release(seq), poison(first_bad).
+  py::class_<PyStreamGate, std::shared_ptr<PyStreamGate>>(m, "_StreamGate")
+      .def(py::init<>())
+      .def(
+          "hold", [](PyStreamGate& g, uint64_t seq, const std::vector<at::Tensor>& outputs) {
+            return g.gate.hold(seq, outputs);
+          },
+          py::arg("seq"), py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "release", [](PyStreamGate& g, uint64_t seq) { g.gate.release(seq); }, py::arg("verified_seq"),
+          py::call_guard<py::gil_scoped_release>())
+      .def(
+          "poison", [](PyStreamGate& g, uint64_t seq) { g.gate.poison(seq); }, py::arg("first_bad"),
+          py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("word", [](const PyStreamGate& g) { return g.gate.word(); });
+  // Whether the gate runs on CUDA here: (True, "") or (False, why not).
+  m.def("_cuda_gate_available", []() {
+    auto& c = torch_ext::device::CudaGate::instance();
+    const bool ok = c.available();
+    return py::make_tuple(ok, c.unavailableWhy());
   });
   m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     auto f = asGuard(b).state()->failure();

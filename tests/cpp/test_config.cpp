@@ -13,6 +13,7 @@
 using torch_ext::CheckMode;
 using torch_ext::Config;
 using torch_ext::ConfigError;
+using torch_ext::StreamGateMode;
 
 namespace {
 
@@ -54,6 +55,15 @@ TEST(Config, EndDeadlocksCanBeTurnedOff) {
   EXPECT_FALSE(Config::resolve().endDeadlocks);
   EXPECT_TRUE(Config::resolve({{"end_deadlocks", "1"}}).endDeadlocks);  // GuardOptions wins
   EXPECT_THROW(Config::resolve({{"end_deadlocks", "maybe"}}), ConfigError);
+}
+
+TEST(Config, StreamGateModes) {
+  EXPECT_EQ(Config::resolve().streamGate, StreamGateMode::Auto);  // CPU streams yes, CUDA not yet (issue 40)
+  EnvGuard on("TORCH_EXT_STREAM_GATE", "on");
+  EXPECT_EQ(Config::resolve().streamGate, StreamGateMode::On);
+  EXPECT_EQ(Config::resolve({{"stream_gate", "0"}}).streamGate, StreamGateMode::Off);  // GuardOptions(stream_gate=False)
+  EXPECT_EQ(Config::resolve({{"stream_gate", "1"}}).streamGate, StreamGateMode::On);
+  EXPECT_THROW(Config::resolve({{"stream_gate", "cuda"}}), ConfigError);
 }
 
 TEST(Config, EnvironmentAndOverrides) {

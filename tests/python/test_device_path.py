@@ -347,6 +347,48 @@ def test_verify_never_hands_a_mismatched_result_to_the_host(wait):
         assert "MAX" in v["text"] and "SUM" in v["text"], v["text"]
 
 
+def _gated_read(rank: int, world: int) -> dict:
+    # Three matching collectives, then one whose reduce op differs on rank 1
+    # (same shapes: the data moves and is wrong). Nothing waits in between.
+    good = [torch.full((4,), float(rank + 1)) for _ in range(3)]
+    for t in good:
+        dist.all_reduce(t, async_op=True).wait()
+    bad = torch.full((4,), float(rank + 1))
+    dist.all_reduce(bad, op=dist.ReduceOp.MAX if rank == 1 else dist.ReduceOp.SUM, async_op=True).wait()
+    try:
+        nccl_sim.synchronize()  # the sync point: after it, the program reads
+        error = None
+    except torch_ext.GuardError as e:
+        error = type(e).__name__
+    stats = torch_ext._C._stream_gate_stats(dist.group.WORLD._get_backend(torch.device("cpu")))
+    return {"rank": rank, "error": error, "good": [t.tolist() for t in good], "bad": bad.tolist(), "stats": stats}
+
+
+@needs_sim
+@pytest.mark.parametrize("gate", ["auto", "off"])
+def test_the_stream_gate_fills_a_mismatched_result_and_keeps_the_verified(gate):
+    # The stream gate's logic on CPU (StreamGate.h): wait() returns before the
+    # data (TORCH_EXT_NCCL_SIM_WAIT=stream, NCCL's semantics) and the result is
+    # held; the difference poisons it, so what the program reads after the
+    # sync point is NaN, never the mismatched sum; the verified ones are exact.
+    env = {**FAST, "TORCH_EXT_NCCL_SIM_WAIT": "stream", "TORCH_EXT_STREAM_GATE": gate}
+    values = assert_all_ok(run_ranks(_gated_read, 3, env=env, timeout=60, natural_exit=True))
+    for v in values:
+        assert v["error"] == "CollectiveMismatchError", v
+        # The three agree on every rank: never poisoned. (The group's abort may
+        # stop one still on its stream, as on NCCL, leaving it unreduced or
+        # half-written: the gate's promise is about the mismatched one.)
+        assert not any(x != x for t in v["good"] for x in t), v
+        if gate == "auto":
+            assert all(x != x for x in v["bad"]), v  # NaN
+            assert v["stats"]["poisoned"] >= 1 and v["stats"]["word"] >= 2**63, v["stats"]
+        else:
+            # Off: nothing holds the result: the program reads the mismatched
+            # sum (or, if the abort came first, the unreduced input).
+            assert v["stats"] is None, v
+            assert not any(x != x for x in v["bad"]), v
+
+
 def _stream_failure(rank: int, world: int) -> dict:
     t = torch.ones(4)
     try:

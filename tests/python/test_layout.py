@@ -15,7 +15,7 @@ def _sources(folder: pathlib.Path) -> list[pathlib.Path]:
 
 def test_the_rooms_exist_and_hold_every_source():
     rooms = {p.name for p in GUARD.iterdir() if p.is_dir()}
-    assert rooms == {"report", "collective", "watchdog"}
+    assert rooms == {"report", "collective", "watchdog", "device"}
     at_root = {p.stem for p in GUARD.iterdir() if p.is_file()}
     assert at_root == {"Config", "Errors", "Runtime", "TorchCompat"}, at_root
 
@@ -25,6 +25,17 @@ def test_the_report_layer_includes_nothing_from_the_live_side():
     for src in _sources(GUARD / "report"):
         for inc in INCLUDE.findall(src.read_text()):
             if not inc.startswith("report/"):
+                offenders.append(f"{src.relative_to(GUARD)} includes guard/{inc}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_device_layer_includes_only_itself_and_the_root():
+    # device/ (the stream gate) sits under collective/: it knows words, streams and
+    # tensors, not groups, verifiers or the watchdog.
+    offenders = []
+    for src in _sources(GUARD / "device"):
+        for inc in INCLUDE.findall(src.read_text()):
+            if "/" in inc and not inc.startswith("device/"):
                 offenders.append(f"{src.relative_to(GUARD)} includes guard/{inc}")
     assert not offenders, "\n".join(offenders)
 

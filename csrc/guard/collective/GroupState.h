@@ -8,6 +8,7 @@
 #include "guard/Config.h"
 #include "guard/Errors.h"
 #include "guard/collective/Ledger.h"
+#include "guard/device/StreamGate.h"
 #include "guard/watchdog/StoreChannel.h"
 
 #include <atomic>
@@ -116,6 +117,14 @@ class GroupState {
   const std::shared_ptr<Verifier>& verifierPtr() const {
     return verifier_;
   }
+  // check="verify" on a stream backend: what holds the waiting streams until
+  // the verdict (null otherwise). Set once, with the verifier.
+  void setStreamGate(std::shared_ptr<device::StreamGate> gate) {
+    streamGate_ = std::move(gate);
+  }
+  device::StreamGate* streamGate() const {
+    return streamGate_.get();
+  }
 
   // Some inner backend completes its works on a stream (NCCL, nccl_sim): a
   // failed operation leaves its communicator unusable, so a failure verdict
@@ -148,6 +157,7 @@ class GroupState {
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
   std::shared_ptr<Verifier> verifier_;
+  std::shared_ptr<device::StreamGate> streamGate_;
   bool streamOrdered_ = false;
   // Last: the members above keep their offsets (the ledger's hot fields their cache lines).
   std::shared_ptr<GroupStore> jobStore_;

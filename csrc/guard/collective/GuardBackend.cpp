@@ -98,6 +98,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   // A lone rank cannot disagree with itself: no verifier at world size 1.
   if (state_->config().check == CheckMode::Verify && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
+    if (state_->streamOrdered() && state_->config().streamGate != StreamGateMode::Off) {
+      state_->setStreamGate(std::make_shared<device::StreamGate>(state_->config().streamGate == StreamGateMode::On));
+    }
   }
   pg_uid_ = state_->id().name;
 
@@ -119,6 +122,11 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures,
                                 &works);
     const std::exception_ptr err = surfaced(state->failureError());
+    // Held streams pass now, their unverified results overwritten (the report
+    // is written already; the inner backends are aborted below).
+    if (auto verifier = weakVerifier.lock(); verifier && state->streamGate()) {
+      state->streamGate()->poison(verifier->firstUnverifiable());
+    }
     for (auto& f : futures) f->setErrorIfNeeded(err);
     // Futures whose collective completed but awaited the check's release.
     if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
@@ -575,7 +583,13 @@ void GuardBackend::drainVerifier() {
 
 void GuardBackend::awaitVerdicts() {
   if (!state_->failed()) drainVerifier();
-  if (state_->failed()) std::rethrow_exception(surfaced(state_->failureError()));
+  if (!state_->failed()) return;
+  // The sync point: what the program reads next is filled, as a held stream
+  // would be past the gate (the abort hook poisons, right after the failure).
+  if (device::StreamGate* gate = state_->streamGate()) {
+    gate->awaitHostPoison(std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0)));
+  }
+  std::rethrow_exception(surfaced(state_->failureError()));
 }
 
 void GuardBackend::shutdown() {
@@ -589,6 +603,11 @@ void GuardBackend::shutdown() {
   if (Verifier* verifier = state_->verifier(); verifier != nullptr && !failedBefore) {
     drainVerifier();
     verifier->stop();
+  }
+  // No stream stays held by a group that is gone: what the drain did not
+  // verify passes poisoned (the group failed, or its verdict never came).
+  if (Verifier* verifier = state_->verifier(); verifier != nullptr && state_->streamGate() != nullptr) {
+    state_->streamGate()->poison(verifier->firstUnverifiable());
   }
   // A mismatch the program never saw raised (found during the drain, or on a
   // collective nobody waited on) is raised here; one it saw is not raised again.

@@ -1,5 +1,6 @@
 #include "guard/collective/GuardWork.h"
 
+#include "guard/Runtime.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 #include "guard/watchdog/Watchdog.h"
@@ -196,6 +197,45 @@ void GuardWork::synchronize() {
 
 void GuardWork::blockCurrentStream() {
   inner_->blockCurrentStream();
+  if (mode_ == Mode::Device) holdStream(*state_, seq_, inner_->result(), landed());
+}
+
+void GuardWork::holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
+                           c10::intrusive_ptr<c10::ivalue::Future> landed, bool asked) {
+  device::StreamGate* gate = state.streamGate();
+  if (seq == 0 || gate == nullptr || state.verifier()->verified(seq)) return;
+  try {
+    // A wait asks for the verdict now, as on gloo; a future's hold (DDP's
+    // buckets) leaves the rounds to the verifier's pacing: one per step.
+    if (gate->hold(seq, outputs, std::move(landed)) && asked) state.verifier()->want(seq);
+  } catch (const std::exception& e) {
+    // A launch the driver refused: the result goes out unheld, as in async; said, not hidden.
+    logMessage(LogLevel::Warning, "guard: the stream gate could not hold collective #" + std::to_string(seq) +
+                                      " on group \"" + state.label() + "\": " + e.what());
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> GuardWork::landed() const {
+  // A CPU result of a stream backend (nccl_sim) is written by its stream's
+  // thread: the poison fill waits for it. CUDA's fill is ordered on the device.
+  if (inner_->isCompleted()) return {};
+  try {
+    return inner_->getFuture();
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+std::vector<at::Tensor> GuardWork::tensorsOf(const c10::IValue& value) {
+  if (value.isTensor()) return {value.toTensor()};
+  if (value.isTensorList()) return value.toTensorVector();
+  std::vector<at::Tensor> out;
+  if (value.isList()) {
+    for (const c10::IValue& v : value.toListRef()) {
+      if (v.isTensor()) out.push_back(v.toTensor());
+    }
+  }
+  return out;
 }
 
 void GuardWork::abort() {
@@ -246,9 +286,13 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::deviceFuture() {
     // group it aborts the inner backend, whose futures then fail in its own
     // words ("communicator ... was aborted"); ours carries the verdict.
     auto inner = inner_->getFuture();
+    // check="verify" with a stream gate: the callback holds its (current)
+    // streams until the verdict before completing ours, whose events are
+    // recorded on those streams, so what waits for ours waits for the verdict.
     auto ours = c10::make_intrusive<c10::ivalue::Future>(inner->elementType(), inner->devices());
-    inner->addCallback([ours, state = state_, id = id_](c10::ivalue::Future& f) {
+    inner->addCallback([ours, state = state_, id = id_, seq = seq_](c10::ivalue::Future& f) {
       if (!f.hasError()) {
+        holdStream(*state, seq, tensorsOf(f.value()), {}, /*asked=*/false);
         ours->markCompleted(f.value(), f.storages());
       } else if (state->failed()) {
         ours->setErrorIfNeeded(surfaced(state->failureError()));
@@ -357,6 +401,10 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
     v->want(seq_);
     state_->waitUntil([this, v] { return v->verified(seq_) || v->blocked(seq_); }, timeout);
     if (!v->verified(seq_)) awaitVerdict(v, timeout);
+  } else if (result) {
+    // The inner wait ordered the caller's stream after the collective and
+    // returned: the stream waits for the verdict too (StreamGate.h).
+    if (mode_ == Mode::Device) holdStream(*state_, seq_, inner_->result(), landed());
   }
   if (mode_ == Mode::Blocking) {
     state_->ledger().complete(id_, true);

@@ -102,6 +102,14 @@ class GuardWork : public c10d::Work {
   // its way: a stream backend orders, the host does not wait).
   Verifier* hostGate();
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
+  // Device mode, check="verify" with a stream gate: the current stream of
+  // `outputs`' device waits for this collective's verdict (nothing if it is in).
+  // `asked`: a wait, which starts the verdict's round now.
+  static void holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
+                         c10::intrusive_ptr<c10::ivalue::Future> landed = {}, bool asked = true);
+  // What completes once the inner work wrote its result (null: written, or no future).
+  c10::intrusive_ptr<c10::ivalue::Future> landed() const;
+  static std::vector<at::Tensor> tensorsOf(const c10::IValue& value);
   // Device mode's getFuture(): the inner future's completion, with the
   // group's verdict as its error.
   c10::intrusive_ptr<c10::ivalue::Future> deviceFuture();

@@ -338,7 +338,10 @@ void Verifier::verifiedUpTo(uint64_t seq) {
     parked_.erase(keep, parked_.end());
   }
   for (auto& p : ready) p.release();
-  if (auto st = state_.lock()) st->notify();
+  if (auto st = state_.lock()) {
+    if (device::StreamGate* gate = st->streamGate()) gate->release(seq);
+    st->notify();
+  }
   maybeStartRound();
 }
 
@@ -395,6 +398,10 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     failWithReport(*st, first, os.str());
     return;
   }
+  // Every rank read the same hashes: all agree up to #first - 1, so the
+  // stream gate lets those through (firstUnverifiable) and poisons from #first.
+  agreedSeq_.store(first - 1, std::memory_order_release);
+  if (auto* gate = st->streamGate()) gate->release(first - 1);
   // Each rank's words for that collective (DifferenceWords), gathered so every
   // rank writes the same report.
   DifferenceWords words;

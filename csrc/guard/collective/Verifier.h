@@ -41,6 +41,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -79,6 +80,12 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   }
   uint64_t verifiedSeq() const {
     return verifiedSeq_.load(std::memory_order_acquire);
+  }
+  // The first collective that will never be verified once the check is
+  // blocked: after a difference, the first that differs (the ones before it
+  // agree on every rank, though their results were not released yet).
+  uint64_t firstUnverifiable() const {
+    return std::max(verifiedSeq_.load(std::memory_order_acquire), agreedSeq_.load(std::memory_order_acquire)) + 1;
   }
   // The check cannot release `seq` any more: a difference was found, or the
   // helper backend failed (a peer is gone); the group's failure follows.
@@ -167,6 +174,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   bool pacerIdle_ = false;   // the pacer waits for an issue (nothing unwanted pending)
   std::thread pacer_;
   bool stopped_ = false;
+  std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
   uint64_t blockedFrom_ = 0;  // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
   uint64_t rounds_ = 0;
