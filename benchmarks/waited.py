@@ -1,0 +1,99 @@
+"""A loop of synchronous small collectives under each check mode, against plain gloo (issue 40).
+
+    python benchmarks/waited.py                    # worlds 2 and 4; 1, 16 and 1024 float32
+    python benchmarks/waited.py --world 2 --sizes 1 --iters 1000 --rounds 7
+
+What a training loop does once a step, and what the default check used to pay
+most for: a loss or metric ``all_reduce`` whose result is waited for at once
+(``async_op=False``). Every rank creates a plain ``gloo`` group and ``guard``
+groups wrapping gloo in ``verify`` (the default), ``async`` and ``strict``; a
+round times ``--iters`` all_reduces on each group in turn (shuffled order,
+after a barrier), and the ratio to gloo is taken per round. Prints, per world
+and size, the median [quartiles] over rounds of microseconds per all_reduce and
+of each mode's ratio.
+
+Goal (issue 40): verify at most 1.10x gloo, as async. (Branch in-band-check
+carries the check inside the all_reduce; docs/performance.md says why it is not
+on main.)
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _ranks  # noqa: E402
+
+MODES = ("gloo", "verify", "async", "strict")
+
+
+def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int) -> dict:
+    import torch_ext
+
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    groups = {"gloo": dist.new_group(backend="gloo")}
+    for mode in MODES[1:]:
+        groups[mode] = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=mode))
+    times: dict[str, list[float]] = {}
+    rng = random.Random(1234)  # the same order on every rank
+    for size in sizes:
+        t = torch.ones(size)
+        for g in groups.values():
+            for _ in range(50):
+                dist.all_reduce(t, group=g)
+        for _ in range(rounds):
+            order = list(MODES)
+            rng.shuffle(order)
+            for mode in order:
+                dist.barrier(group=groups["gloo"])
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t, group=groups[mode])
+                times.setdefault(f"{size}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    be = groups["verify"]._get_backend(torch.device("cpu"))
+    stats = torch_ext._C._verifier_stats(be)
+    dist.destroy_process_group()
+    return {"times": times, "rounds": stats["rounds"], "issued": stats["issued_seq"]}
+
+
+def _q(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return statistics.median(xs), q[0], q[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--world", type=int, help="one world only")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 1024], help="float32 elements")
+    ap.add_argument("--iters", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    worlds = [args.world] if args.world else args.worlds
+    for world in worlds:
+        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds)[0]
+        times = res["times"]
+        print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous all_reduces per mode "
+              f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} for {res['issued']} collectives")
+        print(f"  {'float32':>8} | " + " | ".join(f"{m:>22}" for m in MODES))
+        for size in args.sizes:
+            base = times[f"{size}/gloo"]
+            cells = []
+            for mode in MODES:
+                us = _q(times[f"{size}/{mode}"])
+                if mode == "gloo":
+                    cells.append(f"{us[0]:7.0f} us [{us[1]:.0f}, {us[2]:.0f}]")
+                else:
+                    r = _q([a / b for a, b in zip(times[f"{size}/{mode}"], base)])
+                    cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+            print(f"  {size:>8} | " + " | ".join(f"{c:>22}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
