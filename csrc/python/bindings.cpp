@@ -187,7 +187,15 @@ PYBIND11_MODULE(_C, m) {
           py::gil_scoped_release release;
           state->waitUntil([] { return false; }, std::chrono::milliseconds(static_cast<int64_t>(waitS * 1000.0)));
         }
-        if (state->failed()) state->throwFailure("");
+        if (!state->failed()) return;
+        if (torch_ext::device::StreamGate* gate = state->streamGate()) {
+          // The sync point (nccl_sim.synchronize()): what the program reads next is
+          // filled first, as a held stream would be (GuardBackend::awaitVerdicts).
+          py::gil_scoped_release release;
+          gate->awaitHostPoison(
+              std::chrono::milliseconds(static_cast<int64_t>(state->config().storeTimeoutS * 1000.0)));
+        }
+        state->throwFailure("");
       },
       py::arg("backend"), py::arg("wait_s") = 0.0);
   m.def(
