@@ -193,9 +193,10 @@ _MASKS = [
                 r"(?:has waited <n> s|failed in the inner backend \(rank <r> saw: <gloo error>\))", re.M),
      r"\1 <waited or failed>"),
     # A certain deadlock ends every group on the cycle with the verdict that reached the rank
-    # first, found from whichever group's collective (Watchdog::endCycleGroups): the loop's edges
+    # first, found from whichever group's collective or send/recv wait (Watchdog::endCycleGroups;
+    # a recv on "pp" headed it in a clean-clone CI run): the loop's edges
     # below it are the same either way.
-    (re.compile(r'(deadlock across groups [^:\n]+: )collective #\d+ [^\n]*? on group "[^"]+" '
+    (re.compile(r'(deadlock across groups [^:\n]+: )(?:collective #\d+ )?[^\n]*? on group "[^"]+" '
                 r"(?:<waited or failed>|has waited <n> s)(; it can never complete)"),
      r"\1<a collective of the cycle> <waited or failed>\2"),
     # When a straggler is first named: the windows of collectives seen by then.
