@@ -197,7 +197,7 @@ void GuardWork::synchronize() {
 
 void GuardWork::blockCurrentStream() {
   inner_->blockCurrentStream();
-  if (mode_ == Mode::Device) holdStream(*state_, seq_, inner_->result(), landed());
+  holdOwnResult();
 }
 
 void GuardWork::holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
@@ -213,6 +213,15 @@ void GuardWork::holdStream(GroupState& state, uint64_t seq, const std::vector<at
     logMessage(LogLevel::Warning, "guard: the stream gate could not hold collective #" + std::to_string(seq) +
                                       " on group \"" + state.label() + "\": " + e.what());
   }
+}
+
+void GuardWork::holdOwnResult() {
+  // Checked before result() and landed(), which copy the outputs and may make
+  // a future: every Device-mode wait passes here, gated or not.
+  if (mode_ != Mode::Device || seq_ == 0 || state_->streamGate() == nullptr || state_->verifier()->verified(seq_)) {
+    return;
+  }
+  holdStream(*state_, seq_, inner_->result(), landed());
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::landed() const {
@@ -404,7 +413,7 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   } else if (result) {
     // The inner wait ordered the caller's stream after the collective and
     // returned: the stream waits for the verdict too (StreamGate.h).
-    if (mode_ == Mode::Device) holdStream(*state_, seq_, inner_->result(), landed());
+    holdOwnResult();
   }
   if (mode_ == Mode::Blocking) {
     state_->ledger().complete(id_, true);

@@ -107,6 +107,8 @@ class GuardWork : public c10d::Work {
   // `asked`: a wait, which starts the verdict's round now.
   static void holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
                          c10::intrusive_ptr<c10::ivalue::Future> landed = {}, bool asked = true);
+  // holdStream for this work's own result, after the cheap checks (Device mode).
+  void holdOwnResult();
   // What completes once the inner work wrote its result (null: written, or no future).
   c10::intrusive_ptr<c10::ivalue::Future> landed() const;
   static std::vector<at::Tensor> tensorsOf(const c10::IValue& value);
