@@ -35,7 +35,7 @@ NcclSimBackend::NcclSimBackend(int rank, int size, std::string label, bool fault
     : c10d::Backend(rank, size),
       label_(std::move(label)),
       transport_(std::move(transport)),
-      stream_(SimStream::start(label_, rank, faultsApply, settings)) {
+      stream_(SimStream::start(label_, rank, size, faultsApply, settings)) {
   TORCH_CHECK(transport_, "nccl_sim: no transport backend for communicator ", label_);
 }
 
@@ -48,13 +48,14 @@ NcclSimBackend::~NcclSimBackend() {
 std::shared_ptr<StreamOp> NcclSimBackend::newOp(std::string name) const {
   auto op = std::make_shared<StreamOp>();
   op->name = std::move(name);
+  op->transport = transport_;
   op->future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   return op;
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::issue(const char* name, c10d::OpType type,
-                                                     std::vector<at::Tensor> outputs, Launch launch,
-                                                     std::function<void()> finish) {
+                                                     std::vector<at::Tensor> outputs, Agreement agreement,
+                                                     Launch launch, std::function<void()> finish) {
   TORCH_CHECK(!shutdown_, "nccl_sim: ", name, " on communicator ", label_, ", which was shut down");
   auto transport = transport_;
   auto run = [transport, launch = std::move(launch)]() -> std::vector<c10::intrusive_ptr<c10d::Work>> {
@@ -63,12 +64,14 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::issue(const char* name, c10d::OpT
   if (block_) {
     block_->name += block_->launches.empty() ? std::string(" (") + name : std::string(", ") + name;
     block_->launches.push_back(std::move(run));
+    block_->agreement.merge(agreement);
     if (finish) block_->finishes.push_back(std::move(finish));
     block_->outputs.insert(block_->outputs.end(), outputs.begin(), outputs.end());
     return c10::make_intrusive<SimWork>(stream_, block_, getRank(), type);
   }
   auto op = newOp(name);
   op->launches.push_back(std::move(run));
+  op->agreement = std::move(agreement);
   if (finish) op->finishes.push_back(std::move(finish));
   op->outputs = std::move(outputs);
   stream_->enqueue(op);
@@ -104,6 +107,7 @@ std::function<void()> NcclSimBackend::averageOf(const c10d::ReduceOp& op, std::v
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                          const c10d::BroadcastOptions& opts) {
   return issue("broadcast", c10d::OpType::BROADCAST, tensors,
+               AgreementWord("broadcast").add(opts.rootRank).add(opts.rootTensor).bytes(tensors).collective(),
                [tensors, opts](c10d::Backend& t) mutable { return t.broadcast(tensors, opts); });
 }
 
@@ -111,7 +115,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allreduce(std::vector<at::Tensor>
                                                          const c10d::AllreduceOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "all_reduce");
-  return issue("all_reduce", c10d::OpType::ALLREDUCE, tensors,
+  return issue("all_reduce", c10d::OpType::ALLREDUCE, tensors, AgreementWord("all_reduce").bytes(tensors).collective(),
                [tensors, o](c10d::Backend& t) mutable { return t.allreduce(tensors, o); },
                averageOf(opts.reduceOp, tensors));
 }
@@ -121,6 +125,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allreduce_coalesced(std::vector<a
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "all_reduce_coalesced");
   return issue("all_reduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
+               AgreementWord("all_reduce_coalesced").bytes(tensors).collective(),
                [tensors, o](c10d::Backend& t) mutable { return t.allreduce_coalesced(tensors, o); },
                averageOf(opts.reduceOp, tensors));
 }
@@ -132,6 +137,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce(std::vector<at::Tensor>& t
   // Only the root's output is defined; only it is averaged.
   auto finish = getRank() == opts.rootRank ? averageOf(opts.reduceOp, tensors) : std::function<void()>();
   return issue("reduce", c10d::OpType::REDUCE, tensors,
+               AgreementWord("reduce").add(opts.rootRank).add(opts.rootTensor).bytes(tensors).collective(),
                [tensors, o](c10d::Backend& t) mutable { return t.reduce(tensors, o); }, std::move(finish));
 }
 
@@ -139,12 +145,14 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather(std::vector<std::vector
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllgatherOptions& opts) {
   return issue("all_gather", c10d::OpType::ALLGATHER, flat(outputs),
+               AgreementWord("all_gather").bytes(inputs).bytes(flat(outputs)).collective(),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.allgather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                const c10d::AllgatherOptions& opts) {
   return issue("all_gather_into_tensor", c10d::OpType::_ALLGATHER_BASE, {output},
+               AgreementWord("all_gather_into_tensor").bytes(input).bytes(output).collective(),
                [output, input, opts](c10d::Backend& t) mutable { return t._allgather_base(output, input, opts); });
 }
 
@@ -152,6 +160,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather_coalesced(std::vector<s
                                                                    std::vector<at::Tensor>& inputs,
                                                                    const c10d::AllgatherOptions& opts) {
   return issue("all_gather_coalesced", c10d::OpType::ALLGATHER_COALESCED, flat(outputs),
+               AgreementWord("all_gather_coalesced").bytes(inputs).bytes(flat(outputs)).collective(),
                [outputs, inputs, opts](c10d::Backend& t) mutable {
                  return t.allgather_coalesced(outputs, inputs, opts);
                });
@@ -161,6 +170,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather_into_tensor_coalesced(s
                                                                                std::vector<at::Tensor>& inputs,
                                                                                const c10d::AllgatherOptions& opts) {
   return issue("all_gather_into_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+               AgreementWord("all_gather_into_tensor_coalesced").bytes(inputs).bytes(outputs).collective(),
                [outputs, inputs, opts](c10d::Backend& t) mutable {
                  return t.allgather_into_tensor_coalesced(outputs, inputs, opts);
                });
@@ -169,14 +179,36 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather_into_tensor_coalesced(s
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::GatherOptions& opts) {
-  return issue("gather", c10d::OpType::GATHER, flat(outputs),
+  // Each rank sends its input to the root, which expects outputs[r] from rank r.
+  auto agreement = AgreementWord("gather").add(opts.rootRank).collective();
+  agreement.sendTo.assign(getSize(), 0);
+  agreement.recvFrom.assign(getSize(), 0);
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "nccl_sim: gather to root ", opts.rootRank,
+              " in a group of ", getSize());
+  agreement.sendTo[opts.rootRank] = AgreementWord::total(inputs);
+  const auto received = flat(outputs);
+  for (size_t r = 0; r < received.size() && r < agreement.recvFrom.size(); ++r) {
+    agreement.recvFrom[r] = AgreementWord::total({received[r]});
+  }
+  return issue("gather", c10d::OpType::GATHER, received, std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.gather(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::scatter(std::vector<at::Tensor>& outputs,
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ScatterOptions& opts) {
-  return issue("scatter", c10d::OpType::SCATTER, outputs,
+  // The root sends inputs[r] to rank r, which expects its output.
+  auto agreement = AgreementWord("scatter").add(opts.rootRank).collective();
+  agreement.sendTo.assign(getSize(), 0);
+  agreement.recvFrom.assign(getSize(), 0);
+  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "nccl_sim: scatter from root ", opts.rootRank,
+              " in a group of ", getSize());
+  agreement.recvFrom[opts.rootRank] = AgreementWord::total(outputs);
+  const auto sent = flat(inputs);
+  for (size_t r = 0; r < sent.size() && r < agreement.sendTo.size(); ++r) {
+    agreement.sendTo[r] = AgreementWord::total({sent[r]});
+  }
+  return issue("scatter", c10d::OpType::SCATTER, outputs, std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.scatter(outputs, inputs, opts); });
 }
 
@@ -186,6 +218,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce_scatter(std::vector<at::Te
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter");
   return issue("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs,
+               AgreementWord("reduce_scatter").bytes(outputs).bytes(flat(inputs)).collective(),
                [outputs, inputs, o](c10d::Backend& t) mutable { return t.reduce_scatter(outputs, inputs, o); },
                averageOf(opts.reduceOp, outputs));
 }
@@ -195,6 +228,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::_reduce_scatter_base(at::Tensor& 
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter_tensor");
   return issue("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+               AgreementWord("reduce_scatter_tensor").bytes(output).bytes(input).collective(),
                [output, input, o](c10d::Backend& t) mutable { return t._reduce_scatter_base(output, input, o); },
                averageOf(opts.reduceOp, {output}));
 }
@@ -204,6 +238,7 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce_scatter_tensor_coalesced(
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter_tensor_coalesced");
   return issue("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+               AgreementWord("reduce_scatter_tensor_coalesced").bytes(outputs).bytes(inputs).collective(),
                [outputs, inputs, o](c10d::Backend& t) mutable {
                  return t.reduce_scatter_tensor_coalesced(outputs, inputs, o);
                },
@@ -214,7 +249,10 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::alltoall_base(at::Tensor& output,
                                                              std::vector<int64_t>& outputSplitSizes,
                                                              std::vector<int64_t>& inputSplitSizes,
                                                              const c10d::AllToAllOptions& opts) {
-  return issue("all_to_all_single", c10d::OpType::ALLTOALL_BASE, {output},
+  auto agreement = AgreementWord("all_to_all_single").collective();
+  agreement.sendTo = splitBytes(input, inputSplitSizes, getSize());
+  agreement.recvFrom = splitBytes(output, outputSplitSizes, getSize());
+  return issue("all_to_all_single", c10d::OpType::ALLTOALL_BASE, {output}, std::move(agreement),
                [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& t) mutable {
                  return t.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
                });
@@ -223,21 +261,30 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::alltoall_base(at::Tensor& output,
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::AllToAllOptions& opts) {
-  return issue("all_to_all", c10d::OpType::ALLTOALL, outputs,
+  auto agreement = AgreementWord("all_to_all").add(static_cast<int64_t>(inputs.size())).collective();
+  for (size_t j = 0; j < inputs.size() && j < outputs.size(); ++j) {
+    agreement.sendTo.push_back(inputs[j].numel() * inputs[j].element_size());
+    agreement.recvFrom.push_back(outputs[j].numel() * outputs[j].element_size());
+  }
+  return issue("all_to_all", c10d::OpType::ALLTOALL, outputs, std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.alltoall(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::barrier(const c10d::BarrierOptions& opts) {
-  return issue("barrier", c10d::OpType::BARRIER, {}, [opts](c10d::Backend& t) { return t.barrier(opts); });
+  return issue("barrier", c10d::OpType::BARRIER, {}, AgreementWord("barrier").collective(), [opts](c10d::Backend& t) { return t.barrier(opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  return issue("send", c10d::OpType::SEND, {},
+  Agreement agreement;
+  agreement.p2p.push_back({true, dstRank, tag, AgreementWord::total(tensors)});
+  return issue("send", c10d::OpType::SEND, {}, std::move(agreement),
                [tensors, dstRank, tag](c10d::Backend& t) mutable { return t.send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  return issue("recv", c10d::OpType::RECV, tensors,
+  Agreement agreement;
+  agreement.p2p.push_back({false, srcRank, tag, AgreementWord::total(tensors)});
+  return issue("recv", c10d::OpType::RECV, tensors, std::move(agreement),
                [tensors, srcRank, tag](c10d::Backend& t) mutable { return t.recv(tensors, srcRank, tag); });
 }
 

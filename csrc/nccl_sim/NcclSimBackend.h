@@ -14,6 +14,9 @@
 //  - isCompleted()/isSuccess()/exception() follow the stream;
 //  - a stuck operation (a peer that never comes, or TORCH_EXT_NCCL_SIM_STALL)
 //    runs until abort()/shutdown(), which fail it and everything queued;
+//  - counts that differ across ranks (CountAgreement, agreed before the data
+//    moves) hang the stream at the operation, as on NCCL, where gloo would
+//    std::terminate the rank that receives more bytes than it posted;
 //  - one failed operation leaves the communicator in error (everything after
 //    it fails), like NCCL's asynchronous errors;
 //  - synchronize() (nccl_sim.synchronize() in Python) blocks the host until
@@ -118,8 +121,9 @@ class NcclSimBackend : public c10d::Backend, public StreamOrdered {
  private:
   using Launch = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
   // Queues one operation (or adds it to the open coalescing block).
+  // `agreement`: what the exchange expects of the peers (CountAgreement).
   c10::intrusive_ptr<c10d::Work> issue(const char* name, c10d::OpType type, std::vector<at::Tensor> outputs,
-                                       Launch launch, std::function<void()> finish = {});
+                                       Agreement agreement, Launch launch, std::function<void()> finish = {});
   // ReduceOp.AVG runs as SUM followed by a division of `outputs` (NCCL has
   // AVG, gloo does not); PREMUL_SUM is refused. Returns the op for the transport.
   c10d::ReduceOp transportOp(const c10d::ReduceOp& op, const char* name) const;

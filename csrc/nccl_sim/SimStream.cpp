@@ -16,17 +16,17 @@ int64_t steadyNowNs() {
 
 } // namespace
 
-std::shared_ptr<SimStream> SimStream::start(std::string label, int rank, bool faultsApply,
+std::shared_ptr<SimStream> SimStream::start(std::string label, int rank, int size, bool faultsApply,
                                             NcclSimSettings settings) {
-  std::shared_ptr<SimStream> s(new SimStream(std::move(label), rank, faultsApply, settings));
+  std::shared_ptr<SimStream> s(new SimStream(std::move(label), rank, size, faultsApply, settings));
   // The thread owns the stream: it may outlive the communicator (stuck in a
   // transport wait until the transport's own timeout), never the other way.
   std::thread([s] { s->run(); }).detach();
   return s;
 }
 
-SimStream::SimStream(std::string label, int rank, bool faultsApply, NcclSimSettings settings)
-    : label_(std::move(label)), rank_(rank), faultsApply_(faultsApply), settings_(settings) {}
+SimStream::SimStream(std::string label, int rank, int size, bool faultsApply, NcclSimSettings settings)
+    : label_(std::move(label)), rank_(rank), size_(size), faultsApply_(faultsApply), settings_(settings) {}
 
 bool SimStream::appliesAt(const NcclSimSettings::Fault& f, uint64_t index) const {
   return faultsApply_ && f.rank == rank_ && static_cast<uint64_t>(f.value) == index;
@@ -82,7 +82,14 @@ void SimStream::abort(const std::string& why) {
     current = current_;
     cv_.notify_all();
   }
-  for (auto& op : failed) settle(*op, false, text + " while " + op->name + " was pending");
+  for (auto& op : failed) {
+    std::string note;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      note = op->hangNote;
+    }
+    settle(*op, false, text + " while " + op->name + " was pending" + (note.empty() ? "" : " (" + note + ")"));
+  }
   if (current) {
     try {
       current->abort();  // a transport p2p wait (gloo's send/recv works can be aborted)
@@ -151,9 +158,7 @@ void SimStream::run() {
 
 void SimStream::execute(StreamOp& op) {
   if (appliesAt(settings_.stall, op.index)) {
-    // A kernel whose peer never comes: nothing more runs until abort().
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return aborted_ || stopping_; });
+    hang();  // a kernel whose peer never comes: nothing more runs until abort()
     return;
   }
   if (faultsApply_ && settings_.slow.rank == rank_ && settings_.slow.value > 0) {
@@ -188,8 +193,17 @@ void SimStream::execute(StreamOp& op) {
   bool ok = true;
   op.started.store(true, std::memory_order_release);
   try {
+    if (!agree(op, &error)) {
+      if (error.empty()) return;  // aborted, or hung until abort()/stop()
+      ok = false;
+    }
+  } catch (const std::exception& e) {
+    ok = false;
+    error = e.what();
+  }
+  try {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& launch : op.launches) {
+    for (auto& launch : ok ? op.launches : decltype(op.launches){}) {
       for (auto& w : launch()) {
         if (w) works.push_back(std::move(w));
       }
@@ -217,6 +231,27 @@ void SimStream::execute(StreamOp& op) {
     if (error_.empty()) error_ = error;
   }
   settle(op, ok, error);
+}
+
+void SimStream::hang() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return aborted_ || stopping_; });
+}
+
+bool SimStream::agree(StreamOp& op, std::string* error) {
+  if (op.agreement.empty() || !op.transport) return true;
+  AgreementRound round(op.agreement, size_);
+  for (auto& w : round.launch(*op.transport)) {
+    if (!await(w, error)) return false;
+  }
+  const std::string diff = round.verdict();
+  if (diff.empty()) return true;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    op.hangNote = "nccl_sim: its counts do not fit across ranks, so it hangs as NCCL would: " + diff;
+  }
+  hang();
+  return false;
 }
 
 bool SimStream::await(const c10::intrusive_ptr<c10d::Work>& work, std::string* error) {

@@ -20,8 +20,10 @@
 // on the stream. The stream is Python-free: the transport is a c10d::Backend.
 
 #include "guard/Config.h"
+#include "nccl_sim/CountAgreement.h"
 
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
@@ -49,6 +51,13 @@ struct StreamOp {
   // Run after the works completed (e.g. the division of ReduceOp.AVG).
   std::vector<std::function<void()>> finishes;
   std::vector<at::Tensor> outputs;
+  // What the exchange expects of the peers, agreed before it on `transport`
+  // (CountAgreement), which the launches carry too.
+  Agreement agreement;
+  c10::intrusive_ptr<c10d::Backend> transport;
+  // Why the stream hangs at this operation (the ranks' counts did not fit);
+  // said when abort() fails it. Written under the stream's mutex.
+  std::string hangNote;
   c10::intrusive_ptr<c10::ivalue::Future> future;  // completed with `outputs` once done
   std::atomic<OpState> state{OpState::Queued};
   std::atomic<bool> started{false};  // the stream began its exchange (not stalled ahead of it)
@@ -60,7 +69,8 @@ class SimStream : public std::enable_shared_from_this<SimStream> {
  public:
   // `label` names the communicator in messages; `faultsApply`: the switches
   // apply to this stream (this rank, the default group).
-  static std::shared_ptr<SimStream> start(std::string label, int rank, bool faultsApply, NcclSimSettings settings);
+  static std::shared_ptr<SimStream> start(std::string label, int rank, int size, bool faultsApply,
+                                          NcclSimSettings settings);
 
   // Queues `op` (blocks while the queue is full). Throws c10::DistBackendError
   // once the communicator was aborted.
@@ -95,9 +105,14 @@ class SimStream : public std::enable_shared_from_this<SimStream> {
   }
 
  private:
-  SimStream(std::string label, int rank, bool faultsApply, NcclSimSettings settings);
+  SimStream(std::string label, int rank, int size, bool faultsApply, NcclSimSettings settings);
   void run();
   void execute(StreamOp& op);
+  // The agreement ahead of `op`'s exchange: true when the ranks fit; false when
+  // aborted meanwhile, or after hanging (as NCCL) until abort() or stop().
+  bool agree(StreamOp& op, std::string* error);
+  // The stream stops at `op`, which never completes, until abort() or stop().
+  void hang();
   // Waits (abortably) for one transport work; false if aborted meanwhile.
   bool await(const c10::intrusive_ptr<c10d::Work>& work, std::string* error);
   // Completes `op` once: Done, or Failed with `error`.
@@ -107,6 +122,7 @@ class SimStream : public std::enable_shared_from_this<SimStream> {
 
   const std::string label_;
   const int rank_;
+  const int size_;
   const bool faultsApply_;
   const NcclSimSettings settings_;
 

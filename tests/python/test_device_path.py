@@ -325,6 +325,38 @@ def test_mismatch_is_found_with_enqueue_and_return(check):
         assert "#21" in v["text"] and "float32[5]" in v["text"] and "float32[4]" in v["text"], v["text"]
 
 
+def _sizes_differ(rank: int, world: int, op: str) -> dict:
+    try:
+        if op == "all_gather":  # PyTorch #174844's shape: rank 1 gathers 6 elements, the others 4
+            n = 6 if rank == 1 else 4
+            out = torch.zeros(n * world)
+            dist.all_gather_into_tensor(out, torch.ones(n))
+        elif rank == 0:  # issue 40's: a send of 4 floats into a recv of 6
+            out = torch.full((4,), 7.0)
+            dist.send(out, 1)
+        else:
+            out = torch.zeros(6)
+            dist.recv(out, 0)
+        _sync()
+        return {"error": None, "read": out.tolist()}
+    except torch_ext.GuardError as e:
+        return {"error": type(e).__name__, "text": str(e)}
+
+
+@needs_sim
+@pytest.mark.parametrize("op,world", [("all_gather", 3), ("all_gather", 2), ("send_recv", 2)])
+def test_sizes_that_differ_hang_the_stream_as_on_nccl_and_every_rank_gets_the_verdict(op, world):
+    # nccl_sim moves its data over gloo, which std::terminates a rank that
+    # receives more bytes than it posted (and lets a shorter one through as
+    # garbage). NCCL hangs instead, and so does nccl_sim's stream now: no rank
+    # dies, none reads, and the default settings' checks name both calls.
+    values = assert_all_ok(run_ranks(_sizes_differ, world, op, env=ENV, timeout=60, natural_exit=True))
+    for v in values:
+        assert v["error"] == "CollectiveMismatchError", v
+        sizes = ("float32[4]", "float32[6]")
+        assert all(s in v["text"] for s in sizes), v["text"]
+
+
 def _verify_read(rank: int, world: int) -> dict:
     t = torch.full((4,), float(rank + 1))
     try:
