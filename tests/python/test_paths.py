@@ -149,6 +149,30 @@ def test_a_rank_gloo_terminates_for_a_size_mismatch_says_why_and_the_others_desc
         assert "all_gather_into_tensor(float32[4])" in rec["message"], rec["message"]
 
 
+@pytest.mark.parametrize("inner", ["gloo", "nccl_sim"])
+def test_a_size_mismatch_that_ends_the_store_host_still_gives_its_peer_the_verdict(tmp_path, inner):
+    # Two ranks, plain env://: rank 0 hosts the store and is the rank gloo
+    # terminates (it receives rank 1's 6 elements into room for 4). Ending at
+    # once took the store with it, and rank 1 raised StoreLostError (4 runs in
+    # 6 before the fix): nobody learnt it was a mismatch. Now the terminated
+    # host raises the failure itself and stays until its peer has left. On
+    # nccl_sim nobody is terminated (its stream hangs, as NCCL's would).
+    env = {"OUT": str(tmp_path), **DEFAULTS, **(INNERS[inner] if inner == "nccl_sim" else {})}
+    results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 2, store="rank0", timeout=90, env=env)
+    for r in results:
+        assert r.returncode != 0, _outputs(results)
+        if r.returncode == -6:  # SIGABRT: std::terminate
+            assert inner == "gloo" and r.rank == 0, _outputs(results)
+            assert "torch_ext: this process" in r.output and "a collective mismatch" in r.output, _outputs(results)
+            continue
+        rec = json.loads((tmp_path / f"rank{r.rank}.json").read_text())
+        assert rec["type"] == "CollectiveMismatchError", _outputs(results)
+        assert "did not answer" not in rec["message"], rec["message"]
+        for n in (4, 6):
+            assert f"all_gather_into_tensor(float32[{n}])  at size_mismatch_job.py:26" in rec["message"], rec["message"]
+    assert results[1].returncode == 1, _outputs(results)  # the survivor raised and exited by itself
+
+
 def test_ddp_survivor_of_a_killed_store_host_gets_store_lost_naming_it(tmp_path):
     # Plain env://: rank 0's process hosts the TCPStore, and SIGKILL takes it
     # away during DDP's step; the survivor, inside loss.backward(), must get

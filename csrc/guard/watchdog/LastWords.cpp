@@ -29,6 +29,7 @@ std::atomic<bool> g_terminating{false};
 
 constexpr auto kReportBound = std::chrono::milliseconds(1000);
 constexpr auto kStoreBound = std::chrono::milliseconds(1500);
+constexpr auto kHostBound = std::chrono::milliseconds(15000);
 constexpr size_t kWindow = 64;
 
 // gloo's words for a byte-count difference ("[enforce fail at .../pair.cc:456]
@@ -39,25 +40,48 @@ bool looksLikeSizeMismatch(const std::string& what) {
       what.find("nbytes") != std::string::npos || what.find("Is there a distributed collective mismatch") != std::string::npos;
 }
 
+// The entry `st`'s transport was in: the oldest pending one, else the last one
+// issued (its inner work may have completed while the transport still
+// receives for it).
+std::optional<Entry> entryInFlight(GroupState& st) {
+  const Progress p = st.ledger().progress();
+  if (p.hasPending) return p.oldestPending;
+  if (auto last = st.ledger().entries(1); !last.empty()) return last.back();
+  return std::nullopt;
+}
+
+bool hostsStore(GroupState& st) {
+  return st.id().size > 1 && st.store().health() == StoreHealth::Healthy &&
+      st.store().channel().address().hostRank == st.id().globalRank(st.id().rank);
+}
+
+// Under plain env:// this process may host the store. Ending at once would
+// take the store with it, and the peers would learn only that it is gone
+// (StoreLostError), never that the ranks' collectives differed. So for each
+// group whose store it hosts it raises the failure itself (the peers answer
+// with their snapshots while this rank's threads still run: the verdict
+// describes every rank's call) and stays until the peers have left, bounded by
+// the watchdog's own waits (a few seconds each).
+void settleHostedGroups(const std::string& what) {
+  const std::string why = "this rank's process is being terminated (" + what.substr(0, what.find('\n')) + ")";
+  for (const auto& st : Watchdog::instance().groupStates()) {
+    if (!hostsStore(*st)) continue;
+    if (auto e = entryInFlight(*st)) Watchdog::instance().failureReport(st, e->id, why);
+    Watchdog::instance().holdStoreForPeers(st);
+  }
+}
+
 // This process's pending collectives, one line per group. Runs on the helper
 // thread.
 std::string describePending() {
   std::ostringstream os;
   for (const auto& st : Watchdog::instance().groupStates()) {
-    // The oldest pending operation, else the last one issued (its inner
-    // work may have completed while the transport still receives for it).
-    const Progress p = st->ledger().progress();
-    std::optional<Entry> pick;
-    if (p.hasPending) {
-      pick = p.oldestPending;
-    } else if (auto last = st->ledger().entries(1); !last.empty()) {
-      pick = last.back();
-    }
-    if (pick) {
+    const bool pending = st->ledger().progress().hasPending;
+    if (auto pick = entryInFlight(*st)) {
       const EntryView e = entryView(*pick);
       os << "\n  group \"" << st->label() << "\" (rank " << st->id().rank << " of " << st->id().size << "): ";
       if (e.seq > 0) os << "collective #" << e.seq << " ";
-      os << e.text << " at " << e.where() << " (" << (p.hasPending ? "pending" : "its last, completed here") << ")";
+      os << e.text << " at " << e.where() << " (" << (pending ? "pending" : "its last, completed here") << ")";
     }
   }
   return os.str();
@@ -88,14 +112,18 @@ void say(const std::string& text) {
       std::condition_variable cv;
       bool done = false;       // `pending` is read
       bool published = false;  // the last words are in the stores (or could not be)
+      bool settled = false;    // the peers of the groups whose store is hosted here have left
+      bool hosts = false;      // this process hosts a group's store
       std::string pending;
     };
     auto box = std::make_shared<Box>();
     try {
       // The lines first, then the stores: a slow store must not hide them.
-      std::thread([box] {
+      std::thread([box, what] {
         std::string text;
+        bool hosts = false;
         try {
+          for (const auto& st : Watchdog::instance().groupStates()) hosts = hosts || hostsStore(*st);
           text = describePending();
         } catch (const std::exception& e) {
           text = std::string("\n  (reading them failed: ") + e.what() + ")";
@@ -105,6 +133,7 @@ void say(const std::string& text) {
         {
           std::lock_guard<std::mutex> lock(box->mu);
           box->pending = std::move(text);
+          box->hosts = hosts;
           box->done = true;
         }
         box->cv.notify_all();
@@ -115,6 +144,17 @@ void say(const std::string& text) {
         {
           std::lock_guard<std::mutex> lock(box->mu);
           box->published = true;
+        }
+        box->cv.notify_all();
+        if (hosts) {
+          try {
+            settleHostedGroups(what);
+          } catch (...) {
+          }
+        }
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->settled = true;
         }
         box->cv.notify_all();
       }).detach();
@@ -138,6 +178,11 @@ void say(const std::string& text) {
       say(os.str());
       // The writes are bounded by kStoreBound each; past that the process ends anyway.
       box->cv.wait_for(lock, kStoreBound, [&] { return box->published; });
+      if (box->hosts) {
+        // The verdict's round and the peers' leaving: bounded by their own
+        // waits; this bound only keeps a stuck watchdog from holding the end.
+        box->cv.wait_for(lock, kHostBound, [&] { return box->settled; });
+      }
     } catch (...) {
     }
   }

@@ -15,12 +15,18 @@
 //  - publishes, per group, this rank's snapshot (its ledger window) under
 //    keys::lastWords(rank), so the other ranks' mismatch report describes this
 //    rank's call instead of "did not answer";
+//  - where this process hosts a group's store (plain env://, rank 0), raises
+//    the failure itself and stays until the peers have left (bounded): its
+//    threads still run, so the peers answer with their snapshots and get the
+//    verdict (CollectiveMismatchError for a byte-count difference) instead of
+//    a lost store;
 // then hands over to the handler that was installed before (which aborts).
 // A process that ends normally with a failed group leaves the same last words
 // at exit (Watchdog::atExit), so an analysis that runs after it left still
 // knows what it issued.
 // Everything it does runs on a helper thread and is bounded (1 s for the
-// words, which come first, then 1.5 s for the writes): a terminate handler
+// words, which come first, then 1.5 s for the writes, then, on a store host,
+// 15 s at most for the verdict and the peers' leaving): a terminate handler
 // that blocks would turn a crash into a hang.
 
 #include "guard/report/Snapshot.h"

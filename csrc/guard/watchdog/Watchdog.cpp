@@ -374,6 +374,10 @@ std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
   return mismatches;
 }
 
+void Watchdog::holdStoreForPeers(const std::shared_ptr<GroupState>& state) {
+  if (auto ctx = find(state.get())) lingerForPeers(*ctx, true);
+}
+
 void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   // Under plain env:// this process hosts the store. Leaving a failed group at
   // once would take the verdict's keys with it, and peers that have not read

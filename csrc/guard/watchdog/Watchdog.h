@@ -83,6 +83,11 @@ class Watchdog {
   // returns the cross-rank report, waiting a few seconds at most.
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId, const std::string& error);
 
+  // A process being terminated (LastWords) that hosts `state`'s store: stays,
+  // bounded, until the peers have left, so that they can still read the
+  // verdict its termination led to (lingerForPeers).
+  void holdStoreForPeers(const std::shared_ptr<GroupState>& state);
+
   // This process's view of all its groups (or one), with the main thread's stack.
   RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
   // This process's position in each of its groups (WaitGraph).
