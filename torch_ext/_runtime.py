@@ -34,6 +34,11 @@ def install() -> None:
     except AttributeError:  # virtualenv's old site module
         pass
     main = threading.main_thread().ident or 0
+    # typing_extensions' @deprecated wraps torch's own functions (dist.all_gather_into_tensor
+    # in torch 2.13): its wrapper frame is torch's, not a framework calling torch.
+    te = sys.modules.get("typing_extensions")
+    if te is not None and getattr(te, "__file__", None):
+        internal += [os.path.realpath(te.__file__), te.__file__]
     # Frames report their code's filename as given at import time; register both
     # the real paths and the paths as seen, in case of symlinks.
     internal += [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
