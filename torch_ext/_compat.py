@@ -135,6 +135,16 @@ def set_forward_pass_work_handle(reducer: Any, work: Any, use_static_world_size:
     reducer._set_forward_pass_work_handle(work, use_static_world_size)
 
 
+def ddp_grad_buckets(module: Any) -> list[tuple[int, int, int, torch.dtype, list[torch.Tensor]]]:
+    """Wraps ``DistributedDataParallel.reducer`` and ``Reducer._get_zeros_like_grad_buckets``: the
+    reducer's current gradient buckets as ``(index, count, numel, dtype, parameters)``, for naming the
+    bucket of a report's all_reduce (torch_ext/_ddp.py). The only public reader of the layout; it
+    allocates a zeroed copy of each bucket (freed at once), which is why it runs on the error path only."""
+    grad_buckets = module.reducer._get_zeros_like_grad_buckets()
+    return [(b.index(), len(grad_buckets), b.buffer().numel(), b.buffer().dtype, list(b.parameters()))
+            for b in grad_buckets]
+
+
 # -- DataLoader ---------------------------------------------------------------
 
 def worker_shutdown(iterator: Any) -> Callable[[], None] | None:

@@ -101,6 +101,16 @@ def _at_exit() -> None:
         uncaught = _uncaught()
     except Exception:  # noqa: BLE001 - the exit must go on whatever the exception's str() does
         uncaught = ""
+    if uncaught:
+        try:  # what the guard knows about it (DDP's unfinished reduction), after its traceback
+            from torch_ext.backend import explain
+
+            note = explain(getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
+        except Exception:  # noqa: BLE001 - a note, never in the exit's way
+            note = ""
+        if note:
+            sys.stderr.write(note + "\n")
+            sys.stderr.flush()
     mismatches = _C._at_exit(uncaught)
     if not mismatches:
         return

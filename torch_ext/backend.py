@@ -368,6 +368,29 @@ def failure(group: dist.ProcessGroup | None = None) -> tuple[str, str] | None:
     return _C._failure(_guard_backend(group))
 
 
+def explain(exc: BaseException) -> str:
+    """What the guard knows about ``exc``, an error torch raised outside the guard; "" for nothing.
+
+    For DDP's "Expected to have finished reduction in the prior iteration" (a
+    parameter without a gradient on this rank): how many of its last backward's
+    gradient buckets this rank issued, the bucket holding the rest back with its
+    parameters, and the collective from which the other ranks wait for this one.
+    An uncaught one is followed by this text at exit; a program that catches it
+    can log it. Runs on the error path only (it reads every DDP module's buckets).
+    """
+    if _ddp_unfinished(exc):
+        from torch_ext._ddp import unfinished_reduction_note
+
+        return unfinished_reduction_note()
+    return ""
+
+
+def _ddp_unfinished(exc: BaseException) -> bool:
+    from torch_ext._ddp import UNFINISHED
+
+    return isinstance(exc, RuntimeError) and UNFINISHED in str(exc)
+
+
 def store_health(group: dist.ProcessGroup | None = None) -> tuple[str, str]:
     """``(health, description)`` of the store channel of ``group``.
 

@@ -19,7 +19,25 @@ __all__ = [
 
 
 class GuardError(dist.DistBackendError):
-    """Base class: a guarded process group failed and says why, naming ranks."""
+    """Base class: a guarded process group failed and says why, naming ranks.
+
+    Its text is the guard's report; where this process runs DDP, each all_reduce
+    line of a gradient bucket is followed by the bucket and its parameters
+    (torch_ext/_ddp.py), read once, when the text is first read.
+    """
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        noted = self.__dict__.get("_torch_ext_text")
+        if noted is None or noted[0] != text:
+            try:
+                from torch_ext._ddp import annotate
+
+                noted = (text, annotate(text))
+            except Exception:  # noqa: BLE001 - the error's own text, whatever the notes do
+                noted = (text, text)
+            self.__dict__["_torch_ext_text"] = noted
+        return noted[1]
 
 
 class CollectiveMismatchError(GuardError):

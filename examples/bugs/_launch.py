@@ -38,7 +38,8 @@ def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, sto
         fn(rank, world)
     except Exception as e:  # noqa: BLE001 - show what each rank got
         # One write: the ranks share the terminal, and print() may write the end of line apart.
-        sys.stdout.write(f"[rank{rank}] raised {type(e).__name__}:\n{e}\n")
+        note = torch_ext.explain(e)  # what the guard knows about an error torch raised (DDP's), or ""
+        sys.stdout.write(f"[rank{rank}] raised {type(e).__name__}:\n{e}\n" + (note + "\n" if note else ""))
         sys.stdout.flush()
         sys.exit(1)
 

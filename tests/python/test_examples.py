@@ -80,10 +80,12 @@ def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
 
 def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_path):
     # Rank 0's error comes out of loss.backward() (DDP's reducer, inside the
-    # autograd engine): typed there too, not torch's plain DistBackendError.
+    # autograd engine): typed there too, not torch's plain DistBackendError; the
+    # gradient all_reduce's line names its DDP bucket and parameters (torch_ext/_ddp.py).
     out = _source("ddp_uneven_steps", tmp_path)  # python examples/bugs/ddp_uneven_steps.py
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1"], out[-8000:]
-    assert "in train\n  rank 1: barrier()" in out, out[-8000:]
+    assert "in train\n          DDP gradient bucket 1 of 1: 2.bias, 2.weight, 0.bias, 0.weight\n  rank 1: barrier()" in out, \
+        out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
     # Issue 39: the uneven data named at the end of epoch 0, once, while the job still ran ...
     assert out.count("torch_ext WARNING: uneven data: epoch 0 of the loop at ddp_uneven_steps.py:") == 1, out
@@ -96,6 +98,20 @@ def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_pat
                      r"ddp_uneven_steps.py:\d+ in train, where rank 0 issued a 22nd all_reduce there", out), out[-8000:]
     assert "rank 1 left that loop earlier (fewer batches than rank 0" in out, out[-8000:]
     doc_samples.check_source("ddp_uneven_steps", out)
+
+
+def test_ddp_unused_parameter_example_follows_ddps_error_with_the_bucket_held_back(tmp_path):
+    out = _source("ddp_unused_parameter", tmp_path)  # python examples/bugs/ddp_unused_parameter.py
+    ddp_error = out.index("[rank1] raised RuntimeError:\nExpected to have finished reduction in the prior iteration")
+    note = out.index("torch_ext: after DDP's error above, rank 1 of group \"default_pg\" issued none of the 2 "
+                     "gradient buckets of its last backward")
+    assert ddp_error < note, out[-8000:]
+    assert "DDP gradient bucket 1 of 2: head.bias, head.weight. Ranks whose parameters" in out[note:], out[-8000:]
+    assert "[rank0] raised CollectiveFailureError:" in out, out[-8000:]
+    assert re.search(r"#\d+ all_reduce\(float32\[68\], SUM\) at ddp_unused_parameter.py:\d+ in train\n +"
+                     r"DDP gradient bucket 1 of 2: head.bias, head.weight", out), out[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
+    doc_samples.check_source("ddp_unused_parameter", out)
 
 
 def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_path):

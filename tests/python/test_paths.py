@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -108,6 +109,9 @@ def test_ddp_keeps_the_users_exit_status_after_a_mismatch_in_backward(tmp_path, 
     for r in results:
         assert r.returncode == 3, _outputs(results)
         assert records[r.rank]["type"] == "torch_ext.errors.CollectiveMismatchError", _outputs(results)
+        # The gradient all_reduce's line names DDP's bucket and its parameters.
+        assert re.search(r"all_reduce\(float32\[\d+\], SUM\) +at paths_job.py:\d+ in \w+\n +DDP gradient bucket 1 of 1: ",
+                         records[r.rank]["message"]), records[r.rank]["message"]
         assert "torch_ext: CollectiveMismatchError at exit" not in r.output, _outputs(results)
 
 
@@ -171,6 +175,28 @@ def test_a_size_mismatch_that_ends_the_store_host_still_gives_its_peer_the_verdi
         for n in (4, 6):
             assert f"all_gather_into_tensor(float32[{n}])  at size_mismatch_job.py:26" in rec["message"], rec["message"]
     assert results[1].returncode == 1, _outputs(results)  # the survivor raised and exited by itself
+
+
+@pytest.mark.parametrize("store", ["rank0", "parent"])
+def test_ddps_unfinished_reduction_is_followed_by_the_bucket_held_back_and_the_peer_names_it(store):
+    # find_unused_parameters=False and a parameter without a gradient on rank 1:
+    # DDP's own RuntimeError on rank 1 says which parameter indices, not which
+    # collectives are missing, and rank 0 waits in a gradient all_reduce.
+    results = launch_script(["tests/python/jobs/ddp_unused_job.py"], 2, store=store, timeout=90, env=DEFAULTS)
+    r0, r1 = results
+    assert r1.returncode == 1, _outputs(results)
+    ddp_error = r1.output.find("Expected to have finished reduction in the prior iteration")
+    note = r1.output.find("torch_ext: after DDP's error above, rank 1")
+    assert 0 <= ddp_error < note, _outputs(results)
+    assert "issued none of the 2 gradient buckets of its last backward" in r1.output[note:], _outputs(results)
+    assert "DDP gradient bucket 1 of 2: b.bias, b.weight" in r1.output[note:], _outputs(results)
+    assert re.search(r"wait for this rank from collective #\d+ on", r1.output[note:]), _outputs(results)
+    # Rank 0 ends by itself with the typed error, naming rank 1 and what it raised; its
+    # gradient all_reduce lines name their bucket.
+    assert r0.returncode == 1 and "torch_ext.errors.CollectiveFailureError" in r0.output, _outputs(results)
+    assert "rank 1: exited" in r0.output and "raising RuntimeError: Expected to have finished" in r0.output
+    assert re.search(r"#\d+ all_reduce\(float32\[36\], SUM\) at ddp_unused_job.py:36 in <module>\n(\[rank0\]:)? +"
+                     r"DDP gradient bucket 1 of 2: b.bias, b.weight", r0.output), _outputs(results)
 
 
 def test_ddp_survivor_of_a_killed_store_host_gets_store_lost_naming_it(tmp_path):

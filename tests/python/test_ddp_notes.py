@@ -1,0 +1,57 @@
+"""How a report's all_reduce lines are matched to DDP's gradient buckets (torch_ext/_ddp.py).
+
+The real runs (a DDP mismatch, an unfinished reduction, on every path) are in
+test_paths.py and test_examples.py; here the matching rules, on the layout a
+DDP module in this process would give.
+"""
+from __future__ import annotations
+
+import pytest
+
+from torch_ext import _ddp
+
+REPORT = """collective #7 all_reduce(float32[36], SUM) on group "default_pg" failed in the inner backend (...)
+  waiting: rank 0 at train.py:40 in step
+  rank 0 issued collectives that rank 1 never issued before ending:
+    #7 all_reduce(float32[36], SUM) at train.py:40 in step
+    #8 all_reduce(float32[72], SUM) at train.py:40 in step
+    #9 all_reduce(float32[5], SUM) at train.py:44 in step
+  rank 1: all_reduce(float64[36], SUM)  at train.py:40 in step
+  rank 0: send(float32[36], dst=1, tag=0) (#1) at train.py:50 in step"""
+
+
+def _layout(*sizes: int) -> list[_ddp.Bucket]:
+    return [_ddp.Bucket(i, len(sizes), n, "float32", (f"l{i}.weight", f"l{i}.bias")) for i, n in enumerate(sizes)]
+
+
+def test_each_bucket_line_is_followed_by_its_bucket_and_nothing_else_changes(monkeypatch):
+    monkeypatch.setattr(_ddp, "buckets", lambda: _layout(36, 72))
+    lines = _ddp.annotate(REPORT).split("\n")
+    assert lines[1] == "  DDP gradient bucket 1 of 2: l0.weight, l0.bias"  # under the header, indented
+    assert lines[5] == "       DDP gradient bucket 1 of 2: l0.weight, l0.bias"  # under the op
+    assert lines[7] == "       DDP gradient bucket 2 of 2: l1.weight, l1.bias"
+    # No bucket of that size or dtype, and not an all_reduce: left as they were.
+    assert [line for line in lines if "DDP" not in line] == REPORT.split("\n")
+    assert len(lines) == len(REPORT.split("\n")) + 3
+
+
+def test_buckets_of_the_same_size_are_named_together():
+    assert _ddp._note(_layout(36, 36, 72), "float32", 36) == "DDP gradient bucket 1 or 2 of 3 (the same size)"
+
+
+def test_long_buckets_name_their_first_parameters_and_count_the_rest():
+    b = _ddp.Bucket(0, 1, 8, "float32", tuple(f"p{i}" for i in range(9)))
+    assert b.describe() == "DDP gradient bucket 1 of 1: p0, p1, p2, p3, p4, p5 and 3 more"
+
+
+@pytest.mark.parametrize("layout", [[], None])
+def test_without_ddp_or_when_reading_it_fails_the_text_is_the_report(monkeypatch, layout):
+    def read():
+        if layout is None:
+            raise RuntimeError("reducer gone")
+        return layout
+
+    monkeypatch.setattr(_ddp, "buckets", read)
+    from torch_ext.errors import CollectiveFailureError
+
+    assert str(CollectiveFailureError(REPORT)) == REPORT

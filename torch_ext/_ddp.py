@@ -1,0 +1,168 @@
+"""What DDP was doing: gradient buckets named in the guard's reports.
+
+DDP's reducer issues one ``all_reduce`` per gradient bucket from inside
+``loss.backward()``, in bucket order, so a report line such as::
+
+    rank 0: all_reduce(float32[2177], SUM)  at train.py:53 in train
+
+names the user's line but not which bucket, nor which parameters. The layout
+lives only in the reducer (and changes once, after the first step, when DDP
+rebuilds its buckets in gradient order), so it is read here, in the process
+that raises, when the error's text is first read:
+
+    rank 0: all_reduce(float32[2177], SUM)  at train.py:53 in train
+            DDP gradient bucket 1 of 1: 0.weight, 0.bias, 2.weight, 2.bias
+
+The reducer's buckets (``Reducer._get_zeros_like_grad_buckets``, through
+``_compat``) are read for every live ``DistributedDataParallel`` (found by the
+garbage collector's list: on the error path only, never per collective), and a
+report's ``all_reduce`` line is matched to the buckets of the same element
+count and dtype. Buckets agree across ranks (DDP checks the parameters' shapes
+at construction and rank 0's rebuilt order is broadcast), so the other ranks'
+lines are named from this rank's layout. Nothing here can change an error:
+every failure leaves the text as it was.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import re
+from dataclasses import dataclass
+
+import torch
+
+from torch_ext import _compat
+
+# A report line about one rank's (or the header's) all_reduce.
+_LINE = re.compile(r"^(?P<lead>\s*(?:ranks? [\d,\-]+:\s+|#\d+\s+|collective #\d+ ))"
+                   r"(?P<op>all_reduce\((?P<dtype>[a-z0-9]+)\[(?P<numel>\d+)\], (?:SUM|AVG)\))")
+_NAMES_SHOWN = 6
+
+
+@dataclass(frozen=True)
+class Bucket:
+    index: int
+    count: int
+    numel: int
+    dtype: str  # "float32", as reports write it
+    params: tuple[str, ...]
+
+    def describe(self) -> str:
+        names = ", ".join(self.params[:_NAMES_SHOWN])
+        if len(self.params) > _NAMES_SHOWN:
+            names += f" and {len(self.params) - _NAMES_SHOWN} more"
+        return f"DDP gradient bucket {self.index + 1} of {self.count}: {names}"
+
+
+def _ddp_modules() -> list[torch.nn.parallel.DistributedDataParallel]:
+    ddp = torch.nn.parallel.DistributedDataParallel
+    # type(o), not isinstance: isinstance reads o.__class__, which some objects compute (with warnings).
+    return [o for o in gc.get_objects() if issubclass(type(o), ddp)]
+
+
+def buckets() -> list[Bucket]:
+    """The gradient buckets of every live DDP module in this process (its reducer's current layout)."""
+    out: list[Bucket] = []
+    for module in _ddp_modules():
+        try:
+            names = {id(p): n for n, p in module.module.named_parameters()}
+            layout = _compat.ddp_grad_buckets(module)
+        except Exception:  # noqa: BLE001 - a module torch could not describe is left out
+            continue
+        for index, count, numel, dtype, params in layout:
+            out.append(Bucket(index, count, numel, str(dtype).replace("torch.", ""),
+                              tuple(names.get(id(p), "?") for p in params)))
+    return out
+
+
+def _note(layout: list[Bucket], dtype: str, numel: int) -> str:
+    matches = [b for b in layout if b.dtype == dtype and b.numel == numel]
+    if len(matches) == 1:
+        return matches[0].describe()
+    if matches:  # same size: the report cannot tell which
+        which = " or ".join(str(b.index + 1) for b in matches)
+        return f"DDP gradient bucket {which} of {matches[0].count} (the same size)"
+    return ""
+
+
+def annotate(report: str) -> str:
+    """``report`` with each all_reduce line of a DDP gradient bucket followed by its bucket and parameters."""
+    if "all_reduce(" not in report:
+        return report
+    layout = buckets()
+    if not layout:
+        return report
+    lines = []
+    for line in report.split("\n"):
+        lines.append(line)
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        note = _note(layout, m["dtype"], int(m["numel"]))
+        if note:  # under the op; under a header line ("collective #7 all_reduce(...) on group ..."), indented
+            lines.append(" " * (2 if m["lead"].startswith("collective #") else m.start("op")) + note)
+    return "\n".join(lines)
+
+
+# DDP's words when a backward did not reduce every bucket (find_unused_parameters=False and a
+# parameter without a gradient on this rank), raised by the next forward.
+UNFINISHED = "Expected to have finished reduction in the prior iteration"
+
+
+def _where(entry: dict) -> str:
+    frames = entry.get("frames") or []
+    if not frames:
+        return ""
+    f = frames[0]
+    return f" at {os.path.basename(str(f.get('filename', '')))}:{f.get('line', '?')} in {f.get('name', '?')}"
+
+
+def unfinished_reduction_note() -> str:
+    """What the guard knows after DDP's "Expected to have finished reduction" on this rank: which of
+    its last backward's gradient buckets it issued, from which line, and what that means for the
+    peers. "" when there is no DDP module on a guarded group, or nothing to add."""
+    from torch_ext import backend
+
+    notes = []
+    for module in _ddp_modules():
+        try:
+            pg = module.process_group
+            state = backend.group_state(pg, 256)
+            names = {id(p): n for n, p in module.module.named_parameters()}
+            layout = [Bucket(i, n, numel, str(dt).replace("torch.", ""), tuple(names.get(id(p), "?") for p in ps))
+                      for i, n, numel, dt, ps in _compat.ddp_grad_buckets(module)]
+        except Exception:  # noqa: BLE001 - not a guarded group, or a module torch cannot describe
+            continue
+        if not layout:
+            continue
+        sizes = {(b.dtype, b.numel) for b in layout}
+        # The trailing run of gradient all_reduces: whole backwards, then the unfinished one.
+        run = []
+        for e in reversed(state.get("entries", [])):
+            m = _LINE.match("  rank 0: " + str(e.get("fingerprint", "")))
+            if m is None or (m["dtype"], int(m["numel"])) not in sizes:
+                break
+            run.append(e)
+        run.reverse()
+        count = len(layout)
+        issued = len(run) % count
+        group = state.get("desc") or state.get("name") or "?"
+        last = state.get("entries", [])[-1] if state.get("entries") else None
+        head = f"torch_ext: after DDP's error above, rank {state.get('rank', '?')} of group \"{group}\""
+        if issued:
+            where = _where(run[-1])
+            done = f"issued gradient buckets 1-{issued} of {count} in its last backward{where}"
+        else:
+            where = _where(run[-1]) if run else (_where(last) if last else "")
+            done = f"issued none of the {count} gradient buckets of its last backward (the backward before it ran{where})"
+        held = layout[issued] if issued < count else None
+        seq = last.get("collective_seq_id") if last else None
+        text = (f"{head} {done}. DDP issues its buckets in order, so the first bucket holding a parameter "
+                f"that got no gradient on this rank holds back itself and every bucket after it")
+        if held is not None:
+            text += f": {held.describe()}"
+        text += (". Ranks whose parameters all got gradients issued those buckets and wait for this rank"
+                 + (f" from collective #{seq + 1} on" if isinstance(seq, int) else "")
+                 + ". Use every parameter in every forward on every rank, or DDP(find_unused_parameters=True).")
+        notes.append(text)
+    return "\n".join(notes)
