@@ -144,8 +144,17 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce(std::vector<at::Tensor>& t
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::AllgatherOptions& opts) {
-  return issue("all_gather", c10d::OpType::ALLGATHER, flat(outputs),
-               AgreementWord("all_gather").bytes(inputs).bytes(flat(outputs)).collective(),
+  // Rank r's input goes to every rank, which expects outputs[0][r] from it (sizes may differ
+  // per rank on NCCL: the agreement checks only that every send meets its receive).
+  auto agreement = AgreementWord("all_gather").add(static_cast<int64_t>(inputs.size())).collective();
+  agreement.sendTo.assign(getSize(), AgreementWord::total(inputs));
+  agreement.recvFrom.assign(getSize(), 0);
+  for (const auto& list : outputs) {
+    for (size_t r = 0; r < list.size() && r < agreement.recvFrom.size(); ++r) {
+      agreement.recvFrom[r] += AgreementWord::total({list[r]});
+    }
+  }
+  return issue("all_gather", c10d::OpType::ALLGATHER, flat(outputs), std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.allgather(outputs, inputs, opts); });
 }
 
