@@ -60,18 +60,21 @@ def _ddp_modules() -> list[torch.nn.parallel.DistributedDataParallel]:
     return [o for o in gc.get_objects() if issubclass(type(o), ddp)]
 
 
+def _layout(module: torch.nn.parallel.DistributedDataParallel) -> list[Bucket]:
+    """``module``'s gradient buckets, as its reducer holds them now."""
+    names = {id(p): n for n, p in module.module.named_parameters()}
+    return [Bucket(index, count, numel, str(dtype).replace("torch.", ""), tuple(names.get(id(p), "?") for p in params))
+            for index, count, numel, dtype, params in _compat.ddp_grad_buckets(module)]
+
+
 def buckets() -> list[Bucket]:
-    """The gradient buckets of every live DDP module in this process (its reducer's current layout)."""
+    """The gradient buckets of every live DDP module in this process."""
     out: list[Bucket] = []
     for module in _ddp_modules():
         try:
-            names = {id(p): n for n, p in module.module.named_parameters()}
-            layout = _compat.ddp_grad_buckets(module)
+            out += _layout(module)
         except Exception:  # noqa: BLE001 - a module torch could not describe is left out
             continue
-        for index, count, numel, dtype, params in layout:
-            out.append(Bucket(index, count, numel, str(dtype).replace("torch.", ""),
-                              tuple(names.get(id(p), "?") for p in params)))
     return out
 
 
@@ -126,11 +129,8 @@ def unfinished_reduction_note() -> str:
     notes = []
     for module in _ddp_modules():
         try:
-            pg = module.process_group
-            state = backend.group_state(pg, 256)
-            names = {id(p): n for n, p in module.module.named_parameters()}
-            layout = [Bucket(i, n, numel, str(dt).replace("torch.", ""), tuple(names.get(id(p), "?") for p in ps))
-                      for i, n, numel, dt, ps in _compat.ddp_grad_buckets(module)]
+            state = backend.group_state(module.process_group, 256)
+            layout = _layout(module)
         except Exception:  # noqa: BLE001 - not a guarded group, or a module torch cannot describe
             continue
         if not layout:

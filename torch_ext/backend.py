@@ -378,17 +378,13 @@ def explain(exc: BaseException) -> str:
     An uncaught one is followed by this text at exit; a program that catches it
     can log it. Runs on the error path only (it reads every DDP module's buckets).
     """
-    if _ddp_unfinished(exc):
-        from torch_ext._ddp import unfinished_reduction_note
+    from torch_ext import _ddp
+    from torch_ext.errors import GuardError
 
-        return unfinished_reduction_note()
+    # Not the guard's own errors: a peer's report may quote DDP's words from the rank that raised them.
+    if isinstance(exc, RuntimeError) and not isinstance(exc, GuardError) and _ddp.UNFINISHED in str(exc):
+        return _ddp.unfinished_reduction_note()
     return ""
-
-
-def _ddp_unfinished(exc: BaseException) -> bool:
-    from torch_ext._ddp import UNFINISHED
-
-    return isinstance(exc, RuntimeError) and UNFINISHED in str(exc)
 
 
 def store_health(group: dist.ProcessGroup | None = None) -> tuple[str, str]:

@@ -55,3 +55,15 @@ def test_without_ddp_or_when_reading_it_fails_the_text_is_the_report(monkeypatch
     from torch_ext.errors import CollectiveFailureError
 
     assert str(CollectiveFailureError(REPORT)) == REPORT
+
+
+def test_explain_speaks_only_for_ddps_own_error_on_this_rank():
+    import torch_ext
+    from torch_ext.errors import CollectiveFailureError
+
+    # No DDP module in this process: nothing to add, even to DDP's error.
+    assert torch_ext.explain(RuntimeError(_ddp.UNFINISHED + " before starting a new one.")) == ""
+    assert torch_ext.explain(ValueError("something else")) == ""
+    # A peer's report that quotes DDP's words (its last words) is the guard's error, not DDP's.
+    quoted = CollectiveFailureError("rank 1: exited, raising RuntimeError: " + _ddp.UNFINISHED)
+    assert torch_ext.explain(quoted) == ""
