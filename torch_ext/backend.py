@@ -47,7 +47,10 @@ class GuardOptions:
     Args:
         inner: backend per device type, e.g. ``{"cpu": "gloo", "cuda": "nccl"}``
             or the string ``"cpu:gloo,cuda:nccl"`` (TORCH_EXT_INNER).
-        check: ``"off"``, ``"async"`` or ``"strict"`` (TORCH_EXT_CHECK).
+        check: ``"verify"`` (default: a result reaches the program only once every
+            rank is known to have issued the same collectives; checked in batches
+            next to the collectives), ``"strict"`` (before each collective),
+            ``"async"`` (off the hot path) or ``"off"`` (TORCH_EXT_CHECK).
         warn_after: seconds before a hang report (TORCH_EXT_WARN_AFTER).
         abort_after: seconds before a stuck collective fails (TORCH_EXT_ABORT_AFTER).
         end_deadlocks: end a certain deadlock (a wait-for cycle whose ranks all
@@ -274,8 +277,8 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         raise ValueError(f"{where[0]}='{where[1]}' leaves no inner backend for any available device")
     helper = None
     if cfg["check"] != "off" and dist.is_gloo_available():
-        # The guard's own small check collectives (strict mode's per-collective
-        # check, async mode's all-to-all split audit) run on a CPU group of their own.
+        # The guard's own small check collectives (verify mode's rounds, strict mode's
+        # per-collective check, the all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     hosted_by, host_rank = _store_host(store, global_ranks)
     backend = _C._create_backend(

@@ -7,7 +7,13 @@
 // operation through ONE generic path, run():
 //
 //   fingerprint -> ledger -> [strict check] -> inner backend -> GuardWork
+//                                                                  |
+//                     [verify: the Verifier's rounds release it] <-+
 //
+// (check="strict" compares before the inner op; "verify", the default, issues
+// the op at once and its GuardWork hands the result over only once the
+// Verifier has found every rank issued the same collectives up to it; "async"
+// compares in the watchdog's exchange, after the fact.)
 // so no collective has a hand-copied body that could drift from the others. The
 // per-op overrides below only say which tensors are rank-invariant (what goes
 // into the fingerprint) and which inner method to call.
