@@ -189,3 +189,34 @@ def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
     assert guard_deadlines(60, {}) == {"TORCH_EXT_WARN_AFTER": "5", "TORCH_EXT_ABORT_AFTER": "10"}
     assert guard_deadlines(12, {}) == {"TORCH_EXT_WARN_AFTER": "1.5", "TORCH_EXT_ABORT_AFTER": "3"}
     assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "8"}) == {}  # the caller chose: the guard's config applies
+
+
+def test_launch_script_starts_again_when_rank_0_loses_the_store_port(tmp_path, monkeypatch):
+    # store="rank0": the port is chosen free here and bound by rank 0 later, and
+    # another process can take it in between (EADDRINUSE, seen in a loaded CI run).
+    # Here the first port handed out is one this test holds open.
+    import socket
+
+    from torch_ext.testing import _procs
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real_free_port = _procs.free_port
+    monkeypatch.setattr(_procs, "free_port", lambda: ports.pop(0) if ports else real_free_port())
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent("""
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        dist.barrier()
+        print(f"rank {dist.get_rank()} passed the barrier")
+        dist.destroy_process_group()
+    """))
+    try:
+        results = _procs.launch_script([str(script)], 2, store="rank0", timeout=60)
+    finally:
+        taken.close()
+    assert not ports  # the held port was handed out first
+    for r in results:
+        assert r.returncode == 0 and f"rank {r.rank} passed the barrier" in r.output, r.describe()

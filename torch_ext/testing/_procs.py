@@ -59,7 +59,24 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
     kills every process still there (a stopped one too) and reports it as not
     ended. Each process gets one OpenMP thread and ``env`` on top of this
     process's environment, and runs in ``cwd``.
+
+    With ``store="rank0"`` the port is chosen free here and bound by rank 0
+    later; another process can take it in between (EADDRINUSE, seen under load
+    on a busy CI machine). Rank 0 then ends at once and the others would wait
+    for a store that never comes, so the job is started again on a new port, up
+    to three times, within the same ``timeout``.
     """
+    deadline = time.monotonic() + timeout
+    for _ in range(3):
+        results, port_lost = _launch_once(args, world_size, store, deadline, env, wait_for, cwd)
+        if not port_lost:
+            break
+    return results
+
+
+def _launch_once(args: list[str], world_size: int, store: str, deadline: float, env: dict[str, str] | None,
+                 wait_for: list[int] | None, cwd: Any) -> tuple[list[ProcResult], bool]:
+    """One launch of :func:`launch_script`; also says whether rank 0 lost its store's port to another process."""
     import torch.distributed as dist
 
     server = None
@@ -81,9 +98,9 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
     ended: dict[int, float] = {}
     # Woken by each process's end (a pidfd becomes readable when it exits).
     pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
-    deadline = time.monotonic() + timeout
+    port_lost = False
     try:
-        while not watch <= set(ended):
+        while not watch <= set(ended) and not port_lost:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
@@ -92,6 +109,9 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
                 r = pidfds[fd]
                 if procs[r].poll() is not None:
                     ended[r] = time.time()
+                    if r == 0 and store == "rank0":
+                        logs[0].seek(0)
+                        port_lost = _lost_store_port(logs[0].read())
     finally:
         for fd in pidfds:
             os.close(fd)
@@ -110,4 +130,9 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
         results.append(ProcResult(r, p.returncode if r in ended else None, logs[r].read(), ended.get(r)))
         logs[r].close()
     del server
-    return results
+    return results, port_lost
+
+
+def _lost_store_port(rank0_output: str) -> bool:
+    """Rank 0 ended because the store's port was taken before it could bind it (nothing of the job ran)."""
+    return "EADDRINUSE" in rank0_output and "failed to listen" in rank0_output
