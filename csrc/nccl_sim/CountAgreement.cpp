@@ -1,6 +1,7 @@
 #include "nccl_sim/CountAgreement.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 
 #include <sstream>
 
@@ -105,6 +106,20 @@ std::vector<int64_t> splitBytes(const at::Tensor& t, const std::vector<int64_t>&
     }
   }
   return out;
+}
+
+std::vector<int64_t> perRankBytes(const std::vector<at::Tensor>& ts, int size) {
+  std::vector<int64_t> out(static_cast<size_t>(size), 0);
+  for (size_t r = 0; r < ts.size() && r < out.size(); ++r) out[r] = bytesOf(ts[r]);
+  return out;
+}
+
+Agreement rootedAgreement(const std::string& op, int64_t root, int size) {
+  TORCH_CHECK(root >= 0 && root < size, "nccl_sim: ", op, " with root ", root, " in a group of ", size);
+  Agreement a = AgreementWord(op).add(root).collective();
+  a.sendTo.assign(static_cast<size_t>(size), 0);
+  a.recvFrom.assign(static_cast<size_t>(size), 0);
+  return a;
 }
 
 std::vector<int64_t> agreementRow(const Agreement& a, int size) {

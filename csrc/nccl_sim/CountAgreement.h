@@ -74,6 +74,13 @@ class AgreementWord {
 // dim 0; empty: equal parts) for tensor `t`, in a group of `size`.
 std::vector<int64_t> splitBytes(const at::Tensor& t, const std::vector<int64_t>& splits, int size);
 
+// Bytes of ts[r] at r, for a group of `size` (0 where there is no tensor): what a
+// root sends to or expects from each rank.
+std::vector<int64_t> perRankBytes(const std::vector<at::Tensor>& ts, int size);
+// A rooted collective's agreement (gather, scatter): its word, and per-peer
+// vectors of zeros to fill; throws when `root` is not a rank of the group.
+Agreement rootedAgreement(const std::string& op, int64_t root, int size);
+
 // The collective part's row for this rank: 1 + 2 * size int64.
 std::vector<int64_t> agreementRow(const Agreement& a, int size);
 // Given every rank's row (rows[r] from group rank r): "" when they fit, else

@@ -150,9 +150,8 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather(std::vector<std::vector
   agreement.sendTo.assign(getSize(), AgreementWord::total(inputs));
   agreement.recvFrom.assign(getSize(), 0);
   for (const auto& list : outputs) {
-    for (size_t r = 0; r < list.size() && r < agreement.recvFrom.size(); ++r) {
-      agreement.recvFrom[r] += AgreementWord::total({list[r]});
-    }
+    const auto bytes = perRankBytes(list, getSize());
+    for (size_t r = 0; r < bytes.size(); ++r) agreement.recvFrom[r] += bytes[r];
   }
   return issue("all_gather", c10d::OpType::ALLGATHER, flat(outputs), std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.allgather(outputs, inputs, opts); });
@@ -189,16 +188,10 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::gather(std::vector<std::vector<at
                                                       std::vector<at::Tensor>& inputs,
                                                       const c10d::GatherOptions& opts) {
   // Each rank sends its input to the root, which expects outputs[r] from rank r.
-  auto agreement = AgreementWord("gather").add(opts.rootRank).collective();
-  agreement.sendTo.assign(getSize(), 0);
-  agreement.recvFrom.assign(getSize(), 0);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "nccl_sim: gather to root ", opts.rootRank,
-              " in a group of ", getSize());
+  auto agreement = rootedAgreement("gather", opts.rootRank, getSize());
   agreement.sendTo[opts.rootRank] = AgreementWord::total(inputs);
   const auto received = flat(outputs);
-  for (size_t r = 0; r < received.size() && r < agreement.recvFrom.size(); ++r) {
-    agreement.recvFrom[r] = AgreementWord::total({received[r]});
-  }
+  agreement.recvFrom = perRankBytes(received, getSize());
   return issue("gather", c10d::OpType::GATHER, received, std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.gather(outputs, inputs, opts); });
 }
@@ -207,16 +200,9 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::scatter(std::vector<at::Tensor>& 
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ScatterOptions& opts) {
   // The root sends inputs[r] to rank r, which expects its output.
-  auto agreement = AgreementWord("scatter").add(opts.rootRank).collective();
-  agreement.sendTo.assign(getSize(), 0);
-  agreement.recvFrom.assign(getSize(), 0);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < getSize(), "nccl_sim: scatter from root ", opts.rootRank,
-              " in a group of ", getSize());
+  auto agreement = rootedAgreement("scatter", opts.rootRank, getSize());
   agreement.recvFrom[opts.rootRank] = AgreementWord::total(outputs);
-  const auto sent = flat(inputs);
-  for (size_t r = 0; r < sent.size() && r < agreement.sendTo.size(); ++r) {
-    agreement.sendTo[r] = AgreementWord::total({sent[r]});
-  }
+  agreement.sendTo = perRankBytes(flat(inputs), getSize());
   return issue("scatter", c10d::OpType::SCATTER, outputs, std::move(agreement),
                [outputs, inputs, opts](c10d::Backend& t) mutable { return t.scatter(outputs, inputs, opts); });
 }
