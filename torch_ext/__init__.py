@@ -11,10 +11,8 @@ import torch.distributed  # noqa: F401
 # The one place the version is written (pyproject.toml reads it from here).
 __version__ = "0.1.0"
 
-from torch_ext import _extension  # noqa: E402
-
 # Refuses, with one clear ImportError, a _C compiled against another torch.
-_C = _extension.load(__version__)
+from torch_ext._core import _C  # noqa: E402
 
 from torch_ext import _logging, _runtime  # noqa: E402
 from torch_ext.errors import (
@@ -45,8 +43,9 @@ from torch_ext.stragglers import Straggler, StragglerReport, stragglers  # noqa:
 from torch_ext.ops import *  # noqa: F401,F403
 from torch_ext.ops import __all__ as _ops_all
 from torch_ext.step_sync import *  # noqa: F401,F403
-from torch_ext.step_sync import __all__ as _step_sync_all  # also lists torch_ext.uneven's names
+from torch_ext.step_sync import __all__ as _step_sync_all
 from torch_ext.uneven import *  # noqa: F401,F403
+from torch_ext.uneven import __all__ as _uneven_all
 from torch_ext.samplers import *  # noqa: F401,F403
 from torch_ext.samplers import __all__ as _samplers_all
 
@@ -83,5 +82,6 @@ __all__ = [
     "stragglers",
     *_ops_all,
     *_step_sync_all,
+    *_uneven_all,
     *_samplers_all,
 ]

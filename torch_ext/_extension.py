@@ -98,3 +98,4 @@ def load(version: str) -> ModuleType:
                     f"running torch {running}")
         raise ImportError(f"{what}.\nBuild it against the installed torch:\n  {rebuild_command(version)}",
                           name="torch_ext._C") from e
+

@@ -74,7 +74,8 @@ def _failure_kind(text: str) -> str | None:
     """The kind of the guarded group failure whose report is ``text``; None if no group failed with it."""
     import torch
 
-    from torch_ext import _C, _compat
+    from torch_ext import _compat
+    from torch_ext._core import _C
 
     try:
         groups = _compat.process_groups()

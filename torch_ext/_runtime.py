@@ -12,7 +12,7 @@ import traceback
 
 import torch
 
-from torch_ext import _C
+from torch_ext._core import _C
 
 _installed = False
 

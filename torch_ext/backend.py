@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C, _compat, _libraries, _runtime, epochs
+from torch_ext import _compat, _libraries, _runtime, epochs
+from torch_ext._core import _C
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "store_health", "monitored_barrier"]

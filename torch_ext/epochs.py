@@ -42,7 +42,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torch_ext import _C, _compat
+from torch_ext import _compat
+from torch_ext._core import _C
 
 __all__: list[str] = []
 

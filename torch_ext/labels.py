@@ -29,7 +29,7 @@ import threading
 from types import CodeType, FrameType
 from typing import Any, Callable, TypeVar
 
-from torch_ext import _C
+from torch_ext._core import _C
 
 __all__ = ["Origin", "here", "label"]
 

@@ -15,7 +15,7 @@ the same collective every step, and every rank reads the same answer.
 from __future__ import annotations
 
 import zlib
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import Any, Callable, Mapping, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -23,28 +23,10 @@ import torch.distributed as dist
 from torch_ext import ops
 from torch_ext.backend import _backends_by_device
 
-if TYPE_CHECKING:
-    from torch_ext.uneven import EvenBatches, even_batches  # noqa: F401
-
-# EvenBatches and even_batches live in torch_ext.uneven; they stay importable
-# from here (see __getattr__ below), as they were before the split.
-__all__ = ["StepSync", "StepSyncResult", "PendingStepSync", "EvenBatches", "even_batches"]
+__all__ = ["StepSync", "StepSyncResult", "PendingStepSync"]
 
 StopLike = Union[None, bool, int, torch.Tensor, Callable[[], Any], Any]
 MetricValue = Union[torch.Tensor, float, int]
-
-_MOVED_TO_UNEVEN = ("EvenBatches", "even_batches")
-
-
-def __getattr__(name: str) -> Any:
-    # Resolved on first use: torch_ext.uneven imports this module, so importing
-    # it here at module level would be circular.
-    if name in _MOVED_TO_UNEVEN:
-        from torch_ext import uneven
-
-        return getattr(uneven, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def _metric_signature(keys: Sequence[str]) -> float:
     """A small integer identifying the metric names (and their order).

@@ -128,7 +128,7 @@ def stragglers(group: dist.ProcessGroup | None = None) -> StragglerReport:
     (or with ``straggler="off"``) the report names nobody and
     ``analysed_up_to`` is 0.
     """
-    from torch_ext import _C
+    from torch_ext._core import _C
     from torch_ext.backend import _guard_backend, group_state
 
     backend = _guard_backend(group)

@@ -1,4 +1,5 @@
 #include "python/PyRuntime.h"
+#include "guard/Clock.h"
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/LabelTable.h"

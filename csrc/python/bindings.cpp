@@ -8,7 +8,7 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
-#include "guard/collective/GuardBackend.h"
+#include "guard/backend/GuardBackend.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"

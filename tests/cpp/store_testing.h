@@ -4,7 +4,7 @@
 // wrapper that injects faults (fail, block, slow down) into calls, the way
 // torchft tests its process groups through a fault-injecting wrapper.
 
-#include "guard/watchdog/StoreChannel.h"
+#include "guard/store/StoreChannel.h"
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

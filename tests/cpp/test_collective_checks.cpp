@@ -12,7 +12,7 @@
 
 #include "guard/Errors.h"
 #include "guard/report/Messages.h"
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/store/StoreKeys.h"
 #include "store_testing.h"
 
 #include <ATen/ATen.h>

@@ -2,7 +2,7 @@
 // over a hand-driven inner backend (its works complete when the test says so)
 // and a fault-injecting store. World size 1, so the watchdog's whole path runs
 // (status, deadlines, incidents, store health) without other processes.
-#include "guard/collective/GuardBackend.h"
+#include "guard/backend/GuardBackend.h"
 
 #include "guard/Errors.h"
 #include "guard/watchdog/Watchdog.h"

@@ -2,9 +2,10 @@
 // store, each rank through its own fault-injecting view of it. Most cases step
 // the ranks in turn on a fake clock (deterministic); one runs them as threads.
 #include "guard/watchdog/IncidentProtocol.h"
+#include "guard/Clock.h"
 
 #include "guard/watchdog/Dumps.h"
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/report/DumpAnalysis.h"
 #include "guard/report/StatusRecord.h"
 #include "store_testing.h"

@@ -2,6 +2,7 @@
 // live incidents, dump files and `diagnose`. Views built from a real GroupState,
 // the JSON round trip, and validation errors that name the problem.
 #include "guard/report/Snapshot.h"
+#include "guard/Clock.h"
 #include "guard/collective/CallSite.h"
 #include "guard/watchdog/Dumps.h"
 

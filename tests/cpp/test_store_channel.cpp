@@ -1,7 +1,7 @@
 // StoreChannel / GroupStore: bounded store calls and health tracking, against a
 // fault-injecting store (fail, block, slow). Timing bounds are generous (this
 // machine is shared and slow); what matters is that nothing waits for long.
-#include "guard/watchdog/StoreChannel.h"
+#include "guard/store/StoreChannel.h"
 
 #include "guard/collective/Ledger.h"
 #include "store_testing.h"

@@ -10,7 +10,7 @@
 // key afterwards. The store records every key written, so the test also fails
 // if a kind is never exercised, or if a kind appears that it does not know.
 #include "guard/collective/StrictExchange.h"
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Watchdog.h"
 
 #include "store_testing.h"

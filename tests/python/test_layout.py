@@ -2,6 +2,7 @@
 these checks read the sources, so a change that breaks a rule fails here with the file named."""
 from __future__ import annotations
 
+import ast
 import pathlib
 import re
 
@@ -13,40 +14,76 @@ def _sources(folder: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in folder.rglob("*") if p.suffix in (".h", ".cpp"))
 
 
-def test_the_rooms_exist_and_hold_every_source():
-    rooms = {p.name for p in GUARD.iterdir() if p.is_dir()}
-    assert rooms == {"report", "collective", "watchdog", "device"}
+# The stack, bottom first (docs/architecture.md, "Layout"): a file includes only
+# its own layer and the layers below it. "root" is csrc/guard's own files.
+STACK = ["report", "root", "device", "store", "collective", "watchdog", "backend"]
+
+
+def _layer(path: pathlib.Path) -> str:
+    rel = path.relative_to(GUARD)
+    return rel.parts[0] if len(rel.parts) > 1 else "root"
+
+
+def _includes() -> list[tuple[pathlib.Path, pathlib.Path]]:
+    return [(src, GUARD / inc) for src in _sources(GUARD) for inc in INCLUDE.findall(src.read_text())]
+
+
+def test_the_layers_exist_and_hold_every_source():
+    layers = {p.name for p in GUARD.iterdir() if p.is_dir()}
+    assert layers == set(STACK) - {"root"}, layers
     at_root = {p.stem for p in GUARD.iterdir() if p.is_file()}
-    assert at_root == {"Config", "Errors", "Runtime", "TorchCompat"}, at_root
+    assert at_root == {"Clock", "Config", "Errors", "Runtime", "TorchCompat"}, at_root
 
 
-def test_the_report_layer_includes_nothing_from_the_live_side():
+def test_no_include_points_up_the_stack():
     offenders = []
-    for src in _sources(GUARD / "report"):
-        for inc in INCLUDE.findall(src.read_text()):
-            if not inc.startswith("report/"):
-                offenders.append(f"{src.relative_to(GUARD)} includes guard/{inc}")
+    for src, inc in _includes():
+        assert inc.exists(), f"{src.relative_to(GUARD)} includes a missing guard/{inc.relative_to(GUARD)}"
+        if STACK.index(_layer(inc)) > STACK.index(_layer(src)):
+            offenders.append(f"{src.relative_to(GUARD)} ({_layer(src)}) includes guard/{inc.relative_to(GUARD)} "
+                             f"({_layer(inc)}, above it)")
     assert not offenders, "\n".join(offenders)
 
 
 def test_the_device_layer_includes_only_itself_and_the_root():
-    # device/ (the stream gate) sits under collective/: it knows words, streams and
-    # tensors, not groups, verifiers or the watchdog.
-    offenders = []
-    for src in _sources(GUARD / "device"):
-        for inc in INCLUDE.findall(src.read_text()):
-            if "/" in inc and not inc.startswith("device/"):
-                offenders.append(f"{src.relative_to(GUARD)} includes guard/{inc}")
+    # device/ (the stream gate) knows words, streams and tensors, not groups,
+    # verifiers or the watchdog; nor the report layer's analysis.
+    offenders = [f"{src.relative_to(GUARD)} includes guard/{inc.relative_to(GUARD)}" for src, inc in _includes()
+                 if _layer(src) == "device" and _layer(inc) not in ("device", "root")]
     assert not offenders, "\n".join(offenders)
 
 
-def test_the_root_includes_only_the_report_layer():
-    offenders = []
-    for src in GUARD.glob("*.*"):
-        for inc in INCLUDE.findall(src.read_text()):
-            if "/" in inc and not inc.startswith("report/"):
-                offenders.append(f"{src.name} includes guard/{inc}")
-    assert not offenders, "\n".join(offenders)
+def test_the_include_graph_of_the_files_has_no_circle():
+    # Within a layer too: two files that include each other (directly or
+    # through others) are one concept in two files, or a missing interface.
+    graph: dict[pathlib.Path, set[pathlib.Path]] = {}
+    for src, inc in _includes():
+        a, b = src.with_suffix(""), inc.with_suffix("")
+        if a != b:
+            graph.setdefault(a, set()).add(b)
+    done: set[pathlib.Path] = set()
+    path: list[pathlib.Path] = []
+
+    def visit(node: pathlib.Path) -> None:
+        if node in path:
+            loop = path[path.index(node):] + [node]
+            raise AssertionError("an include circle: " + " -> ".join(str(p.relative_to(GUARD)) for p in loop))
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+def test_no_source_is_longer_than_800_lines():
+    long = {str(p.relative_to(GUARD.parent)): n for p in _sources(GUARD.parent)
+            if (n := len(p.read_text().splitlines())) > 800}
+    assert not long, f"split these by concept: {long}"
 
 
 def test_store_keys_are_spelled_only_in_store_keys_h():
@@ -70,3 +107,64 @@ def test_ops_and_states_are_compared_as_enums_not_strings():
             if cmp.search(line):
                 offenders.append(f"{src.relative_to(GUARD)}:{n}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+# --- torch_ext/ -----------------------------------------------------------------
+
+PACKAGE = GUARD.parents[1] / "torch_ext"
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    mods = {}
+    for p in PACKAGE.rglob("*.py"):
+        parts = p.relative_to(PACKAGE.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return mods
+
+
+def _module_level_imports(name: str, path: pathlib.Path, mods: dict[str, pathlib.Path]) -> set[str]:
+    """The package's modules `name` imports when it is imported (not in functions, not for type checkers)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for n in ([node] if not isinstance(node, (ast.If, ast.Try)) else node.body):
+            if isinstance(n, ast.Import):
+                out.update(a.name for a in n.names)
+            elif isinstance(n, ast.ImportFrom):
+                base = n.module or ""
+                if n.level:
+                    up = package.split(".")[: len(package.split(".")) - n.level + 1]
+                    base = ".".join(up + ([n.module] if n.module else []))
+                out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in n.names)
+    # A module's own package is being imported already when the module is.
+    return {m for m in out if m in mods and m != name and not name.startswith(m + ".")}
+
+
+def test_the_package_imports_have_no_circle():
+    mods = _modules()
+    graph = {name: _module_level_imports(name, path, mods) for name, path in mods.items()}
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        if node in path:
+            raise AssertionError("an import circle: " + " -> ".join(path[path.index(node):] + [node]))
+        if node in done:
+            return
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        path.pop()
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node)
+
+
+def test_the_compiled_core_is_taken_from_one_module():
+    # torch_ext._core loads _C once (torch_ext._extension checks it against the running torch).
+    offenders = [str(p.relative_to(PACKAGE.parent)) for p in PACKAGE.rglob("*.py")
+                 if re.search(r"^\s*from torch_ext import (.*\b)?_C\b", p.read_text(), re.M)]
+    assert not offenders, offenders

@@ -16,7 +16,7 @@ import os
 import re
 from typing import Any
 
-from torch_ext import _C
+from torch_ext._core import _C
 
 __all__ = ["Dump", "BadFile", "Analysis", "JobState", "load_dir", "analyze_dir", "format_text", "culprits",
            "group_sizes", "job_state"]

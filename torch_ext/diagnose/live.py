@@ -27,7 +27,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from torch_ext import _C
+from torch_ext._core import _C
 from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_snapshots
 
 __all__ = ["LiveError", "LiveReport", "RankLive", "parse_ranks", "live_report", "ask", "format_text"]

@@ -62,7 +62,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _C, _compat
+from torch_ext import _compat
+from torch_ext._core import _C
 
 BACKEND_NAME = "nccl_sim"
 

@@ -6,8 +6,7 @@
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/StrictExchange.h"
 #include "guard/report/Messages.h"
-#include "guard/watchdog/StoreKeys.h"
-#include "guard/watchdog/Watchdog.h"
+#include "guard/store/StoreKeys.h"
 
 #include <sstream>
 #include <thread>
@@ -161,7 +160,7 @@ bool CollectiveChecks::compareP2P(const P2PPrint& theirs, const Fingerprint& fp,
   v.kind = Verdict::Kind::Mismatch;
   v.text = os.str();
   v.reporter = state_->id().globalRank(me);
-  Watchdog::instance().publishVerdict(state_, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
+  state_->incidents().publishVerdict(state_, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
   state_->fail(GuardErrorKind::Mismatch, v.text);
   if (raise) state_->throwFailure("");
   return false;
@@ -377,7 +376,7 @@ void CollectiveChecks::auditSplits(uint64_t splitSend, uint64_t splitRecv) {
     }
     if (send == recv) return;
     if (auto st = weak.lock()) {
-      Watchdog::instance().requestIncident(st, Incident{IncidentKind::Mismatch, IncidentSubject::any(), st->id().rank, ""});
+      st->incidents().requestIncident(st, Incident{IncidentKind::Mismatch, IncidentSubject::any(), st->id().rank, ""});
     }
   });
 }

@@ -7,9 +7,10 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
+#include "guard/collective/IncidentSink.h"
 #include "guard/collective/Ledger.h"
 #include "guard/device/StreamGate.h"
-#include "guard/watchdog/StoreChannel.h"
+#include "guard/store/StoreChannel.h"
 
 #include <atomic>
 #include <chrono>
@@ -106,6 +107,15 @@ class GroupState {
   }
   void setAbortHook(std::function<void()> hook);
 
+  // Where this group's checks, verifier and works report what they find: the
+  // watchdog once it watches the group (IncidentSink.h), a detached sink before.
+  IncidentSink& incidents() const {
+    return *incidents_.load(std::memory_order_acquire);
+  }
+  void attachIncidentSink(IncidentSink& sink) {
+    incidents_.store(&sink, std::memory_order_release);
+  }
+
   // check="verify": what releases results once they are known to agree
   // across ranks (null in other modes). Set once, before the first collective.
   void setVerifier(std::shared_ptr<Verifier> verifier) {
@@ -161,6 +171,7 @@ class GroupState {
   bool streamOrdered_ = false;
   // Last: the members above keep their offsets (the ledger's hot fields their cache lines).
   std::shared_ptr<GroupStore> jobStore_;
+  std::atomic<IncidentSink*> incidents_{&detachedIncidentSink()};
 };
 
 } // namespace torch_ext

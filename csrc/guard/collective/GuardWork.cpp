@@ -3,7 +3,6 @@
 #include "guard/Runtime.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
-#include "guard/watchdog/Watchdog.h"
 
 #include <c10/util/Exception.h>
 
@@ -68,7 +67,7 @@ std::exception_ptr GuardWork::innerFailure(const std::shared_ptr<GroupState>& st
   try {
     // A work is pending when its group fails, so the report speaks for it as is.
     if (state->failed()) return state->failureError();
-    std::string report = Watchdog::instance().failureReport(state, id, err);
+    std::string report = state->incidents().failureReport(state, id, err);
     // The verdict fails the whole group only when a rank is gone; an op the
     // inner backend rejected (e.g. an unsupported reduce op) fails just this op.
     if (state->failed()) return state->failureError();

@@ -1,5 +1,7 @@
 #include "guard/collective/Ledger.h"
 
+#include "guard/Clock.h"
+
 #include "guard/collective/StreamOrdered.h"
 
 #include <algorithm>
@@ -7,18 +9,6 @@
 #include <stdexcept>
 
 namespace torch_ext {
-
-int64_t wallNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-int64_t steadyNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 Ledger::Ledger(size_t capacity) : ring_(capacity), rollingRing_(capacity) {
   if (capacity == 0) throw std::invalid_argument("Ledger capacity must be positive");

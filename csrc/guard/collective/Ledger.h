@@ -188,7 +188,4 @@ class Ledger {
   int64_t streamCursorNs_ = 0;
 };
 
-int64_t wallNs();
-int64_t steadyNs();
-
 } // namespace torch_ext

@@ -1,7 +1,7 @@
 #include "guard/collective/StrictExchange.h"
 
 #include "guard/Errors.h"
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/report/Json.h"
 
 namespace torch_ext {

@@ -9,7 +9,6 @@
 #include "guard/report/Messages.h"
 #include "guard/report/Incident.h"
 #include "guard/report/Report.h"
-#include "guard/watchdog/Watchdog.h"
 
 #include <ATen/ATen.h>
 
@@ -466,7 +465,7 @@ void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& r
   // ledgers still show the differing collective), the report logged once (by
   // the group's rank 0), then the group fails and every wait raises it.
   if (!st.config().dumpDir.empty()) {
-    Watchdog::instance().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
+    st.incidents().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
                                    st.config().dumpDir, &st);
   }
   if (st.id().rank == 0) logMessage(LogLevel::Error, report);

@@ -7,9 +7,11 @@
 
 #include "guard/report/Incident.h"
 #include "guard/report/Json.h"
+#include "guard/report/MetricSyncs.h"
 #include "guard/report/RankList.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
+#include "guard/report/Verdict.h"
 #include "guard/report/WaitGraph.h"
 
 #include <cstdint>
@@ -21,45 +23,12 @@
 
 namespace torch_ext {
 
-// One rank's view of one collective, for mismatch reports.
-struct RankOp {
-  int64_t globalRank = 0;
-  bool issued = true;  // false: the rank has not reached this seq
-  std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
-  std::string where;   // call site (and label, if any)
-  uint64_t hash = 0;
-  std::string hint;    // the hint of the op's label, if any
-};
-
 // "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one
 // line per distinct (fingerprint, call site), ranks grouped; `more` (lines, each
 // starting with "\n  ") goes after them, before the labels' hints.
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
                            const std::vector<RankOp>& ops, const std::string& note = std::string(),
                            const std::string& more = std::string());
-
-// Metric syncs per rank (Lightning#19106: self.log_dict keys that differ across
-// ranks). A metric sync is a collective whose label has a "metric" field.
-//
-// The metrics of the run of consecutive metric syncs around collective `seq`
-// (ending at the rank's last issued one, `lastSeq`, if it has not issued `seq`;
-// never past `upTo`), in order, each once. `metricAt(s)`: the metric collective
-// #s synced, if it is a metric sync the caller can see.
-std::vector<std::string> metricRunAround(uint64_t seq, uint64_t lastSeq, uint64_t upTo,
-                                         const std::function<std::optional<std::string>(uint64_t)>& metricAt);
-
-struct RankMetrics {
-  int64_t globalRank = 0;
-  bool known = false;              // false: nothing tells what it synced there
-  std::vector<std::string> names;  // metricRunAround's
-  int64_t readFrom = -1;           // >= 0: read from this rank's ledger (it sent none)
-};
-
-// "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; ranks 1,2 synced
-// val_loss only" and, per metric not synced everywhere, "\n  val_acc_c3 is synced
-// on rank 0 only: ranks 1,2 never synced it here"; "" when every rank known
-// synced the same.
-std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks);
 
 struct RankInput {
   int groupRank = 0;
@@ -88,50 +57,6 @@ struct RankInput {
     return sharedWaits != nullptr ? *sharedWaits : snapshot.waits;
   }
 };
-
-struct Verdict {
-  enum class Kind : uint8_t { None, Mismatch, Hang, Failure };
-  Kind kind = Kind::None;
-  std::string text;
-  int64_t reporter = -1;  // global rank that logs the report
-  uint64_t seq = 0;
-  std::string group;     // group label
-  std::string incident;  // incident id
-  std::string op;        // hang/failure: the stuck op's text
-  // Hang/failure: global ranks by where they are.
-  std::vector<int64_t> waiting, notArrived, gone, completed;
-  // Mismatch: what each rank issued at `seq`.
-  std::vector<RankOp> ops;
-  // Hang/failure: what the waits across groups form (WaitGraph): a cycle
-  // (a deadlock across `cycleGroups`, by label) or a chain ending at `waitsFor`.
-  WaitShape shape = WaitShape::None;
-  std::vector<std::string> cycleGroups;
-  // Cycle: every rank of the loop blocks in its wait (WaitFinding::certain):
-  // a deadlock that can never resolve, ended at once (Config::endCertain).
-  bool certain = false;
-  std::vector<int64_t> waitsFor;
-  // Cycle or chain: its sites, each waiting for ranks of the next (the
-  // HTML view draws them).
-  std::vector<WaitSite> sites;
-
-  static const char* kindName(Kind k);
-  Json toJson() const;
-  static Verdict fromJson(const Json& j);
-};
-
-template <>
-struct EnumTable<Verdict::Kind> {
-  static constexpr NamedValue<Verdict::Kind> kEntries[] = {
-      {Verdict::Kind::None, "none"},
-      {Verdict::Kind::Mismatch, "mismatch"},
-      {Verdict::Kind::Hang, "hang"},
-      {Verdict::Kind::Failure, "failure"},
-  };
-};
-
-inline const char* Verdict::kindName(Kind k) {
-  return enumName(k);
-}
 
 // "left the group (destroy_process_group) 1.0 s ago after issuing #25: ...",
 // "exited 0.3 s ago after issuing #2: ...", "no heartbeat for 4.0 s (process

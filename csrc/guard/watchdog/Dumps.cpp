@@ -1,4 +1,5 @@
 #include "guard/watchdog/Dumps.h"
+#include "guard/Clock.h"
 
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"

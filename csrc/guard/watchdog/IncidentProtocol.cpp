@@ -1,6 +1,7 @@
 #include "guard/watchdog/IncidentProtocol.h"
+#include "guard/Clock.h"
 
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/Runtime.h"
 
 #include <algorithm>

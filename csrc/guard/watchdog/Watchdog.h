@@ -33,6 +33,7 @@
 #include "guard/watchdog/Dumps.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
+#include "guard/collective/IncidentSink.h"
 #include "guard/watchdog/IncidentProtocol.h"
 #include "guard/report/LocalReport.h"
 #include "guard/report/Report.h"
@@ -52,10 +53,11 @@
 
 namespace torch_ext {
 
-class Watchdog {
+class Watchdog final : public IncidentSink {
  public:
   static Watchdog& instance();
 
+  // Watches the group, and becomes its incident sink.
   void add(const std::shared_ptr<GroupState>& state);
   // The default group's rank 0: writes where a live asker (`torch-ext-diagnose
   // live HOST:PORT`) finds the group's keys (keys::kLiveDirectory, in the base
@@ -71,17 +73,18 @@ class Watchdog {
 
   // Raises `inc` for `state`'s group from any thread (the watchdog posts it at
   // once); used by checks that run outside the watchdog, e.g. the split audit.
-  void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc);
+  void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) override;
 
   // Raises `inc` with a verdict already known to this rank (e.g. a strict check
   // that saw both fingerprints): the report is published before the alert, so
   // the other ranks act on it even if this rank raises and exits at once.
   // Runs on the calling thread; returns false if the incident was raised already.
-  bool publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict);
+  bool publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict) override;
 
   // A work whose inner op failed: raises (or joins) a failure incident and
   // returns the cross-rank report, waiting a few seconds at most.
-  std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId, const std::string& error);
+  std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
+                            const std::string& error) override;
 
   // A process being terminated (LastWords) that hosts `state`'s store: stays,
   // bounded, until the peers have left, so that they can still read the
@@ -101,7 +104,7 @@ class Watchdog {
   // waits for the oldest pending op of every group). The file then follows
   // the job's state (DumpFile): recovered, failed, finished.
   std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string(),
-                        const GroupState* about = nullptr);
+                        const GroupState* about = nullptr) override;
 
   // Interpreter exit: waits (bounded) for the verdict on what check="verify"
   // has not verified yet, says "exited" for every group where the store

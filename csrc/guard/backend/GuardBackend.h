@@ -26,7 +26,7 @@
 #include "guard/collective/CollectiveChecks.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
-#include "guard/watchdog/StoreChannel.h"
+#include "guard/store/StoreChannel.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>

@@ -1,7 +1,7 @@
-#include "guard/watchdog/StoreChannel.h"
+#include "guard/store/StoreChannel.h"
 
-#include "guard/collective/Ledger.h"  // steadyNs()
-#include "guard/watchdog/StoreKeys.h"
+#include "guard/Clock.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/report/Messages.h"
 #include "guard/Runtime.h"
 

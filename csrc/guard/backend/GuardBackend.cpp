@@ -1,4 +1,4 @@
-#include "guard/collective/GuardBackend.h"
+#include "guard/backend/GuardBackend.h"
 
 #include "guard/TorchCompat.h"
 
@@ -9,6 +9,7 @@
 #include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
 #include "guard/Runtime.h"
+#include "guard/watchdog/TerminateHandler.h"
 #include "guard/watchdog/Watchdog.h"
 #include "guard/collective/WorkRetirement.h"
 
@@ -147,6 +148,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     }
   });
   init();
+  // Once per process: what a terminated process says (gloo's transport thread
+  // terminates it on a byte-count difference).
+  installTerminateHandler();
   Watchdog::instance().add(state_);
 }
 

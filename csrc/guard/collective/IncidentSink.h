@@ -1,0 +1,49 @@
+#pragma once
+
+// IncidentSink: what the per-collective path tells the layer above it.
+//
+// The checks, the verifier and the works find differences and failures while a
+// collective is issued or completes; turning one into a cross-rank verdict, a
+// report or a dump is the watchdog's job (watchdog/), one layer up. This
+// interface is the arrow between them pointing down: the collective layer
+// speaks to an IncidentSink, the watchdog implements it and attaches itself to
+// every group it watches (Watchdog::add, before the group's first collective).
+//
+// A group never attached (a unit test's bare GroupState) speaks to a detached
+// sink: nothing is published, the failure report is the inner error as given.
+
+#include "guard/report/Incident.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace torch_ext {
+
+class GroupState;
+struct Verdict;
+
+class IncidentSink {
+ public:
+  virtual ~IncidentSink() = default;
+
+  // Asks the group's ranks to look at `inc` together (posted by the next store
+  // exchange); the verdict follows through the incident protocol.
+  virtual void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) = 0;
+  // A verdict this rank reached alone (a difference seen in a check): published
+  // for every rank, applied here. Returns false if the incident was raised already.
+  virtual bool publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc,
+                              const Verdict& verdict) = 0;
+  // The report for an operation the inner backend failed (`error`: its text),
+  // naming gone ranks where the group knows of any.
+  virtual std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
+                                    const std::string& error) = 0;
+  // This process's snapshot written for incident `reason` about `about`'s group,
+  // into `dir` ("": the configured dump dir); returns the path, "" for none.
+  virtual std::string writeDump(const std::string& reason, const std::string& dir, const GroupState* about) = 0;
+};
+
+// The sink of a group no watchdog watches: publishes nothing.
+IncidentSink& detachedIncidentSink();
+
+} // namespace torch_ext

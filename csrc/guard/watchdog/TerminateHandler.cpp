@@ -1,0 +1,200 @@
+#include "guard/watchdog/TerminateHandler.h"
+
+#include "guard/Runtime.h"
+#include "guard/report/Json.h"
+#include "guard/report/Snapshot.h"
+#include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/LastWords.h"
+#include "guard/store/StoreKeys.h"
+#include "guard/watchdog/Watchdog.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace torch_ext {
+namespace {
+
+std::terminate_handler g_previous = nullptr;
+std::atomic<bool> g_installed{false};
+std::atomic<bool> g_terminating{false};
+
+constexpr auto kReportBound = std::chrono::milliseconds(1000);
+constexpr auto kStoreBound = std::chrono::milliseconds(1500);
+constexpr auto kHostBound = std::chrono::milliseconds(15000);
+
+// gloo's words for a byte-count difference ("[enforce fail at .../pair.cc:456]
+// op.preamble.length <= op.nbytes. 12 vs 8. Received data size doesn't match
+// expected size").
+bool looksLikeSizeMismatch(const std::string& what) {
+  return what.find("doesn't match expected size") != std::string::npos ||
+      what.find("nbytes") != std::string::npos || what.find("Is there a distributed collective mismatch") != std::string::npos;
+}
+
+// The entry `st`'s transport was in: the oldest pending one, else the last one
+// issued (its inner work may have completed while the transport still
+// receives for it).
+std::optional<Entry> entryInFlight(GroupState& st) {
+  const Progress p = st.ledger().progress();
+  if (p.hasPending) return p.oldestPending;
+  if (auto last = st.ledger().entries(1); !last.empty()) return last.back();
+  return std::nullopt;
+}
+
+bool hostsStore(GroupState& st) {
+  return st.id().size > 1 && st.store().health() == StoreHealth::Healthy &&
+      st.store().channel().address().hostRank == st.id().globalRank(st.id().rank);
+}
+
+// Under plain env:// this process may host the store. Ending at once would
+// take the store with it, and the peers would learn only that it is gone
+// (StoreLostError), never that the ranks' collectives differed. So for each
+// group whose store it hosts it raises the failure itself (the peers answer
+// with their snapshots while this rank's threads still run: the verdict
+// describes every rank's call) and stays until the peers have left, bounded by
+// the watchdog's own waits (a few seconds each).
+void settleHostedGroups(const std::string& what) {
+  const std::string why = "this rank's process is being terminated (" + what.substr(0, what.find('\n')) + ")";
+  for (const auto& st : Watchdog::instance().groupStates()) {
+    if (!hostsStore(*st)) continue;
+    if (auto e = entryInFlight(*st)) Watchdog::instance().failureReport(st, e->id, why);
+    Watchdog::instance().holdStoreForPeers(st);
+  }
+}
+
+// This process's pending collectives, one line per group. Runs on the helper
+// thread.
+std::string describePending() {
+  std::ostringstream os;
+  for (const auto& st : Watchdog::instance().groupStates()) {
+    const bool pending = st->ledger().progress().hasPending;
+    if (auto pick = entryInFlight(*st)) {
+      const EntryView e = entryView(*pick);
+      os << "\n  group \"" << st->label() << "\" (rank " << st->id().rank << " of " << st->id().size << "): ";
+      if (e.seq > 0) os << "collective #" << e.seq << " ";
+      os << e.text << " at " << e.where() << " (" << (pending ? "pending" : "its last, completed here") << ")";
+    }
+  }
+  return os.str();
+}
+
+void say(const std::string& text) {
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + off, text.size() - off);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+[[noreturn]] void onTerminate() {
+  if (!g_terminating.exchange(true)) {
+    std::string what;
+    if (auto e = std::current_exception()) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        what = ex.what();
+      } catch (...) {
+      }
+    }
+    struct Box {
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;       // `pending` is read
+      bool published = false;  // the last words are in the stores (or could not be)
+      bool settled = false;    // the peers of the groups whose store is hosted here have left
+      bool hosts = false;      // this process hosts a group's store
+      std::string pending;
+    };
+    auto box = std::make_shared<Box>();
+    try {
+      // The lines first, then the stores: a slow store must not hide them.
+      std::thread([box, what] {
+        std::string text;
+        bool hosts = false;
+        try {
+          for (const auto& st : Watchdog::instance().groupStates()) hosts = hosts || hostsStore(*st);
+          text = describePending();
+        } catch (const std::exception& e) {
+          text = std::string("\n  (reading them failed: ") + e.what() + ")";
+        } catch (...) {
+          text = "\n  (reading them failed)";
+        }
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->pending = std::move(text);
+          box->hosts = hosts;
+          box->done = true;
+        }
+        box->cv.notify_all();
+        try {
+          for (const auto& st : Watchdog::instance().groupStates()) publishLastWords(*st, LastWordsWhy{LastWordsCause::Terminated, ""});
+        } catch (...) {
+        }
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->published = true;
+        }
+        box->cv.notify_all();
+        if (hosts) {
+          try {
+            settleHostedGroups(what);
+          } catch (...) {
+          }
+        }
+        {
+          std::lock_guard<std::mutex> lock(box->mu);
+          box->settled = true;
+        }
+        box->cv.notify_all();
+      }).detach();
+      std::unique_lock<std::mutex> lock(box->mu);
+      box->cv.wait_for(lock, kReportBound, [&] { return box->done; });
+      std::ostringstream os;
+      os << "torch_ext: this process (pid " << getpid() << ") is being terminated by an exception nobody caught";
+      if (looksLikeSizeMismatch(what)) {
+        os << ": the inner backend (gloo) received a different number of bytes than this rank's collective "
+              "expects, so the ranks issued different collectives (a collective mismatch). The other ranks "
+              "raise CollectiveMismatchError describing every rank's call (TORCH_EXT_CHECK=strict compares "
+              "before any data moves, so that no process dies)";
+      }
+      os << ".";
+      if (!box->done) {
+        os << "\n  (its pending collectives could not be read within 1 s)";
+      } else if (!box->pending.empty()) {
+        os << " Pending here:" << box->pending;
+      }
+      os << "\n";
+      say(os.str());
+      // The writes are bounded by kStoreBound each; past that the process ends anyway.
+      box->cv.wait_for(lock, kStoreBound, [&] { return box->published; });
+      if (box->hosts) {
+        // The verdict's round and the peers' leaving: bounded by their own
+        // waits; this bound only keeps a stuck watchdog from holding the end.
+        box->cv.wait_for(lock, kHostBound, [&] { return box->settled; });
+      }
+    } catch (...) {
+    }
+  }
+  if (g_previous != nullptr) g_previous();
+  std::abort();
+}
+
+} // namespace
+
+void installTerminateHandler() {
+  if (g_installed.exchange(true)) return;
+  g_previous = std::set_terminate(&onTerminate);
+}
+
+} // namespace torch_ext
