@@ -1,5 +1,6 @@
 #include "guard/collective/Verifier.h"
 
+#include "guard/Clock.h"
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
@@ -63,10 +64,14 @@ std::vector<HistoryRun> localHistory(Ledger& ledger, uint64_t seq) {
   return historyRuns(items, kHistoryRuns);
 }
 
-} // namespace
+}  // namespace
 
-Verifier::Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
-    : state_(state), helper_(std::move(helper)), rank_(state->id().rank), size_(state->id().size) {
+Verifier::Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper, NowNs nowNs)
+    : state_(state),
+      helper_(std::move(helper)),
+      rank_(state->id().rank),
+      size_(state->id().size),
+      nowNs_(nowNs ? std::move(nowNs) : NowNs(&steadyNs)) {
   pacer_ = std::thread([this] { pacerLoop(); });
 }
 
@@ -79,29 +84,18 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_[seq] = Issued{rolling, hash, splitSend, splitRecv};
-    const auto now = Clock::now();
-    if (lastIssue_ != Clock::time_point{}) {
-      const auto gap = std::chrono::duration_cast<std::chrono::microseconds>(now - lastIssue_).count();
-      // Learning, bursts end at quiet gaps; predicting, at their length (a
-      // burst cut short goes quiet first: the pacer ends the prediction).
-      if (!predicting() && gap >= quietGap().count()) endBurst();
-      gaps_[gapCount_++ % gaps_.size()] = static_cast<uint32_t>(std::min<int64_t>(gap, UINT32_MAX));
-    }
-    lastIssue_ = now;
-    ++burstCount_;
-    if (!predicting()) {
-      // Started at issue, not only at completion: a mismatch can leave the
-      // inner collective pending for good, and its verdict must still come.
-      wantedSeq_ = std::max(wantedSeq_, seq);
-      start = true;
-    } else if (burstCount_ == burstLen_) {
-      wantedSeq_ = std::max(wantedSeq_, seq);  // the predicted end of the burst
-      burstCount_ = 0;
-      demands_ = 0;
-      start = true;
-    } else {
-      start = wantedSeq_ > verifiedSeq_.load(std::memory_order_relaxed);
-      if (pacerIdle_) pacerCv_.notify_one();  // it starts the round if the burst goes quiet first
+    switch (pacing_.issued(nowNs_())) {
+      case BurstPacing::OnIssue::StartRound:
+        // Started at issue, not only at completion: a mismatch can leave the
+        // inner collective pending for good, and its verdict must still come.
+      case BurstPacing::OnIssue::EndOfBurst:  // the predicted end of the burst
+        wantedSeq_ = std::max(wantedSeq_, seq);
+        start = true;
+        break;
+      case BurstPacing::OnIssue::WaitForBurst:
+        start = wantedSeq_ > verifiedSeq_.load(std::memory_order_relaxed);
+        if (pacerIdle_) pacerCv_.notify_one();  // it starts the round if the burst goes quiet first
+        break;
     }
   }
   if (start) maybeStartRound();
@@ -110,7 +104,7 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
 void Verifier::kick() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (predicting() || pending_.empty()) return;
+    if (pacing_.predicting() || pending_.empty()) return;
     wantedSeq_ = std::max(wantedSeq_, pending_.rbegin()->first);
   }
   maybeStartRound();
@@ -122,42 +116,11 @@ void Verifier::want(uint64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
     // A program that waits inside its bursts (FSDP2 waits for each layer's
     // all_gather) needs each round early, at issue: no prediction for it.
-    ++demands_;
-    if (predicting()) {
-      burstLen_ = 0;
-      repeats_ = 0;
-    }
+    pacing_.demanded();
     if (wantedSeq_ >= seq && inFlight_) return;  // the round in flight or the next one covers it
     wantedSeq_ = std::max(wantedSeq_, seq);
   }
   maybeStartRound();
-}
-
-std::chrono::microseconds Verifier::quietGap() const {
-  // Half the longest of the last gaps between issues, within [0.5, 20] ms.
-  // Bursts are told apart by their biggest gaps: DDP's steps come a forward
-  // pass apart (25-40 ms for the 24-layer benchmark on 2 cores), its buckets
-  // about 0.5 ms apart but, on a loaded machine, now and then 5-7 ms: a
-  // multiple of the median gap would cut bursts at those.
-  const size_t n = static_cast<size_t>(std::min<uint64_t>(gapCount_, gaps_.size()));
-  if (n < 8) return std::chrono::microseconds(1000);
-  const uint64_t longest = *std::max_element(gaps_.begin(), gaps_.begin() + n);
-  return std::chrono::microseconds(std::clamp<uint64_t>(longest / 2, 500, 20000));
-}
-
-void Verifier::endBurst() {
-  if (burstCount_ == 0) return;
-  if (demands_ > 0) {  // waited inside: does not count toward a prediction
-    burstLen_ = 0;
-    repeats_ = 0;
-  } else if (burstCount_ == burstLen_) {
-    ++repeats_;
-  } else {
-    burstLen_ = burstCount_;
-    repeats_ = 1;
-  }
-  burstCount_ = 0;
-  demands_ = 0;
 }
 
 void Verifier::pacerLoop() {
@@ -165,24 +128,20 @@ void Verifier::pacerLoop() {
   while (!stopped_) {
     const uint64_t last = pending_.empty() ? 0 : pending_.rbegin()->first;
     const uint64_t done = std::max(wantedSeq_, verifiedSeq_.load(std::memory_order_relaxed));
-    if (!predicting() || last <= done || blockedFrom_ != 0) {
+    if (!pacing_.predicting() || last <= done || blockedFrom_ != 0) {
       pacerIdle_ = true;
       pacerCv_.wait(lock);
       pacerIdle_ = false;
       continue;
     }
-    const auto deadline = lastIssue_ + quietGap();
-    if (Clock::now() < deadline) {
-      pacerCv_.wait_until(lock, deadline);
+    const int64_t quietIn = pacing_.quietAtNs() - nowNs_();
+    if (quietIn > 0) {
+      pacerCv_.wait_for(lock, std::chrono::nanoseconds(quietIn));
       continue;
     }
     // The burst went quiet before its predicted end: check what it issued
     // now, and learn the bursts anew (three of one length in a row).
-    burstCount_ = 0;
-    burstLen_ = 0;
-    repeats_ = 0;
-    demands_ = 0;
-    ++mispredictions_;
+    pacing_.mispredicted();
     wantedSeq_ = last;
     lock.unlock();
     maybeStartRound();
@@ -259,11 +218,9 @@ void Verifier::gather(std::vector<int64_t> mine, std::function<void(const std::v
     return;
   }
   auto self = shared_from_this();
-  const auto started = std::chrono::steady_clock::now();
+  const int64_t started = nowNs_();
   fut->addCallback([self, in, out, started, then = std::move(then)](c10::ivalue::Future& f) {
-    self->gatherMicros_.fetch_add(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(
-                                      std::chrono::steady_clock::now() - started)
-                                      .count()),
+    self->gatherMicros_.fetch_add(static_cast<uint64_t>(std::max<int64_t>(0, self->nowNs_() - started) / 1000),
                                   std::memory_order_relaxed);
     if (f.hasError()) {
       self->helperFailed(f.tryRetrieveErrorMessage());
@@ -466,7 +423,7 @@ void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& r
   // the group's rank 0), then the group fails and every wait raises it.
   if (!st.config().dumpDir.empty()) {
     st.incidents().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
-                                   st.config().dumpDir, &st);
+                             st.config().dumpDir, &st);
   }
   if (st.id().rank == 0) logMessage(LogLevel::Error, report);
   st.fail(GuardErrorKind::Mismatch, report);
@@ -559,12 +516,12 @@ Verifier::Stats Verifier::stats() const {
   Stats s;
   s.rounds = rounds_;
   s.gatherMicros = gatherMicros_.load(std::memory_order_relaxed);
-  s.burst = predicting() ? burstLen_ : 0;
-  s.mispredictions = mispredictions_;
-  s.quietMicros = static_cast<uint64_t>(quietGap().count());
+  s.burst = pacing_.burst();
+  s.mispredictions = pacing_.mispredictions();
+  s.quietMicros = static_cast<uint64_t>(pacing_.quietGapUs());
   s.verifiedSeq = verifiedSeq_.load();
   s.issuedSeq = pending_.empty() ? s.verifiedSeq : pending_.rbegin()->first;
   return s;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

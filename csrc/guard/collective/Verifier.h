@@ -37,6 +37,7 @@
 //    same CollectiveMismatchError text everywhere: no store involved, so it
 //    holds when the store (rank 0's process) is going away.
 
+#include "guard/collective/BurstPacing.h"
 #include "guard/collective/GroupState.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -58,7 +59,9 @@ namespace torch_ext {
 
 class Verifier : public std::enable_shared_from_this<Verifier> {
  public:
-  Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
+  // `nowNs`: the steady clock the pacing reads (a test's made-up one; steadyNs by default).
+  using NowNs = std::function<int64_t()>;
+  Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper, NowNs nowNs = NowNs());
 
   Verifier(const Verifier&) = delete;
   Verifier& operator=(const Verifier&) = delete;
@@ -93,8 +96,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
 
   // Runs `release` once `seq` is verified (at once if it is). Dropped if the
   // check is blocked: the group fails, and `onFailure` is told instead.
-  void whenVerified(uint64_t seq, std::function<void()> release,
-                    std::function<void(std::exception_ptr)> onFailure);
+  void whenVerified(uint64_t seq, std::function<void()> release, std::function<void(std::exception_ptr)> onFailure);
   // The group failed: every parked release gets the failure instead.
   void failParked(std::exception_ptr err);
 
@@ -105,9 +107,9 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   void stop();
 
   struct Stats {
-    uint64_t rounds = 0;        // gathers started (second gathers included)
-    uint64_t burst = 0;         // the learned burst length (collectives between quiet gaps)
-    uint64_t quietMicros = 0;   // the gap that ends a burst now
+    uint64_t rounds = 0;       // gathers started (second gathers included)
+    uint64_t burst = 0;        // the learned burst length (collectives between quiet gaps)
+    uint64_t quietMicros = 0;  // the gap that ends a burst now
     uint64_t mispredictions = 0;
     uint64_t gatherMicros = 0;  // summed time from a gather's start to its result
     uint64_t verifiedSeq = 0;
@@ -130,14 +132,10 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   // [seq, then (rolling, cumulative send, cumulative recv) at seq, seq - 1, ...
   // for the window of this rank's last collectives], 0 below the verified.
   std::vector<int64_t> valuesAt(uint64_t seq) const;  // mu_ held
-  uint64_t contiguousTarget() const;                   // mu_ held
+  uint64_t contiguousTarget() const;                  // mu_ held
   // Starts a round if none is in flight and one is wanted past the verified.
   void maybeStartRound();
-  // Pacing: the gap after which the issuing counts as quiet (mu_ held).
-  std::chrono::microseconds quietGap() const;
   void pacerLoop();
-  // A burst of burstCount_ collectives ended (a quiet gap): learn its length (mu_ held).
-  void endBurst();
   void gather(std::vector<int64_t> mine, std::function<void(const std::vector<int64_t>&)> then);
   void onRound(const std::vector<int64_t>& all, bool second);
   void verifiedUpTo(uint64_t seq);
@@ -153,33 +151,24 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   const int size_;
 
   mutable std::mutex mu_;
-  std::map<uint64_t, Issued> pending_;  // issued, not yet verified
+  std::map<uint64_t, Issued> pending_;    // issued, not yet verified
   uint64_t baseSend_ = 0, baseRecv_ = 0;  // pairing sums up to verifiedSeq_
   bool inFlight_ = false;
   uint64_t wantedSeq_ = 0;  // a round is wanted up to here (starts when none is in flight)
 
-  // Pacing (see the top): bursts of collectives separated by quiet gaps.
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point lastIssue_{};
-  std::array<uint32_t, 64> gaps_{};  // the last gaps between issues, in us
-  uint64_t gapCount_ = 0;
-  uint64_t burstCount_ = 0;  // collectives issued in the current burst
-  uint64_t burstLen_ = 0;    // the length of the last bursts, while it repeats
-  uint32_t repeats_ = 0;     // bursts in a row of length burstLen_
-  uint64_t mispredictions_ = 0;  // bursts that went quiet before their predicted end
-  uint64_t demands_ = 0;     // results asked for (want()) in the current burst, not yet verified
-  // Bursts of one collective are what the default does anyway.
-  bool predicting() const { return repeats_ >= 3 && burstLen_ >= 2; }  // mu_ held
+  // Pacing (see the top and BurstPacing.h), on the clock nowNs_ reads.
+  const NowNs nowNs_;
+  BurstPacing pacing_;
   std::condition_variable pacerCv_;
-  bool pacerIdle_ = false;   // the pacer waits for an issue (nothing unwanted pending)
+  bool pacerIdle_ = false;  // the pacer waits for an issue (nothing unwanted pending)
   std::thread pacer_;
   bool stopped_ = false;
   std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
-  uint64_t blockedFrom_ = 0;  // 0: not blocked; else the first seq that cannot be released
+  uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
   uint64_t rounds_ = 0;
   std::atomic<uint64_t> gatherMicros_{0};
   std::atomic<uint64_t> verifiedSeq_{0};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext
