@@ -22,7 +22,6 @@ import torch.distributed as dist
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _ranks  # noqa: E402
 
-
 # --- traffic -----------------------------------------------------------------------
 
 def _traffic_rank(rank: int, world: int, store, seconds: float) -> dict:

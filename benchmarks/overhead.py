@@ -143,7 +143,8 @@ def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
 
 def _print_added(added: Added, rounds: int, iters: int) -> None:
     cpu = added.cpu
-    print(f"world 1, all_reduce of 1 float, CPU time of all threads per call: {rounds} shuffled rounds x {iters} calls;")
+    print(f"world 1, all_reduce of 1 float, CPU time of all threads per call: "
+          f"{rounds} shuffled rounds x {iters} calls;")
     print("median [quartiles] over rounds; 'added' is per round, against the baseline timed in the same round")
     for name, xs in cpu.items():
         q1, m, q3 = _quartiles(xs)

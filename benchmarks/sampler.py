@@ -128,7 +128,6 @@ def _rss_kib(field: str) -> int:
 
 def memory_child(num_samples: int, num_buckets: int, num_ranks: int) -> None:
     """Runs in a fresh process: peak bytes per sample of one epoch's planning on rank 0."""
-    import torch
 
     import torch_ext
 

@@ -44,8 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-VARIANTS = ["plain_4B", "plain_32B", "fused_flags", "fused_3m", "fused_3m_async", "a_bcast+3ar", "b_lightning", "c_accel",
-            "c0_trigger"]
+VARIANTS = ["plain_4B", "plain_32B", "fused_flags", "fused_3m", "fused_3m_async", "a_bcast+3ar", "b_lightning",
+            "c_accel", "c0_trigger"]
 KEYS = ("loss", "acc", "grad_norm")
 
 
@@ -139,7 +139,8 @@ def _make_variants(world: int):
     def trigger_only(stop: bool, m: dict) -> bool:
         return trigger(stop)
 
-    fns = {"plain_4B": plain, "plain_32B": plain32, "fused_flags": fused_flags, "fused_3m": fused, "fused_3m_async": fused_async, "a_bcast+3ar": bcast_and_allreduces,
+    fns = {"plain_4B": plain, "plain_32B": plain32, "fused_flags": fused_flags, "fused_3m": fused,
+           "fused_3m_async": fused_async, "a_bcast+3ar": bcast_and_allreduces,
            "b_lightning": lightning, "c_accel": accelerate, "c0_trigger": trigger_only}
     if _sync_ddp_if_available is None:
         del fns["b_lightning"]

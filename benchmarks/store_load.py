@@ -79,9 +79,11 @@ def _server(port_q: mp.Queue, stop: mp.Event) -> None:
 def _record(rank: int, seq: int) -> bytes:
     # The size of a real status record (StatusRecord::encode): phase, time, seqs, hash, then the
     # rank's wait windows (WaitWindows: 3 closed windows at each of 4 levels, RankWaits::encode).
-    windows = " ".join(f"{level}:{seq // 4 ** (level + 1) + 1000 + i}:{31234 + i}:{208765 + i}:{0x9e3779b97f4a7c15 + level:x}:"
+    windows = " ".join(f"{level}:{seq // 4 ** (level + 1) + 1000 + i}:{31234 + i}:{208765 + i}:"
+                       f"{0x9e3779b97f4a7c15 + level:x}:"
                        f"{21000 + i}:{4 ** (level + 1)}" for level in range(4) for i in range(3))
-    return f"v2 run {time.time_ns()} {seq} {seq} {rank * 2654435761 % 2**64:016x} 0 w node{rank // 8:05d} {windows}".encode()
+    return (f"v2 run {time.time_ns()} {seq} {seq} {rank * 2654435761 % 2**64:016x} 0 w node{rank // 8:05d} "
+            f"{windows}").encode()
 
 
 def snapshot_bytes(world: int) -> int:
@@ -263,7 +265,8 @@ def main() -> None:
                     help="in the runs with the budget, one live report of N ranks for each N given (after the first "
                          "third of the run)")
     args = ap.parse_args()
-    print(f"{os.cpu_count()} CPUs; {args.clients} client processes x {args.threads} connections; {args.seconds:.0f} s per run; "
+    print(f"{os.cpu_count()} CPUs; {args.clients} client processes x {args.threads} connections; "
+          f"{args.seconds:.0f} s per run; "
           f"{OPS_PER_TICK} store ops per rank per tick, plus rank 0's read of every status every "
           f"straggler_look_every(W) ticks (1 up to 64 ranks, else 8), counted per key")
     print(f"{'W':>6} {'budget':>8} {'tick':>7} {'offered':>10} {'achieved':>10} {'server CPU':>10} "

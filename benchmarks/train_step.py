@@ -255,8 +255,10 @@ def _report(world: int, res: list[dict], args: argparse.Namespace) -> None:
                 took = max(r["checks"][(model, name)][1] for r in res)
                 line += f"   {per_step:.1f} check gathers/step, {took:.0f} us each"
             print(line)
-        s1, sm, s3 = _quartiles([t / b for t, b in zip(times[(model, "guard verify")], times[(model, "verify -strag")])])
-        print(f"  {model:<5} straggler report (issue 28): verify / verify with straggler=off: {sm:.3f}x [{s1:.3f}, {s3:.3f}]")
+        s1, sm, s3 = _quartiles([t / b for t, b in zip(times[(model, "guard verify")],
+                                                       times[(model, "verify -strag")])])
+        print(f"  {model:<5} straggler report (issue 28): verify / verify with straggler=off: "
+              f"{sm:.3f}x [{s1:.3f}, {s3:.3f}]")
         q1, m, q3 = _quartiles(base_times)
         print(f"  {model:<5} noise: {base}'s own rounds span [{q1 / m:.3f}, {q3 / m:.3f}] of their median "
               f"(IQR {(q3 - q1) / m * 100:.1f}%)")

@@ -10,16 +10,25 @@
 #include <cstdio>
 #include <time.h>
 using namespace torch_ext;
-static int64_t now() { timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec * 1000000000LL + t.tv_nsec; }
+static int64_t now() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
 int main() {
   for (int rep = 0; rep < 5; ++rep) {
     WaitWindows w;
     const int N = 20000000;
     int64_t t0 = now(), sink = 0;
-    for (int i = 1; i <= N; ++i) { w.add(i, i * 100, i * 100 + 37, 1 + (i % 3 == 0)); }
+    for (int i = 1; i <= N; ++i) {
+      w.add(i, i * 100, i * 100 + 37, 1 + (i % 3 == 0));
+    }
     int64_t t1 = now();
-    for (int i = 1; i <= N; ++i) { sink += now(); }
+    for (int i = 1; i <= N; ++i) {
+      sink += now();
+    }
     int64_t t2 = now();
-    std::printf("add: %.1f ns   clock: %.1f ns  (%zu closed, %lld)\n", double(t1 - t0) / N, double(t2 - t1) / N, w.closed().size(), (long long)(sink & 1));
+    std::printf("add: %.1f ns   clock: %.1f ns  (%zu closed, %lld)\n", double(t1 - t0) / N, double(t2 - t1) / N,
+                w.closed().size(), (long long)(sink & 1));
   }
 }

@@ -80,7 +80,8 @@ def main() -> None:
         res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds)[0]
         times = res["times"]
         print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous all_reduces per mode "
-              f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} for {res['issued']} collectives")
+              f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
+              f"for {res['issued']} collectives")
         print(f"  {'float32':>8} | " + " | ".join(f"{m:>22}" for m in MODES))
         for size in args.sizes:
             base = times[f"{size}/gloo"]

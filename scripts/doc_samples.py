@@ -233,7 +233,8 @@ def _raised(rank: int, error: str, header: bool = True) -> Callable[[str], str]:
 
 
 def _logged(rank: int, first: int | None = None, level: str = "") -> Callable[[str], str]:
-    """Rank ``rank``'s labelled torch_ext log lines (the first ``first`` only, if given; of ``level`` only, if given)."""
+    """Rank ``rank``'s labelled torch_ext log lines (the first ``first`` only, if given; of ``level`` only,
+    if given)."""
     def cut(out: str) -> str:
         lines = [line for line in out.splitlines()
                  if re.match(rf"\[rank{rank}\] \d\d:\d\d:\d\d torch_ext {level}", line)]
@@ -429,7 +430,8 @@ def check_names(root: str = ROOT) -> list[str]:
     seen: dict[str, str] = {}
     for b in blocks(root):
         if b.name not in SAMPLES:
-            problems.append(f"{b.path}:{b.start}: unknown sample '{b.name}' (add it to SAMPLES in scripts/doc_samples.py)")
+            problems.append(f"{b.path}:{b.start}: unknown sample '{b.name}' "
+                            "(add it to SAMPLES in scripts/doc_samples.py)")
         elif b.name in seen:
             problems.append(f"{b.path}:{b.start}: sample '{b.name}' also marked in {seen[b.name]}")
         seen.setdefault(b.name, f"{b.path}:{b.start}")

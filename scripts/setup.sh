@@ -6,7 +6,7 @@
 #                                   and ninja, then the extension build
 #   bash scripts/setup.sh [test]    the same, plus what the tests need (scripts/test.sh): GoogleTest,
 #                                   cmake, ccache and a headless Chromium (Debian packages), pytest,
-#                                   lightning, webdataset, accelerate, torchmetrics
+#                                   lightning, webdataset, accelerate, torchmetrics, ruff, clang-format
 #   --dry-run                       print the stages it would run, run none
 #
 # One progress line per stage, with its expected time; the installers' and the
@@ -136,9 +136,10 @@ main() {
   setuptools=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
   stage "installing the build tools: $setuptools, ninja (a few seconds)" pip_install "$setuptools" ninja
   if [ "$mode" = test ]; then
-    stage "installing the test packages: pytest, lightning, webdataset, accelerate, torchmetrics, build (about 1 min)" \
+    # The linters pinned: a new rule never fails a tree that passed (scripts/lint.sh).
+    stage "installing the test packages: pytest, lightning, webdataset, accelerate, torchmetrics, build, ruff, clang-format (about 1 min)" \
       pip_install build packaging pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" \
-      "webdataset==1.0.2" "accelerate==1.15.0" "torchmetrics==1.9.0"
+      "webdataset==1.0.2" "accelerate==1.15.0" "torchmetrics==1.9.0" "ruff==0.8.0" "clang-format==18.1.8"
   fi
 
   # Against the installed torch, without build isolation (it would download a CUDA torch).

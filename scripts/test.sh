@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Sets up a fresh machine and runs every test: the GoogleTest suite of the C++
-# core, pytest (multi-process tests on gloo over loopback) and the packaging
-# tests (sdist, wheel, lowest setuptools, each installed outside the tree).
+# Sets up a fresh machine and runs every test: the linters, the GoogleTest suite
+# of the C++ core, pytest (multi-process tests on gloo over loopback) and the
+# packaging tests (sdist, wheel, lowest setuptools, each installed outside the tree).
 #
 # Arranged for a 2-core machine (docs/testing.md, "CI time"):
 # - the GoogleTest binary links the core objects that setup.sh's extension build
@@ -15,6 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test  # everything the tests need, not only what the demo uses
 PY=${PYTHON:-python3}
+
+echo "== Lint (ruff, clang-format: scripts/lint.sh)"
+bash scripts/lint.sh
 
 echo "== C++ (GoogleTest): built and run in the background, reported after the first pytest pass"
 TORCH_CMAKE=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')

@@ -13,7 +13,6 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-
 # -- supported releases -------------------------------------------------------
 
 # The torch releases torch_ext supports, (major, minor) of the oldest and the

@@ -154,7 +154,8 @@ def unfinished_reduction_note() -> str:
             done = f"issued gradient buckets 1-{issued} of {count} in its last backward{where}"
         else:
             where = _where(run[-1]) if run else (_where(last) if last else "")
-            done = f"issued none of the {count} gradient buckets of its last backward (the backward before it ran{where})"
+            done = (f"issued none of the {count} gradient buckets of its last backward "
+                    f"(the backward before it ran{where})")
         held = layout[issued] if issued < count else None
         seq = last.get("collective_seq_id") if last else None
         text = (f"{head} {done}. DDP issues its buckets in order, so the first bucket holding a parameter "

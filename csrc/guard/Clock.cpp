@@ -14,4 +14,4 @@ int64_t steadyNs() {
       .count();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -12,4 +12,4 @@ namespace torch_ext {
 int64_t wallNs();
 int64_t steadyNs();
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -37,7 +37,7 @@ bool validName(const std::string& s) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
 namespace detail {
 
@@ -57,10 +57,9 @@ std::map<std::string, std::string> parseInner(const std::string& text, const std
     std::string backend = lower(trim(item.substr(colon + 1)));
     if (!validName(device) || !validName(backend)) bad(what, text, accepted);
     if (backend == "guard") {
-      throw ConfigError(
-          what + "='" + text + "' asks guard to wrap guard for device '" + device +
-          "': name the real backend to wrap instead, e.g. '" + device +
-          (device == "cuda" ? ":nccl'" : ":gloo'"));
+      throw ConfigError(what + "='" + text + "' asks guard to wrap guard for device '" + device +
+                        "': name the real backend to wrap instead, e.g. '" + device +
+                        (device == "cuda" ? ":nccl'" : ":gloo'"));
     }
     if (out.count(device)) {
       throw ConfigError(what + "='" + text + "' names device '" + device +
@@ -124,8 +123,8 @@ bool parseBool(const std::string& text, const std::string& what) {
 
 int parseSignal(const std::string& text, const std::string& what) {
   std::string t = lower(trim(text));
-  const std::string accepted = "SIGUSR1, SIGUSR2, SIGRTMIN+N (N from 0 to " + std::to_string(SIGRTMAX - SIGRTMIN) +
-                               ") or off (no handler)";
+  const std::string accepted =
+      "SIGUSR1, SIGUSR2, SIGRTMIN+N (N from 0 to " + std::to_string(SIGRTMAX - SIGRTMIN) + ") or off (no handler)";
   if (t == "off" || t == "0" || t == "none" || t == "false" || t == "no") return 0;
   if (t.rfind("sig", 0) == 0) t = t.substr(3);
   if (t == "usr1") return SIGUSR1;
@@ -188,7 +187,7 @@ std::vector<std::string> parsePackageNames(const std::string& text, const std::s
   return out;
 }
 
-} // namespace detail
+}  // namespace detail
 
 int stragglerLookEvery(int groupSize) {
   // Small groups are far below any budget: look at every exchange.
@@ -221,7 +220,7 @@ std::string innerText(const std::map<std::string, std::string>& inner) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = {
@@ -231,8 +230,7 @@ const std::vector<Setting>& settings() {
          // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
          for (auto& kv : detail::parseInner(v, what)) c.inner[kv.first] = kv.second;
        },
-       [](const Config& c) -> SettingValue { return c.inner; },
-       [](const Config& c) { return innerText(c.inner); }},
+       [](const Config& c) -> SettingValue { return c.inner; }, [](const Config& c) { return innerText(c.inner); }},
       {"check", "TORCH_EXT_CHECK", "verify",
        "Mismatch detection: off; async (off the hot path, detected within ~1 s, a mismatched result can reach your "
        "code first); verify (results released only once all ranks agree, checked in batches next to the "
@@ -244,12 +242,16 @@ const std::vector<Setting>& settings() {
        "Seconds a collective may wait before the ranks look at who waits for whom: a certain deadlock ends at once "
        "(end_deadlocks); any other wait is named in a hang report (dumps are written, training goes on), once per "
        "call site until a wait there outlasts the longest that site has already shown.",
-       [](Config& c, const std::string& v, const std::string& what) { c.warnAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.warnAfterS = detail::parseSeconds(v, what, 0.01, 1e7);
+       },
        [](const Config& c) -> SettingValue { return c.warnAfterS; },
        [](const Config& c) { return number(c.warnAfterS) + "s"; }},
       {"abort_after", "TORCH_EXT_ABORT_AFTER", "the group's timeout",
        "Seconds after which a stuck collective fails on every live rank with CollectiveTimeoutError.",
-       [](Config& c, const std::string& v, const std::string& what) { c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7);
+       },
        [](const Config& c) -> SettingValue { return c.abortAfterS ? SettingValue(*c.abortAfterS) : SettingValue(); },
        [](const Config& c) { return c.abortAfterS ? number(*c.abortAfterS) + "s" : std::string("timeout"); }},
       {"end_deadlocks", "TORCH_EXT_END_DEADLOCKS", "1",
@@ -264,7 +266,9 @@ const std::vector<Setting>& settings() {
        "every rank is known to have issued the same collectives, and a difference fills the result with NaN "
        "(integers: their minimum) instead of releasing it. auto: on nccl_sim's CPU streams, not yet on CUDA; on: "
        "CUDA too (NCCL); off: results are not held on a stream backend, as in async.",
-       [](Config& c, const std::string& v, const std::string& what) { c.streamGate = detail::parseStreamGateMode(v, what); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.streamGate = detail::parseStreamGateMode(v, what);
+       },
        [](const Config& c) -> SettingValue { return std::string(enumName(c.streamGate)); },
        [](const Config& c) { return std::string(enumName(c.streamGate)); }},
       {"epoch_check", "TORCH_EXT_EPOCH_CHECK", "1",
@@ -281,12 +285,16 @@ const std::vector<Setting>& settings() {
        [](const Config& c) { return c.dumpDir.empty() ? std::string("(none)") : c.dumpDir; }},
       {"ledger_size", "TORCH_EXT_LEDGER_SIZE", "1024",
        "Collectives remembered per group (a fixed ring, the flight recorder).",
-       [](Config& c, const std::string& v, const std::string& what) { c.ledgerSize = detail::parseInt(v, what, 16, 1 << 20); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.ledgerSize = detail::parseInt(v, what, 16, 1 << 20);
+       },
        [](const Config& c) -> SettingValue { return c.ledgerSize; },
        [](const Config& c) { return std::to_string(c.ledgerSize); }},
       {"interval", "TORCH_EXT_INTERVAL", "0.2",
        "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks.",
-       [](Config& c, const std::string& v, const std::string& what) { c.intervalS = detail::parseSeconds(v, what, 0.01, 10.0); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.intervalS = detail::parseSeconds(v, what, 0.01, 10.0);
+       },
        [](const Config& c) -> SettingValue { return c.intervalS; },
        [](const Config& c) { return number(c.intervalS) + "s"; }},
       {"call_sites", "TORCH_EXT_CALL_SITES", "1",
@@ -314,7 +322,9 @@ const std::vector<Setting>& settings() {
       {"library_packages", "TORCH_EXT_LIBRARY_PACKAGES", "(none)",
        "Comma-separated Python packages whose frames count as library code in call sites and stacks, like installed "
        "packages (e.g. your own training framework installed in editable mode).",
-       [](Config& c, const std::string& v, const std::string& what) { c.libraryPackages = detail::parsePackageNames(v, what); },
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.libraryPackages = detail::parsePackageNames(v, what);
+       },
        [](const Config& c) -> SettingValue { return c.libraryPackages; },
        [](const Config& c) { return joined(c.libraryPackages); }},
       {"live_signal", "TORCH_EXT_LIVE_SIGNAL", "SIGUSR2",
@@ -402,7 +412,7 @@ NcclSimSettings::Fault parseSimFault(const char* var, const char* unit, int64_t 
   return f;
 }
 
-} // namespace
+}  // namespace
 
 NcclSimSettings NcclSimSettings::fromEnv() {
   NcclSimSettings s;
@@ -415,7 +425,8 @@ NcclSimSettings NcclSimSettings::fromEnv() {
   if (const char* env = std::getenv("TORCH_EXT_NCCL_SIM_WAIT"); env != nullptr && *env != '\0') {
     const std::string v = env;
     if (v != "stream" && v != "data") {
-      throw ConfigError("TORCH_EXT_NCCL_SIM_WAIT='" + v + "': expected 'stream' (wait() returns at once, as on NCCL) "
+      throw ConfigError("TORCH_EXT_NCCL_SIM_WAIT='" + v +
+                        "': expected 'stream' (wait() returns at once, as on NCCL) "
                         "or 'data' (wait() blocks until the result is there)");
     }
     s.waitForData = v == "data";
@@ -423,4 +434,4 @@ NcclSimSettings NcclSimSettings::fromEnv() {
   return s;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -186,6 +186,6 @@ std::string signalName(int sig);
 double parseShare(const std::string& text, const std::string& what);
 // Parses "mylab,mylab_utils.trainer" (comma-separated importable package names).
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what);
-} // namespace detail
+}  // namespace detail
 
-} // namespace torch_ext
+}  // namespace torch_ext

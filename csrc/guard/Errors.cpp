@@ -12,7 +12,7 @@ template <class E>
 
 std::atomic<ErrorSurface> g_surface{nullptr};
 
-} // namespace
+}  // namespace
 
 void throwGuardError(GuardErrorKind kind, const std::string& msg, SeenFlag seen) {
   switch (kind) {
@@ -47,4 +47,4 @@ std::exception_ptr surfaced(std::exception_ptr err) {
   }
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

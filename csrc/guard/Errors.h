@@ -16,20 +16,18 @@
 namespace torch_ext {
 
 enum class GuardErrorKind : uint8_t {
-  Mismatch,  // ranks issued different collectives (CollectiveMismatchError)
-  Timeout,   // a collective outlived abort_after (CollectiveTimeoutError)
-  Failure,   // the inner backend failed, e.g. a peer died (CollectiveFailureError)
-  StoreLost, // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
-  Deadlock,  // a wait-for cycle whose ranks all block in it (DeadlockError, a CollectiveTimeoutError)
+  Mismatch,   // ranks issued different collectives (CollectiveMismatchError)
+  Timeout,    // a collective outlived abort_after (CollectiveTimeoutError)
+  Failure,    // the inner backend failed, e.g. a peer died (CollectiveFailureError)
+  StoreLost,  // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
+  Deadlock,   // a wait-for cycle whose ranks all block in it (DeadlockError, a CollectiveTimeoutError)
 };
 
 template <>
 struct EnumTable<GuardErrorKind> {
   static constexpr NamedValue<GuardErrorKind> kEntries[] = {
-      {GuardErrorKind::Mismatch, "mismatch"},
-      {GuardErrorKind::Timeout, "timeout"},
-      {GuardErrorKind::Failure, "failure"},
-      {GuardErrorKind::StoreLost, "store_lost"},
+      {GuardErrorKind::Mismatch, "mismatch"}, {GuardErrorKind::Timeout, "timeout"},
+      {GuardErrorKind::Failure, "failure"},   {GuardErrorKind::StoreLost, "store_lost"},
       {GuardErrorKind::Deadlock, "deadlock"},
   };
 };
@@ -42,8 +40,7 @@ using SeenFlag = std::shared_ptr<std::atomic<bool>>;
 
 class GuardError : public c10::DistBackendError {
  public:
-  GuardError(GuardErrorKind kind, std::string msg)
-      : c10::DistBackendError(std::move(msg)), kind_(kind) {}
+  GuardError(GuardErrorKind kind, std::string msg) : c10::DistBackendError(std::move(msg)), kind_(kind) {}
   GuardErrorKind kind() const {
     return kind_;
   }
@@ -133,4 +130,4 @@ class StoreLostError : public CollectiveFailureError {
   explicit StoreLostError(std::string msg) : CollectiveFailureError(GuardErrorKind::StoreLost, std::move(msg)) {}
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

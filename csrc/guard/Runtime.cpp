@@ -92,4 +92,4 @@ void Runtime::log(LogLevel level, const std::string& msg) const {
   }
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

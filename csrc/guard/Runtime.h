@@ -59,4 +59,4 @@ inline void logMessage(LogLevel level, const std::string& msg) {
   Runtime::instance().log(level, msg);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -17,7 +17,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
-#include <torch/version.h> // TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR
+#include <torch/version.h>  // TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR
 
 // True when compiling against torch major.minor or newer.
 #define TORCH_EXT_TORCH_AT_LEAST(major, minor) \
@@ -76,4 +76,4 @@ inline void setSequenceNumber(c10d::Backend& backend) {
 #endif
 }
 
-} // namespace torch_ext::compat
+}  // namespace torch_ext::compat

@@ -39,7 +39,7 @@ std::string describeMatrix(const std::vector<std::vector<int64_t>>& rows, int si
   return "";
 }
 
-} // namespace
+}  // namespace
 
 void Agreement::merge(const Agreement& o) {
   if (o.collective) {
@@ -151,8 +151,8 @@ std::string compareRows(const std::vector<std::vector<int64_t>>& rows, int size)
 std::string compareCounts(const Agreement::PeerCount& recv, int64_t sent) {
   if (sent == recv.bytes) return "";
   std::ostringstream os;
-  os << "rank " << recv.peer << " sends " << sent << " bytes (tag " << recv.tag << ") into a receive of "
-     << recv.bytes << " bytes";
+  os << "rank " << recv.peer << " sends " << sent << " bytes (tag " << recv.tag << ") into a receive of " << recv.bytes
+     << " bytes";
   return os.str();
 }
 
@@ -196,4 +196,4 @@ std::string AgreementRound::verdict() const {
   return "";
 }
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

@@ -106,4 +106,4 @@ class AgreementRound {
   std::vector<at::Tensor> received_;  // one per receive, in order
 };
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

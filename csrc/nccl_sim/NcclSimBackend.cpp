@@ -28,7 +28,7 @@ std::vector<at::Tensor> flat(const std::vector<std::vector<at::Tensor>>& lists) 
   return out;
 }
 
-} // namespace
+}  // namespace
 
 NcclSimBackend::NcclSimBackend(int rank, int size, std::string label, bool faultsApply,
                                c10::intrusive_ptr<c10d::Backend> transport, NcclSimSettings settings)
@@ -80,9 +80,9 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::issue(const char* name, c10d::OpT
 
 c10d::ReduceOp NcclSimBackend::transportOp(const c10d::ReduceOp& op, const char* name) const {
   if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
-    throw c10::NotImplementedError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                   std::string("nccl_sim: ") + name +
-                                       " with ReduceOp.PREMUL_SUM is not simulated; use SUM and scale the result");
+    throw c10::NotImplementedError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        std::string("nccl_sim: ") + name + " with ReduceOp.PREMUL_SUM is not simulated; use SUM and scale the result");
   }
   if (op.op_ == c10d::ReduceOp::AVG) return c10d::ReduceOp(c10d::ReduceOp::SUM);
   return op;
@@ -115,19 +115,20 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::allreduce(std::vector<at::Tensor>
                                                          const c10d::AllreduceOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "all_reduce");
-  return issue("all_reduce", c10d::OpType::ALLREDUCE, tensors, AgreementWord("all_reduce").bytes(tensors).collective(),
-               [tensors, o](c10d::Backend& t) mutable { return t.allreduce(tensors, o); },
-               averageOf(opts.reduceOp, tensors));
+  return issue(
+      "all_reduce", c10d::OpType::ALLREDUCE, tensors, AgreementWord("all_reduce").bytes(tensors).collective(),
+      [tensors, o](c10d::Backend& t) mutable { return t.allreduce(tensors, o); }, averageOf(opts.reduceOp, tensors));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                    const c10d::AllreduceCoalescedOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "all_reduce_coalesced");
-  return issue("all_reduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
-               AgreementWord("all_reduce_coalesced").bytes(tensors).collective(),
-               [tensors, o](c10d::Backend& t) mutable { return t.allreduce_coalesced(tensors, o); },
-               averageOf(opts.reduceOp, tensors));
+  return issue(
+      "all_reduce_coalesced", c10d::OpType::ALLREDUCE_COALESCED, tensors,
+      AgreementWord("all_reduce_coalesced").bytes(tensors).collective(),
+      [tensors, o](c10d::Backend& t) mutable { return t.allreduce_coalesced(tensors, o); },
+      averageOf(opts.reduceOp, tensors));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -136,9 +137,10 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce(std::vector<at::Tensor>& t
   o.reduceOp = transportOp(opts.reduceOp, "reduce");
   // Only the root's output is defined; only it is averaged.
   auto finish = getRank() == opts.rootRank ? averageOf(opts.reduceOp, tensors) : std::function<void()>();
-  return issue("reduce", c10d::OpType::REDUCE, tensors,
-               AgreementWord("reduce").add(opts.rootRank).add(opts.rootTensor).bytes(tensors).collective(),
-               [tensors, o](c10d::Backend& t) mutable { return t.reduce(tensors, o); }, std::move(finish));
+  return issue(
+      "reduce", c10d::OpType::REDUCE, tensors,
+      AgreementWord("reduce").add(opts.rootRank).add(opts.rootTensor).bytes(tensors).collective(),
+      [tensors, o](c10d::Backend& t) mutable { return t.reduce(tensors, o); }, std::move(finish));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -167,11 +169,10 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::_allgather_base(at::Tensor& outpu
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                    std::vector<at::Tensor>& inputs,
                                                                    const c10d::AllgatherOptions& opts) {
-  return issue("all_gather_coalesced", c10d::OpType::ALLGATHER_COALESCED, flat(outputs),
-               AgreementWord("all_gather_coalesced").bytes(inputs).bytes(flat(outputs)).collective(),
-               [outputs, inputs, opts](c10d::Backend& t) mutable {
-                 return t.allgather_coalesced(outputs, inputs, opts);
-               });
+  return issue(
+      "all_gather_coalesced", c10d::OpType::ALLGATHER_COALESCED, flat(outputs),
+      AgreementWord("all_gather_coalesced").bytes(inputs).bytes(flat(outputs)).collective(),
+      [outputs, inputs, opts](c10d::Backend& t) mutable { return t.allgather_coalesced(outputs, inputs, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -212,32 +213,34 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce_scatter(std::vector<at::Te
                                                               const c10d::ReduceScatterOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter");
-  return issue("reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs,
-               AgreementWord("reduce_scatter").bytes(outputs).bytes(flat(inputs)).collective(),
-               [outputs, inputs, o](c10d::Backend& t) mutable { return t.reduce_scatter(outputs, inputs, o); },
-               averageOf(opts.reduceOp, outputs));
+  return issue(
+      "reduce_scatter", c10d::OpType::REDUCE_SCATTER, outputs,
+      AgreementWord("reduce_scatter").bytes(outputs).bytes(flat(inputs)).collective(),
+      [outputs, inputs, o](c10d::Backend& t) mutable { return t.reduce_scatter(outputs, inputs, o); },
+      averageOf(opts.reduceOp, outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                     const c10d::ReduceScatterOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter_tensor");
-  return issue("reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {output},
-               AgreementWord("reduce_scatter_tensor").bytes(output).bytes(input).collective(),
-               [output, input, o](c10d::Backend& t) mutable { return t._reduce_scatter_base(output, input, o); },
-               averageOf(opts.reduceOp, {output}));
+  return issue(
+      "reduce_scatter_tensor", c10d::OpType::_REDUCE_SCATTER_BASE, {output},
+      AgreementWord("reduce_scatter_tensor").bytes(output).bytes(input).collective(),
+      [output, input, o](c10d::Backend& t) mutable { return t._reduce_scatter_base(output, input, o); },
+      averageOf(opts.reduceOp, {output}));
 }
 
-c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> NcclSimBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                               std::vector<at::Tensor>& inputs,
+                                                                               const c10d::ReduceScatterOptions& opts) {
   auto o = opts;
   o.reduceOp = transportOp(opts.reduceOp, "reduce_scatter_tensor_coalesced");
-  return issue("reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, outputs,
-               AgreementWord("reduce_scatter_tensor_coalesced").bytes(outputs).bytes(inputs).collective(),
-               [outputs, inputs, o](c10d::Backend& t) mutable {
-                 return t.reduce_scatter_tensor_coalesced(outputs, inputs, o);
-               },
-               averageOf(opts.reduceOp, outputs));
+  return issue(
+      "reduce_scatter_tensor_coalesced", c10d::OpType::COALESCED, outputs,
+      AgreementWord("reduce_scatter_tensor_coalesced").bytes(outputs).bytes(inputs).collective(),
+      [outputs, inputs, o](c10d::Backend& t) mutable { return t.reduce_scatter_tensor_coalesced(outputs, inputs, o); },
+      averageOf(opts.reduceOp, outputs));
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -266,7 +269,8 @@ c10::intrusive_ptr<c10d::Work> NcclSimBackend::alltoall(std::vector<at::Tensor>&
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::barrier(const c10d::BarrierOptions& opts) {
-  return issue("barrier", c10d::OpType::BARRIER, {}, AgreementWord("barrier").collective(), [opts](c10d::Backend& t) { return t.barrier(opts); });
+  return issue("barrier", c10d::OpType::BARRIER, {}, AgreementWord("barrier").collective(),
+               [opts](c10d::Backend& t) { return t.barrier(opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> NcclSimBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -338,4 +342,4 @@ void NcclSimBackend::shutdown() {
   stream_->stop();
 }
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

@@ -84,10 +84,9 @@ class NcclSimBackend : public c10d::Backend, public StreamOrdered {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
@@ -137,4 +136,4 @@ class NcclSimBackend : public c10d::Backend, public StreamOrdered {
   bool shutdown_ = false;
 };
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

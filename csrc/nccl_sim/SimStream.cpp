@@ -14,7 +14,7 @@ int64_t steadyNowNs() {
       .count();
 }
 
-} // namespace
+}  // namespace
 
 std::shared_ptr<SimStream> SimStream::start(std::string label, int rank, int size, bool faultsApply,
                                             NcclSimSettings settings) {
@@ -34,7 +34,7 @@ bool SimStream::appliesAt(const NcclSimSettings::Fault& f, uint64_t index) const
 
 std::string SimStream::abortedText() const {
   return "nccl_sim: communicator " + label_ + " (rank " + std::to_string(rank_) + ") was aborted (" + abortReason_ +
-      ")";
+         ")";
 }
 
 void SimStream::enqueue(const std::shared_ptr<StreamOp>& op) {
@@ -173,14 +173,14 @@ void SimStream::execute(StreamOp& op) {
   }
   if (!earlier.empty()) {
     settle(op, false,
-           "nccl_sim: communicator " + label_ + " is in error after an earlier failure (" + earlier + "): " +
-               op.name + " did not run");
+           "nccl_sim: communicator " + label_ + " is in error after an earlier failure (" + earlier + "): " + op.name +
+               " did not run");
     return;
   }
   if (appliesAt(settings_.fail, op.index)) {
     const std::string text = "nccl_sim: " + op.name + " (operation " + std::to_string(op.index) + " on the stream of " +
-        label_ + ") failed: injected by TORCH_EXT_NCCL_SIM_FAIL=" + std::to_string(rank_) + ":" +
-        std::to_string(op.index);
+                             label_ + ") failed: injected by TORCH_EXT_NCCL_SIM_FAIL=" + std::to_string(rank_) + ":" +
+                             std::to_string(op.index);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (error_.empty()) error_ = text;
@@ -225,7 +225,7 @@ void SimStream::execute(StreamOp& op) {
   op.durationNs = steadyNowNs() - start;
   if (!ok) {
     error = "nccl_sim: " + op.name + " failed on the stream of " + label_ + ": " +
-        error.substr(0, error.find("\nException raised from"));
+            error.substr(0, error.find("\nException raised from"));
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_) return;
     if (error_.empty()) error_ = error;
@@ -300,4 +300,4 @@ bool SimStream::await(const c10::intrusive_ptr<c10d::Work>& work, std::string* e
   return ok;
 }
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

@@ -43,8 +43,8 @@ enum class OpState : uint8_t { Queued, Done, Failed };
 
 // One operation on the stream (a collective, a p2p op, or a coalesced block).
 struct StreamOp {
-  std::string name;   // "all_reduce", for messages
-  uint64_t index = 0; // position on the stream (1, 2, ...), set by enqueue()
+  std::string name;    // "all_reduce", for messages
+  uint64_t index = 0;  // position on the stream (1, 2, ...), set by enqueue()
   // Issues the operation on the transport and returns the works to wait for.
   // Called on the stream's thread, in stream order.
   std::vector<std::function<std::vector<c10::intrusive_ptr<c10d::Work>>()>> launches;
@@ -61,8 +61,8 @@ struct StreamOp {
   c10::intrusive_ptr<c10::ivalue::Future> future;  // completed with `outputs` once done
   std::atomic<OpState> state{OpState::Queued};
   std::atomic<bool> started{false};  // the stream began its exchange (not stalled ahead of it)
-  std::string error;  // written before state turns Failed
-  int64_t durationNs = 0;  // stream time of the exchange (start to end on the stream)
+  std::string error;                 // written before state turns Failed
+  int64_t durationNs = 0;            // stream time of the exchange (start to end on the stream)
 };
 
 class SimStream : public std::enable_shared_from_this<SimStream> {
@@ -134,8 +134,8 @@ class SimStream : public std::enable_shared_from_this<SimStream> {
   bool aborted_ = false;
   bool stopping_ = false;
   std::string abortReason_;
-  std::string error_;             // first failure: the communicator's error state
+  std::string error_;                       // first failure: the communicator's error state
   c10::intrusive_ptr<c10d::Work> current_;  // the transport work being waited on (abortable)
 };
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

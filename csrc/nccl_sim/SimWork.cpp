@@ -56,4 +56,4 @@ float SimWork::getDuration() const {
   return static_cast<float>(op_->durationNs) / 1e6f;
 }
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

@@ -49,4 +49,4 @@ class SimWork : public c10d::Work, public StreamStartAware {
   std::shared_ptr<StreamOp> op_;
 };
 
-} // namespace torch_ext::nccl_sim
+}  // namespace torch_ext::nccl_sim

@@ -34,12 +34,11 @@ c10::intrusive_ptr<c10d::ProcessGroup> resolveGroup(const std::string& group_nam
   try {
     return c10d::resolve_process_group(group_name);
   } catch (const c10::Error& e) {
-    TORCH_CHECK(
-        false,
-        kOp, ": no process group named '", group_name,
-        "' is registered in this process. Pass the name of a live group: group.group_name of a group made by "
-        "torch.distributed.init_process_group / new_group (dist.group.WORLD.group_name for the default group), "
-        "and call it before destroy_process_group. (", e.what_without_backtrace(), ")");
+    TORCH_CHECK(false, kOp, ": no process group named '", group_name,
+                "' is registered in this process. Pass the name of a live group: group.group_name of a group made by "
+                "torch.distributed.init_process_group / new_group (dist.group.WORLD.group_name for the default group), "
+                "and call it before destroy_process_group. (",
+                e.what_without_backtrace(), ")");
   }
 }
 
@@ -50,24 +49,20 @@ std::string where(const c10d::ProcessGroup& pg, const std::string& group_name) {
 // Both counts share one float64 slot (see StepSync.h), exact while the
 // group has fewer than 2^21 ranks.
 void checkWorld(const c10d::ProcessGroup& pg, const std::string& group_name) {
-  TORCH_CHECK(
-      pg.getSize() < kHasDataUnit,
-      kOp, " (", where(pg, group_name), "): groups of ", kHasDataUnit,
-      " ranks or more are not supported (the stop and has-data counts share one float64 slot)");
+  TORCH_CHECK(pg.getSize() < kHasDataUnit, kOp, " (", where(pg, group_name), "): groups of ", kHasDataUnit,
+              " ranks or more are not supported (the stop and has-data counts share one float64 slot)");
 }
 
 // Launches the SUM all_reduce of `packed` in place and returns its work.
 // Errors of the backend itself (a guard timeout or mismatch report, a dead
 // peer) pass through untouched so callers can catch their types; only the
 // "this group cannot reduce tensors on this device" case gets context.
-c10::intrusive_ptr<c10d::Work> launch(
-    c10d::ProcessGroup& pg, at::Tensor& packed, const std::string& group_name) {
-  TORCH_CHECK(
-      compat::hasBackendFor(pg, packed.device().type()),
-      kOp, " (", where(pg, group_name), "): the group has no backend for device type '",
-      c10::DeviceTypeName(packed.device().type(), /*lower_case=*/true),
-      "'. Put flags and metrics on a device the group serves (CPU tensors for gloo, CUDA tensors for NCCL; "
-      "'guard' serves both), or create the group with a backend for this device.");
+c10::intrusive_ptr<c10d::Work> launch(c10d::ProcessGroup& pg, at::Tensor& packed, const std::string& group_name) {
+  TORCH_CHECK(compat::hasBackendFor(pg, packed.device().type()), kOp, " (", where(pg, group_name),
+              "): the group has no backend for device type '",
+              c10::DeviceTypeName(packed.device().type(), /*lower_case=*/true),
+              "'. Put flags and metrics on a device the group serves (CPU tensors for gloo, CUDA tensors for NCCL; "
+              "'guard' serves both), or create the group with a backend for this device.");
   std::vector<at::Tensor> tensors{packed};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::SUM;
@@ -75,8 +70,8 @@ c10::intrusive_ptr<c10d::Work> launch(
 }
 
 // Kernels take the group name by value, as the dispatcher passes `str`.
-std::tuple<at::Tensor, at::Tensor> stepSyncKernel(
-    const at::Tensor& flags, const at::Tensor& metrics, std::string group_name) {
+std::tuple<at::Tensor, at::Tensor> stepSyncKernel(const at::Tensor& flags, const at::Tensor& metrics,
+                                                  std::string group_name) {
   return step_sync(flags, metrics, group_name);
 }
 
@@ -87,8 +82,8 @@ at::Tensor stepSyncStartKernel(const at::Tensor& flags, const at::Tensor& metric
 // Autograd kernels: the op is not differentiable (it is a control signal plus
 // a detached metric reduction), so run it below autograd; outputs never
 // require grad, even when a metric passed in does (a loss, typically).
-std::tuple<at::Tensor, at::Tensor> stepSyncAutograd(
-    const at::Tensor& flags, const at::Tensor& metrics, std::string group_name) {
+std::tuple<at::Tensor, at::Tensor> stepSyncAutograd(const at::Tensor& flags, const at::Tensor& metrics,
+                                                    std::string group_name) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torch_ext::step_sync", "")
                        .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, std::string)>();
@@ -112,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor> stepSyncFinishAutograd(const at::Tensor& pack
   return op.call(packed);
 }
 
-} // namespace
+}  // namespace
 
 namespace detail {
 
@@ -120,25 +115,19 @@ at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::f
   // TORCH_CHECK evaluates its message only on failure: where() costs nothing
   // on the hot path.
   TORCH_CHECK(flags.defined() && metrics.defined(), kOp, " (", where(), "): flags and metrics must be tensors");
-  TORCH_CHECK(
-      flags.layout() == at::kStrided && metrics.layout() == at::kStrided,
-      kOp, " (", where(), "): flags and metrics must be dense (strided) tensors");
-  TORCH_CHECK(
-      flags.dim() == 1 && flags.size(0) == 2,
-      kOp, " (", where(), "): flags must be a 1-D tensor [stop, has_data] of 2 elements, got shape ",
-      shapeOf(flags), "; build it as torch.tensor([stop, has_data])");
-  TORCH_CHECK(
-      metrics.dim() == 1,
-      kOp, " (", where(), "): metrics must be a 1-D tensor of k values (k may be 0), got shape ",
-      shapeOf(metrics), "; flatten it or stack one scalar per metric");
-  TORCH_CHECK(
-      !at::isComplexType(flags.scalar_type()) && !at::isComplexType(metrics.scalar_type()),
-      kOp, " (", where(), "): complex tensors are not supported (flags ", flags.scalar_type(), ", metrics ",
-      metrics.scalar_type(), "); pass real values");
-  TORCH_CHECK(
-      flags.device() == metrics.device(),
-      kOp, " (", where(), "): flags are on ", flags.device(), " but metrics on ", metrics.device(),
-      "; put both on the same device (the one the group reduces on)");
+  TORCH_CHECK(flags.layout() == at::kStrided && metrics.layout() == at::kStrided, kOp, " (", where(),
+              "): flags and metrics must be dense (strided) tensors");
+  TORCH_CHECK(flags.dim() == 1 && flags.size(0) == 2, kOp, " (", where(),
+              "): flags must be a 1-D tensor [stop, has_data] of 2 elements, got shape ", shapeOf(flags),
+              "; build it as torch.tensor([stop, has_data])");
+  TORCH_CHECK(metrics.dim() == 1, kOp, " (", where(),
+              "): metrics must be a 1-D tensor of k values (k may be 0), got shape ", shapeOf(metrics),
+              "; flatten it or stack one scalar per metric");
+  TORCH_CHECK(!at::isComplexType(flags.scalar_type()) && !at::isComplexType(metrics.scalar_type()), kOp, " (", where(),
+              "): complex tensors are not supported (flags ", flags.scalar_type(), ", metrics ", metrics.scalar_type(),
+              "); pass real values");
+  TORCH_CHECK(flags.device() == metrics.device(), kOp, " (", where(), "): flags are on ", flags.device(),
+              " but metrics on ", metrics.device(), "; put both on the same device (the one the group reduces on)");
   // packed = [stop + has_data * 2^21, metrics...] in float64. This runs every
   // step, so it uses as few operations as possible.
   const int64_t k = metrics.size(0);
@@ -151,7 +140,7 @@ at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::f
     AT_DISPATCH_ALL_TYPES_AND3(at::kBool, at::kHalf, at::kBFloat16, f.scalar_type(), "step_sync_flags", [&] {
       const scalar_t* in = f.data_ptr<scalar_t>();
       out[0] = (static_cast<double>(in[0]) != 0.0 ? 1.0 : 0.0) +
-          (static_cast<double>(in[1]) != 0.0 ? static_cast<double>(kHasDataUnit) : 0.0);
+               (static_cast<double>(in[1]) != 0.0 ? static_cast<double>(kHasDataUnit) : 0.0);
     });
     if (k > 0) {
       auto m = metrics.contiguous();
@@ -176,10 +165,10 @@ at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::f
 }
 
 std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& packed) {
-  TORCH_CHECK(
-      packed.dim() == 1 && packed.size(0) >= kStepSyncFlagSlots && packed.scalar_type() == at::kDouble,
-      "torch.ops.torch_ext.step_sync_finish: expected the float64 buffer returned by step_sync_start "
-      "(1-D, at least 1 element), got ", packed.scalar_type(), " of shape ", shapeOf(packed));
+  TORCH_CHECK(packed.dim() == 1 && packed.size(0) >= kStepSyncFlagSlots && packed.scalar_type() == at::kDouble,
+              "torch.ops.torch_ext.step_sync_finish: expected the float64 buffer returned by step_sync_start "
+              "(1-D, at least 1 element), got ",
+              packed.scalar_type(), " of shape ", shapeOf(packed));
   const int64_t k = packed.size(0) - kStepSyncFlagSlots;
   if (packed.device().is_cpu()) {
     auto p = packed.contiguous();
@@ -205,10 +194,10 @@ std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& packed) {
   return {counts, sums};
 }
 
-} // namespace detail
+}  // namespace detail
 
-std::tuple<at::Tensor, at::Tensor> step_sync(
-    const at::Tensor& flags, const at::Tensor& metrics, const std::string& group_name) {
+std::tuple<at::Tensor, at::Tensor> step_sync(const at::Tensor& flags, const at::Tensor& metrics,
+                                             const std::string& group_name) {
   auto pg = resolveGroup(group_name);
   checkWorld(*pg, group_name);
   auto packed = detail::pack(flags, metrics, [&] { return where(*pg, group_name); });
@@ -235,15 +224,11 @@ std::tuple<at::Tensor, at::Tensor> step_sync_finish(const at::Tensor& packed) {
   return detail::unpack(packed);
 }
 
-} // namespace torch_ext::ops
+}  // namespace torch_ext::ops
 
 TORCH_LIBRARY_FRAGMENT(torch_ext, m) {
-  m.def(
-      "step_sync(Tensor flags, Tensor metrics, str group_name) -> (Tensor, Tensor)",
-      {at::Tag::pt2_compliant_tag});
-  m.def(
-      "step_sync_start(Tensor flags, Tensor metrics, str group_name) -> Tensor",
-      {at::Tag::pt2_compliant_tag});
+  m.def("step_sync(Tensor flags, Tensor metrics, str group_name) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
+  m.def("step_sync_start(Tensor flags, Tensor metrics, str group_name) -> Tensor", {at::Tag::pt2_compliant_tag});
   m.def("step_sync_finish(Tensor packed) -> (Tensor, Tensor)", {at::Tag::pt2_compliant_tag});
 }
 

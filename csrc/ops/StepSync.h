@@ -53,18 +53,13 @@ constexpr int64_t kHasDataUnit = int64_t{1} << kHasDataShift;
 
 // Blocking form: pack, all_reduce(SUM) on the group registered as
 // `group_name`, wait (a stream wait on CUDA, not a host wait), unpack.
-std::tuple<at::Tensor, at::Tensor> step_sync(
-    const at::Tensor& flags,
-    const at::Tensor& metrics,
-    const std::string& group_name);
+std::tuple<at::Tensor, at::Tensor> step_sync(const at::Tensor& flags, const at::Tensor& metrics,
+                                             const std::string& group_name);
 
 // Non-blocking form: pack and launch the all_reduce; returns the packed buffer,
 // whose pending work is registered so that step_sync_finish (or
 // torch.ops._c10d_functional.wait_tensor) waits for it.
-at::Tensor step_sync_start(
-    const at::Tensor& flags,
-    const at::Tensor& metrics,
-    const std::string& group_name);
+at::Tensor step_sync_start(const at::Tensor& flags, const at::Tensor& metrics, const std::string& group_name);
 
 // Waits for the all_reduce launched by step_sync_start and unpacks.
 std::tuple<at::Tensor, at::Tensor> step_sync_finish(const at::Tensor& packed);
@@ -80,5 +75,5 @@ at::Tensor pack(const at::Tensor& flags, const at::Tensor& metrics, const std::f
 // Splits a reduced packed buffer into (counts int64 [2], sums float64 [k]).
 std::tuple<at::Tensor, at::Tensor> unpack(const at::Tensor& packed);
 
-} // namespace detail
-} // namespace torch_ext::ops
+}  // namespace detail
+}  // namespace torch_ext::ops

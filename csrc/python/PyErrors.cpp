@@ -65,7 +65,7 @@ std::exception_ptr surface(const GuardError& e) {
   return std::make_exception_ptr(SurfacedGuardError(e.kind(), e.what_without_backtrace(), e.seenFlag()));
 }
 
-} // namespace
+}  // namespace
 
 void installErrors(pybind11::object guard, pybind11::object mismatch, pybind11::object timeout,
                    pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock) {
@@ -91,4 +91,4 @@ void translateError(std::exception_ptr p) {
   }
 }
 
-} // namespace torch_ext::py
+}  // namespace torch_ext::py

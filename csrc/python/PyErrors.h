@@ -34,4 +34,4 @@ void installErrors(pybind11::object guard, pybind11::object mismatch, pybind11::
 // SurfacedGuardError in `p`, and rethrows anything else.
 void translateError(std::exception_ptr p);
 
-} // namespace torch_ext::py
+}  // namespace torch_ext::py

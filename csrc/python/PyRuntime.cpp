@@ -616,7 +616,7 @@ PyThreadState* findThreadState(unsigned long threadId) {
   return nullptr;
 }
 
-} // namespace
+}  // namespace
 
 // --- label origins, resolved when first read --------------------------------
 
@@ -752,4 +752,4 @@ void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& 
   }
 }
 
-} // namespace torch_ext::py
+}  // namespace torch_ext::py

@@ -58,4 +58,4 @@ void setCallSitesEnabled(bool enabled);
 // listed as library code. Forgets the decisions cached so far.
 void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& roots);
 
-} // namespace torch_ext::py
+}  // namespace torch_ext::py

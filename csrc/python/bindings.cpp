@@ -83,7 +83,7 @@ torch_ext::Config resolve(const std::map<std::string, std::string>& overrides) {
   }
 }
 
-} // namespace
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
@@ -100,7 +100,8 @@ PYBIND11_MODULE(_C, m) {
       "Installs the Python classes raised for guard errors, on every path out of C++ (python/PyErrors.h).");
 
   m.def(
-      "resolve_config", [](const std::map<std::string, std::string>& overrides) { return configDict(resolve(overrides)); },
+      "resolve_config",
+      [](const std::map<std::string, std::string>& overrides) { return configDict(resolve(overrides)); },
       py::arg("overrides") = std::map<std::string, std::string>{},
       "Validated settings from TORCH_EXT_* and the given overrides (raises ValueError naming the bad setting).");
 
@@ -119,13 +120,15 @@ PYBIND11_MODULE(_C, m) {
         "Exchanges between two reads of every rank's status by the straggler analyst (group rank 0).");
 
   m.def(
-      "_announce", [](const c10::intrusive_ptr<c10d::Store>& store, int rank) { torch_ext::Watchdog::announce(*store, rank); },
+      "_announce",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank) { torch_ext::Watchdog::announce(*store, rank); },
       py::call_guard<py::gil_scoped_release>());
 
   m.def(
       "_create_backend",
-      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutS, const std::string& groupName,
-         const std::vector<int64_t>& globalRanks, const std::map<std::string, std::string>& overrides,
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutS,
+         const std::string& groupName, const std::vector<int64_t>& globalRanks,
+         const std::map<std::string, std::string>& overrides,
          const std::map<std::string, std::pair<std::string, c10::intrusive_ptr<c10d::Backend>>>& inner,
          const std::optional<c10::intrusive_ptr<c10d::Backend>>& helper, const std::string& storeHostedBy,
          int64_t storeHostRank) -> c10::intrusive_ptr<c10d::Backend> {
@@ -170,13 +173,11 @@ PYBIND11_MODULE(_C, m) {
         sim->synchronizeStream();
       },
       "Blocks until the communicator's stream has run everything issued so far (no timeout).");
-  m.def(
-      "_nccl_sim_pending",
-      [](const c10::intrusive_ptr<c10d::Backend>& b) -> size_t {
-        auto* sim = dynamic_cast<torch_ext::nccl_sim::NcclSimBackend*>(b.get());
-        if (sim == nullptr) throw py::type_error("expected an nccl_sim backend");
-        return sim->stream()->pending();
-      });
+  m.def("_nccl_sim_pending", [](const c10::intrusive_ptr<c10d::Backend>& b) -> size_t {
+    auto* sim = dynamic_cast<torch_ext::nccl_sim::NcclSimBackend*>(b.get());
+    if (sim == nullptr) throw py::type_error("expected an nccl_sim backend");
+    return sim->stream()->pending();
+  });
   m.def(
       "_raise_failure",
       [](const c10::intrusive_ptr<c10d::Backend>& b, double waitS) {
@@ -223,9 +224,8 @@ PYBIND11_MODULE(_C, m) {
       },
       "(health, description of the loss) of the group's store channel.");
 
-  m.def("_is_guard", [](const c10::intrusive_ptr<c10d::Backend>& b) {
-    return dynamic_cast<GuardBackend*>(b.get()) != nullptr;
-  });
+  m.def("_is_guard",
+        [](const c10::intrusive_ptr<c10d::Backend>& b) { return dynamic_cast<GuardBackend*>(b.get()) != nullptr; });
   m.def("_repr", [](const c10::intrusive_ptr<c10d::Backend>& b) {
     auto& g = asGuard(b);
     g.state()->setDesc(g.getGroupDesc());  // torch set it after creating the backend
@@ -263,9 +263,8 @@ PYBIND11_MODULE(_C, m) {
       py::arg("backend"), py::call_guard<py::gil_scoped_release>());
   // The last collective seq issued on a guard group (torch_ext/epochs.py: whether an
   // epoch's loop issued collectives).
-  m.def("_last_seq", [](const c10::intrusive_ptr<c10d::Backend>& b) {
-    return asGuard(b).state()->ledger().progress().lastSeq;
-  });
+  m.def("_last_seq",
+        [](const c10::intrusive_ptr<c10d::Backend>& b) { return asGuard(b).state()->ledger().progress().lastSeq; });
   // check="verify": the verifier's counters (None in other modes or at world size 1).
   m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     torch_ext::Verifier* v = asGuard(b).state()->verifier();
@@ -299,7 +298,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PyStreamGate, std::shared_ptr<PyStreamGate>>(m, "_StreamGate")
       .def(py::init<>())
       .def(
-          "hold", [](PyStreamGate& g, uint64_t seq, const std::vector<at::Tensor>& outputs) {
+          "hold",
+          [](PyStreamGate& g, uint64_t seq, const std::vector<at::Tensor>& outputs) {
             return g.gate.hold(seq, outputs);
           },
           py::arg("seq"), py::arg("outputs"), py::call_guard<py::gil_scoped_release>())
@@ -323,10 +323,16 @@ PYBIND11_MODULE(_C, m) {
   });
 
   m.def(
-      "_snapshot_json", [](const std::string& reason) { return torch_ext::toJson(torch_ext::Watchdog::instance().snapshot(reason)).dump(); },
+      "_snapshot_json",
+      [](const std::string& reason) {
+        return torch_ext::toJson(torch_ext::Watchdog::instance().snapshot(reason)).dump();
+      },
       py::arg("reason") = "manual", py::call_guard<py::gil_scoped_release>());
   m.def(
-      "_dump", [](const std::string& reason, const std::string& dir) { return torch_ext::Watchdog::instance().writeDump(reason, dir); },
+      "_dump",
+      [](const std::string& reason, const std::string& dir) {
+        return torch_ext::Watchdog::instance().writeDump(reason, dir);
+      },
       py::arg("reason") = "manual", py::arg("dir") = "", py::call_guard<py::gil_scoped_release>());
   m.def("_watchdog_stats", []() {
     auto s = torch_ext::Watchdog::instance().stats();
@@ -397,15 +403,15 @@ PYBIND11_MODULE(_C, m) {
       "A status record (st/<rank>) as a dict, or None when it is not one.");
   m.def(
       "_publish_live_directory",
-      [](const c10::intrusive_ptr<c10d::Backend>& b) { torch_ext::Watchdog::instance().publishLiveDirectory(asGuard(b).state()); },
+      [](const c10::intrusive_ptr<c10d::Backend>& b) {
+        torch_ext::Watchdog::instance().publishLiveDirectory(asGuard(b).state());
+      },
       "The default group: say where `torch-ext-diagnose live` finds its keys (rank 0 only; never waits on the store).");
 
-  m.def(
-      "_install_runtime",
-      [](const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
-         const std::vector<std::string>& site, unsigned long mainThreadId) {
-        torch_ext::py::installRuntime(internal, stdlib, site, mainThreadId);
-      });
+  m.def("_install_runtime", [](const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
+                               const std::vector<std::string>& site, unsigned long mainThreadId) {
+    torch_ext::py::installRuntime(internal, stdlib, site, mainThreadId);
+  });
   m.def(
       "_at_exit",
       [](const std::string& uncaught) {

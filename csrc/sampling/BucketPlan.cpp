@@ -17,41 +17,26 @@ namespace detail {
 constexpr uint64_t kBatchOrderStream = 0;  // bucket b shuffles with stream 1 + b
 
 void checkIds(const at::Tensor& bucketIds) {
-  TORCH_CHECK_VALUE(
-      bucketIds.dim() == 1,
-      "bucket_ids must be 1-D (one bucket id per sample), got shape ",
-      bucketIds.sizes());
-  TORCH_CHECK_VALUE(
-      bucketIds.scalar_type() == at::kInt || bucketIds.scalar_type() == at::kLong,
-      "bucket_ids must be int32 or int64, got ",
-      bucketIds.scalar_type(),
-      "; map bucket keys to dense ids 0..B-1 first");
-  TORCH_CHECK_VALUE(
-      bucketIds.device().is_cpu(),
-      "bucket_ids must be a CPU tensor, got one on ",
-      bucketIds.device(),
-      "; planning is index bookkeeping, pass bucket_ids.cpu()");
+  TORCH_CHECK_VALUE(bucketIds.dim() == 1, "bucket_ids must be 1-D (one bucket id per sample), got shape ",
+                    bucketIds.sizes());
+  TORCH_CHECK_VALUE(bucketIds.scalar_type() == at::kInt || bucketIds.scalar_type() == at::kLong,
+                    "bucket_ids must be int32 or int64, got ", bucketIds.scalar_type(),
+                    "; map bucket keys to dense ids 0..B-1 first");
+  TORCH_CHECK_VALUE(bucketIds.device().is_cpu(), "bucket_ids must be a CPU tensor, got one on ", bucketIds.device(),
+                    "; planning is index bookkeeping, pass bucket_ids.cpu()");
 }
 
 std::vector<int64_t> batchSizesOf(const at::Tensor& batchSizes) {
-  TORCH_CHECK_VALUE(
-      batchSizes.dim() == 1, "batch_sizes must be 1-D (one size per bucket), got shape ", batchSizes.sizes());
-  TORCH_CHECK_VALUE(
-      !at::isFloatingType(batchSizes.scalar_type()) && !at::isComplexType(batchSizes.scalar_type()) &&
-          batchSizes.scalar_type() != at::kBool,
-      "batch_sizes must be an integer tensor, got ",
-      batchSizes.scalar_type());
+  TORCH_CHECK_VALUE(batchSizes.dim() == 1, "batch_sizes must be 1-D (one size per bucket), got shape ",
+                    batchSizes.sizes());
+  TORCH_CHECK_VALUE(!at::isFloatingType(batchSizes.scalar_type()) && !at::isComplexType(batchSizes.scalar_type()) &&
+                        batchSizes.scalar_type() != at::kBool,
+                    "batch_sizes must be an integer tensor, got ", batchSizes.scalar_type());
   const at::Tensor sizes = batchSizes.to(at::kCPU, at::kLong).contiguous();
   const int64_t* p = sizes.data_ptr<int64_t>();
   std::vector<int64_t> out(p, p + sizes.numel());
   for (size_t b = 0; b < out.size(); ++b) {
-    TORCH_CHECK_VALUE(
-        out[b] >= 1,
-        "batch_sizes[",
-        b,
-        "] = ",
-        out[b],
-        ": every bucket's batch size must be at least 1");
+    TORCH_CHECK_VALUE(out[b] >= 1, "batch_sizes[", b, "] = ", out[b], ": every bucket's batch size must be at least 1");
   }
   return out;
 }
@@ -62,26 +47,15 @@ std::vector<int64_t> countBuckets(const Id* ids, int64_t n, int64_t numBuckets) 
   std::vector<int64_t> counts(numBuckets, 0);
   for (int64_t i = 0; i < n; ++i) {
     const auto id = static_cast<int64_t>(ids[i]);
-    TORCH_CHECK_VALUE(
-        id >= 0 && id < numBuckets,
-        "bucket_ids[",
-        i,
-        "] = ",
-        id,
-        " is outside [0, ",
-        numBuckets,
-        "): there are ",
-        numBuckets,
-        " batch sizes, one per bucket; give every bucket id a batch size");
+    TORCH_CHECK_VALUE(id >= 0 && id < numBuckets, "bucket_ids[", i, "] = ", id, " is outside [0, ", numBuckets,
+                      "): there are ", numBuckets, " batch sizes, one per bucket; give every bucket id a batch size");
     ++counts[id];
   }
   return counts;
 }
 
-std::vector<int64_t> batchesPerBucket(
-    const std::vector<int64_t>& counts,
-    const std::vector<int64_t>& batchSizes,
-    Policy policy) {
+std::vector<int64_t> batchesPerBucket(const std::vector<int64_t>& counts, const std::vector<int64_t>& batchSizes,
+                                      Policy policy) {
   std::vector<int64_t> out(counts.size());
   for (size_t b = 0; b < counts.size(); ++b) {
     out[b] = policy == Policy::Drop ? counts[b] / batchSizes[b] : (counts[b] + batchSizes[b] - 1) / batchSizes[b];
@@ -90,15 +64,8 @@ std::vector<int64_t> batchesPerBucket(
 }
 
 template <typename Id, typename Idx>
-BucketPlan plan(
-    const Id* ids,
-    int64_t n,
-    const std::vector<int64_t>& batchSizes,
-    uint64_t seed,
-    uint64_t epoch,
-    bool shuffle,
-    Policy policy,
-    at::ScalarType indexType) {
+BucketPlan plan(const Id* ids, int64_t n, const std::vector<int64_t>& batchSizes, uint64_t seed, uint64_t epoch,
+                bool shuffle, Policy policy, at::ScalarType indexType) {
   const auto numBuckets = static_cast<int64_t>(batchSizes.size());
   const std::vector<int64_t> counts = countBuckets(ids, n, numBuckets);
 
@@ -169,13 +136,8 @@ BucketPlan plan(
 }
 
 template <typename Id>
-BucketPlan planFor(
-    const at::Tensor& ids,
-    const std::vector<int64_t>& batchSizes,
-    uint64_t seed,
-    uint64_t epoch,
-    bool shuffle,
-    Policy policy) {
+BucketPlan planFor(const at::Tensor& ids, const std::vector<int64_t>& batchSizes, uint64_t seed, uint64_t epoch,
+                   bool shuffle, Policy policy) {
   const int64_t n = ids.numel();
   const Id* p = ids.data_ptr<Id>();
   if (n <= std::numeric_limits<int32_t>::max()) {
@@ -187,15 +149,9 @@ BucketPlan planFor(
 void checkDeal(int64_t numBatches, int64_t consumed, int64_t numReplicas) {
   TORCH_CHECK_VALUE(numReplicas >= 1, "num_replicas = ", numReplicas, ": there must be at least one rank");
   TORCH_CHECK_VALUE(numBatches >= 0, "num_batches = ", numBatches, " is negative");
-  TORCH_CHECK_VALUE(
-      consumed >= 0 && consumed <= numBatches,
-      "consumed = ",
-      consumed,
-      " is outside [0, ",
-      numBatches,
-      "]: the epoch's plan has ",
-      numBatches,
-      " batches; a position saved for another dataset or batch size does not fit this plan");
+  TORCH_CHECK_VALUE(consumed >= 0 && consumed <= numBatches, "consumed = ", consumed, " is outside [0, ", numBatches,
+                    "]: the epoch's plan has ", numBatches,
+                    " batches; a position saved for another dataset or batch size does not fit this plan");
 }
 
 template <typename Id>
@@ -211,7 +167,7 @@ void hashInto(const Id* p, int64_t n, uint64_t (&lane)[4]) {
   }
 }
 
-} // namespace detail
+}  // namespace detail
 
 Policy parsePolicy(const std::string& policy) {
   if (policy == "pad") {
@@ -221,9 +177,7 @@ Policy parsePolicy(const std::string& policy) {
     return Policy::Drop;
   }
   TORCH_CHECK_VALUE(
-      false,
-      "policy = '",
-      policy,
+      false, "policy = '", policy,
       "' is not a policy: use 'pad' (every sample at least once, up to num_replicas - 1 repeated batches) "
       "or 'drop' (every sample at most once)");
 }
@@ -232,20 +186,12 @@ const char* policyName(Policy policy) {
   return policy == Policy::Pad ? "pad" : "drop";
 }
 
-BucketPlan planBucketBatches(
-    const at::Tensor& bucketIds,
-    const at::Tensor& batchSizes,
-    int64_t seed,
-    int64_t epoch,
-    bool shuffle,
-    Policy policy) {
+BucketPlan planBucketBatches(const at::Tensor& bucketIds, const at::Tensor& batchSizes, int64_t seed, int64_t epoch,
+                             bool shuffle, Policy policy) {
   detail::checkIds(bucketIds);
   const std::vector<int64_t> sizes = detail::batchSizesOf(batchSizes);
-  TORCH_CHECK_VALUE(
-      bucketIds.numel() == 0 || !sizes.empty(),
-      "batch_sizes is empty but there are ",
-      bucketIds.numel(),
-      " samples: give one batch size per bucket");
+  TORCH_CHECK_VALUE(bucketIds.numel() == 0 || !sizes.empty(), "batch_sizes is empty but there are ", bucketIds.numel(),
+                    " samples: give one batch size per bucket");
   const at::Tensor ids = bucketIds.contiguous();
   const auto useed = static_cast<uint64_t>(seed);
   const auto uepoch = static_cast<uint64_t>(epoch);
@@ -256,13 +202,8 @@ BucketPlan planBucketBatches(
 }
 
 int64_t countBucketBatches(const std::vector<int64_t>& counts, const std::vector<int64_t>& batchSizes, Policy policy) {
-  TORCH_CHECK_VALUE(
-      counts.size() == batchSizes.size(),
-      "got ",
-      counts.size(),
-      " bucket counts but ",
-      batchSizes.size(),
-      " batch sizes: give one batch size per bucket");
+  TORCH_CHECK_VALUE(counts.size() == batchSizes.size(), "got ", counts.size(), " bucket counts but ", batchSizes.size(),
+                    " batch sizes: give one batch size per bucket");
   int64_t total = 0;
   for (int64_t nb : detail::batchesPerBucket(counts, batchSizes, policy)) {
     total += nb;
@@ -276,15 +217,11 @@ int64_t batchesPerRank(int64_t numBatches, int64_t consumed, int64_t numReplicas
   return policy == Policy::Drop ? remaining / numReplicas : (remaining + numReplicas - 1) / numReplicas;
 }
 
-std::vector<int64_t> dealBatches(
-    int64_t numBatches,
-    int64_t consumed,
-    int64_t numReplicas,
-    int64_t rank,
-    Policy policy) {
+std::vector<int64_t> dealBatches(int64_t numBatches, int64_t consumed, int64_t numReplicas, int64_t rank,
+                                 Policy policy) {
   const int64_t count = batchesPerRank(numBatches, consumed, numReplicas, policy);
-  TORCH_CHECK_VALUE(
-      rank >= 0 && rank < numReplicas, "rank = ", rank, " is outside [0, num_replicas = ", numReplicas, ")");
+  TORCH_CHECK_VALUE(rank >= 0 && rank < numReplicas, "rank = ", rank, " is outside [0, num_replicas = ", numReplicas,
+                    ")");
   std::vector<int64_t> out(count);
   for (int64_t j = 0; j < count; ++j) {
     // Only the Pad policy's last round reaches past numBatches; it wraps to the
@@ -318,4 +255,4 @@ uint64_t bucketFingerprint(const at::Tensor& bucketIds, const at::Tensor& batchS
   return h;
 }
 
-} // namespace torch_ext::sampling
+}  // namespace torch_ext::sampling

@@ -58,13 +58,8 @@ struct BucketPlan {
 // bucket_ids: 1-D int32/int64 CPU tensor, bucket_ids[i] in [0, B) is sample
 // i's bucket. batch_sizes: 1-D integer CPU tensor of length B, all >= 1.
 // Throws c10::ValueError naming the offending sample, bucket or value.
-BucketPlan planBucketBatches(
-    const at::Tensor& bucketIds,
-    const at::Tensor& batchSizes,
-    int64_t seed,
-    int64_t epoch,
-    bool shuffle,
-    Policy policy);
+BucketPlan planBucketBatches(const at::Tensor& bucketIds, const at::Tensor& batchSizes, int64_t seed, int64_t epoch,
+                             bool shuffle, Policy policy);
 
 // Batches in the plan, from per-bucket counts, without building it.
 int64_t countBucketBatches(const std::vector<int64_t>& counts, const std::vector<int64_t>& batchSizes, Policy policy);
@@ -75,15 +70,11 @@ int64_t batchesPerRank(int64_t numBatches, int64_t consumed, int64_t numReplicas
 
 // Global batch indices rank `rank` gets, in order: (consumed + j * W + rank)
 // modulo numBatches for j in [0, batchesPerRank).
-std::vector<int64_t> dealBatches(
-    int64_t numBatches,
-    int64_t consumed,
-    int64_t numReplicas,
-    int64_t rank,
-    Policy policy);
+std::vector<int64_t> dealBatches(int64_t numBatches, int64_t consumed, int64_t numReplicas, int64_t rank,
+                                 Policy policy);
 
 // A 64-bit digest of (bucket ids, batch sizes): a state saved for one dataset
 // and bucketing is refused by a sampler built on another.
 uint64_t bucketFingerprint(const at::Tensor& bucketIds, const at::Tensor& batchSizes);
 
-} // namespace torch_ext::sampling
+}  // namespace torch_ext::sampling

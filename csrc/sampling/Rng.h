@@ -76,4 +76,4 @@ void shuffle(T* data, int64_t n, SplitMix64& rng) {
   }
 }
 
-} // namespace torch_ext::sampling
+}  // namespace torch_ext::sampling

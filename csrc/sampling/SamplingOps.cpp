@@ -16,18 +16,14 @@
 namespace torch_ext::sampling {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> bucketPlanOp(
-    const at::Tensor& bucketIds,
-    const at::Tensor& batchSizes,
-    int64_t seed,
-    int64_t epoch,
-    bool shuffle,
-    c10::string_view policy) {
+std::tuple<at::Tensor, at::Tensor> bucketPlanOp(const at::Tensor& bucketIds, const at::Tensor& batchSizes, int64_t seed,
+                                                int64_t epoch, bool shuffle, c10::string_view policy) {
   BucketPlan plan = planBucketBatches(bucketIds, batchSizes, seed, epoch, shuffle, parsePolicy(std::string(policy)));
   return {std::move(plan.order), std::move(plan.offsets)};
 }
 
-at::Tensor bucketDealOp(int64_t numBatches, int64_t consumed, int64_t numReplicas, int64_t rank, c10::string_view policy) {
+at::Tensor bucketDealOp(int64_t numBatches, int64_t consumed, int64_t numReplicas, int64_t rank,
+                        c10::string_view policy) {
   std::vector<int64_t> batches = dealBatches(numBatches, consumed, numReplicas, rank, parsePolicy(std::string(policy)));
   at::Tensor out = at::empty({static_cast<int64_t>(batches.size())}, at::TensorOptions().dtype(at::kLong));
   std::copy(batches.begin(), batches.end(), out.data_ptr<int64_t>());
@@ -39,8 +35,8 @@ int64_t bucketFingerprintOp(const at::Tensor& bucketIds, const at::Tensor& batch
   return static_cast<int64_t>(bucketFingerprint(bucketIds, batchSizes));
 }
 
-} // namespace
-} // namespace torch_ext::sampling
+}  // namespace
+}  // namespace torch_ext::sampling
 
 TORCH_LIBRARY_FRAGMENT(torch_ext, m) {
   m.def(

@@ -133,11 +133,12 @@ class FaultyStore : public c10d::Store {
 
 // A GroupStore over `store` (a fresh in-memory store by default) with a
 // channel of its own (no clone, no sharing).
-inline std::shared_ptr<GroupStore> groupStore(c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>(),
-                                              std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
-                                              StoreAddress address = StoreAddress{"HashStore", "", 0, "", -1}) {
+inline std::shared_ptr<GroupStore> groupStore(
+    c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>(),
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(2000),
+    StoreAddress address = StoreAddress{"HashStore", "", 0, "", -1}) {
   auto opened = StoreChannel::direct(store, std::move(address), timeout);
   return std::make_shared<GroupStore>(std::move(opened.channel), std::move(opened.view));
 }
 
-} // namespace torch_ext::testkit
+}  // namespace torch_ext::testkit

@@ -16,8 +16,8 @@
 #include <vector>
 
 using torch_ext::sampling::batchesPerRank;
-using torch_ext::sampling::BucketPlan;
 using torch_ext::sampling::bucketFingerprint;
+using torch_ext::sampling::BucketPlan;
 using torch_ext::sampling::dealBatches;
 using torch_ext::sampling::parsePolicy;
 using torch_ext::sampling::planBucketBatches;
@@ -64,7 +64,7 @@ std::string errorOf(const std::function<void()>& fn) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 TEST(BucketPlan, EveryBatchIsOneBucketOfItsSizeAndPadUsesEverySampleOnce) {
   const at::Tensor bucketIds = skewedIds(5000, 7, 1);
@@ -205,18 +205,17 @@ TEST(BucketDeal, ResumingOnAnotherWorldSizeNeitherRepeatsNorSkips) {
 }
 
 TEST(BucketPlan, ErrorsNameTheBadValueAndTheFix) {
+  EXPECT_NE(errorOf([] {
+              planBucketBatches(ids({0, 3, 1}), sizes({2, 2}), 0, 0, true, Policy::Pad);
+            }).find("bucket_ids[1] = 3 is outside [0, 2)"),
+            std::string::npos);
   EXPECT_NE(
-      errorOf([] { planBucketBatches(ids({0, 3, 1}), sizes({2, 2}), 0, 0, true, Policy::Pad); })
-          .find("bucket_ids[1] = 3 is outside [0, 2)"),
+      errorOf([] { planBucketBatches(ids({0, -1}), sizes({2}), 0, 0, true, Policy::Pad); }).find("bucket_ids[1] = -1"),
       std::string::npos);
-  EXPECT_NE(
-      errorOf([] { planBucketBatches(ids({0, -1}), sizes({2}), 0, 0, true, Policy::Pad); })
-          .find("bucket_ids[1] = -1"),
-      std::string::npos);
-  EXPECT_NE(
-      errorOf([] { planBucketBatches(ids({0, 1}), sizes({2, 0}), 0, 0, true, Policy::Pad); })
-          .find("batch_sizes[1] = 0"),
-      std::string::npos);
+  EXPECT_NE(errorOf([] {
+              planBucketBatches(ids({0, 1}), sizes({2, 0}), 0, 0, true, Policy::Pad);
+            }).find("batch_sizes[1] = 0"),
+            std::string::npos);
   EXPECT_NE(
       errorOf([] { planBucketBatches(ids({0}), sizes({}), 0, 0, true, Policy::Pad); }).find("batch_sizes is empty"),
       std::string::npos);
@@ -224,11 +223,10 @@ TEST(BucketPlan, ErrorsNameTheBadValueAndTheFix) {
   EXPECT_NE(errorOf([] { dealBatches(10, 11, 2, 0, Policy::Pad); }).find("consumed = 11"), std::string::npos);
   EXPECT_NE(errorOf([] { dealBatches(10, 0, 2, 2, Policy::Pad); }).find("rank = 2"), std::string::npos);
   EXPECT_NE(errorOf([] { batchesPerRank(10, 0, 0, Policy::Pad); }).find("num_replicas = 0"), std::string::npos);
-  EXPECT_NE(
-      errorOf([] {
-        planBucketBatches(at::zeros({2, 2}, at::kInt), sizes({1}), 0, 0, true, Policy::Pad);
-      }).find("must be 1-D"),
-      std::string::npos);
+  EXPECT_NE(errorOf([] {
+              planBucketBatches(at::zeros({2, 2}, at::kInt), sizes({1}), 0, 0, true, Policy::Pad);
+            }).find("must be 1-D"),
+            std::string::npos);
 }
 
 TEST(BucketPlan, FingerprintSeesAssignmentAndBatchSizes) {

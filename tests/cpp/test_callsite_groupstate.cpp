@@ -47,7 +47,7 @@ uint32_t provider() {
   return nextProviderId;
 }
 
-} // namespace
+}  // namespace
 
 TEST(CallSites, InterningTextsAndProvider) {
   auto& cs = CallSites::instance();
@@ -123,9 +123,10 @@ TEST(CallSites, InterningTextsAndProvider) {
     for (int i = 0; i < 6; ++i) st.push_back(lib("loop", 100 + i));
     st.push_back(Frame{"/p/train.py", 40, "main"});
     st.push_back(Frame{"/p/train.py", 44, "<module>"});
-    EXPECT_EQ(describeStack(st),
-              "torch .../distributed_c10d.py:9 in barrier <- ... 2 lightning frames ... <- train.py:15 in validation_step"
-              " <- ... 6 lightning frames ... <- train.py:40 in main <- train.py:44 in <module>");
+    EXPECT_EQ(
+        describeStack(st),
+        "torch .../distributed_c10d.py:9 in barrier <- ... 2 lightning frames ... <- train.py:15 in validation_step"
+        " <- ... 6 lightning frames ... <- train.py:40 in main <- train.py:44 in <module>");
     // A single library frame between user frames is shown, not folded.
     EXPECT_EQ(describeStack({Frame{"/p/a.py", 1, "f"}, lib("one", 2), Frame{"/p/b.py", 3, "g"}}),
               "a.py:1 in f <- lightning .../one.py:2 in one <- b.py:3 in g");
@@ -199,9 +200,12 @@ TEST(GroupState, FailIsFirstWinsAndRunsTheAbortHookOnce) {
 
 TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {
   std::vector<std::string> logged;
-  Runtime::instance().install(nullptr, [&](LogLevel level, const std::string& msg) {
-    if (level >= LogLevel::Warning) logged.push_back(msg);
-  }, nullptr);
+  Runtime::instance().install(
+      nullptr,
+      [&](LogLevel level, const std::string& msg) {
+        if (level >= LogLevel::Warning) logged.push_back(msg);
+      },
+      nullptr);
   auto st = makeGroup();
   st->setAbortHook([] { throw std::runtime_error("gloo abort unsupported"); });
   bool first = false;
@@ -288,9 +292,8 @@ TEST(GroupState, FailuresLeaveThroughTheErrorSurfaceAndCountAsSeenOnce) {
   }
   {
     SCOPED_TRACE("a surface: what it makes, carrying the group's flag");
-    setErrorSurface([](const GuardError& e) {
-      return std::make_exception_ptr(SurfacedForTest(e.kind(), e.seenFlag()));
-    });
+    setErrorSurface(
+        [](const GuardError& e) { return std::make_exception_ptr(SurfacedForTest(e.kind(), e.seenFlag())); });
     auto st = makeGroup();
     st->fail(GuardErrorKind::Timeout, "waited");
     try {

@@ -36,14 +36,14 @@ std::string errorOf(const std::map<std::string, std::string>& overrides) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 TEST(Config, Defaults) {
   Config c = Config::resolve();
   EXPECT_EQ(c.inner.at("cpu"), "gloo");
   EXPECT_EQ(c.inner.at("cuda"), "nccl");
   EXPECT_EQ(c.check, CheckMode::Verify);  // the default since issue 23
-  EXPECT_DOUBLE_EQ(c.warnAfterS, 10.0);  // the look that ends a certain deadlock (issue 38)
+  EXPECT_DOUBLE_EQ(c.warnAfterS, 10.0);   // the look that ends a certain deadlock (issue 38)
   EXPECT_TRUE(c.endDeadlocks);
   EXPECT_FALSE(c.abortAfterS.has_value());
   EXPECT_EQ(c.abortAfter(std::chrono::milliseconds(5000)).count(), 5000);
@@ -61,7 +61,8 @@ TEST(Config, StreamGateModes) {
   EXPECT_EQ(Config::resolve().streamGate, StreamGateMode::Auto);  // CPU streams yes, CUDA not yet (issue 40)
   EnvGuard on("TORCH_EXT_STREAM_GATE", "on");
   EXPECT_EQ(Config::resolve().streamGate, StreamGateMode::On);
-  EXPECT_EQ(Config::resolve({{"stream_gate", "0"}}).streamGate, StreamGateMode::Off);  // GuardOptions(stream_gate=False)
+  EXPECT_EQ(Config::resolve({{"stream_gate", "0"}}).streamGate,
+            StreamGateMode::Off);  // GuardOptions(stream_gate=False)
   EXPECT_EQ(Config::resolve({{"stream_gate", "1"}}).streamGate, StreamGateMode::On);
   EXPECT_THROW(Config::resolve({{"stream_gate", "cuda"}}), ConfigError);
 }
@@ -168,9 +169,9 @@ TEST(Config, TheSettingsTableDrivesDescriptionAndValues) {
     if (std::string(s.option) == "check") EXPECT_EQ(std::get<std::string>(v), "verify");
   }
   EXPECT_TRUE(std::holds_alternative<std::monostate>(
-      std::find_if(torch_ext::settings().begin(), torch_ext::settings().end(),
-                   [](const auto& s) { return std::string(s.option) == "abort_after"; })
-          ->get(defaults)));
+      std::find_if(torch_ext::settings().begin(), torch_ext::settings().end(), [](const auto& s) {
+        return std::string(s.option) == "abort_after";
+      })->get(defaults)));
 }
 
 TEST(Config, LiveSignalIsReadByNameAndOffTurnsItOff) {

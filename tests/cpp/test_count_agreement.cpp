@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 using torch_ext::nccl_sim::Agreement;
-using torch_ext::nccl_sim::AgreementWord;
 using torch_ext::nccl_sim::agreementRow;
+using torch_ext::nccl_sim::AgreementWord;
 using torch_ext::nccl_sim::compareCounts;
 using torch_ext::nccl_sim::compareRows;
 using torch_ext::nccl_sim::splitBytes;
@@ -26,7 +26,7 @@ Agreement allGather(int64_t n) {
   return AgreementWord("all_gather_into_tensor").bytes(at::zeros({n})).bytes(at::zeros({3 * n})).collective();
 }
 
-} // namespace
+}  // namespace
 
 TEST(CountAgreement, TheSameCollectiveFitsOnEveryRank) {
   EXPECT_EQ(compareRows(rowsOf({allGather(4), allGather(4), allGather(4)}), 3), "");
@@ -44,7 +44,8 @@ TEST(CountAgreement, AnotherOperationOrDtypeWidthOrRootDoesNotFit) {
   EXPECT_NE(compareRows(rowsOf({ar, bc}), 2), "");
   const auto f64 = AgreementWord("all_reduce").bytes(std::vector<at::Tensor>{at::zeros({4}, at::kDouble)}).collective();
   EXPECT_NE(compareRows(rowsOf({ar, f64}), 2), "");
-  const auto root1 = AgreementWord("broadcast").add(1).add(0).bytes(std::vector<at::Tensor>{at::zeros({4})}).collective();
+  const auto root1 =
+      AgreementWord("broadcast").add(1).add(0).bytes(std::vector<at::Tensor>{at::zeros({4})}).collective();
   EXPECT_NE(compareRows(rowsOf({bc, root1}), 2), "");
   // The same bytes in another dtype fit, as on NCCL (it moves bytes).
   const auto i32 = AgreementWord("all_reduce").bytes(std::vector<at::Tensor>{at::zeros({4}, at::kInt)}).collective();

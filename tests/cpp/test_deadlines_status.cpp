@@ -24,7 +24,7 @@ Progress pendingAt(uint64_t id, uint64_t seq, int64_t startNs) {
   return p;
 }
 
-} // namespace
+}  // namespace
 
 TEST(StatusRecord, EncodesEveryPhaseAndRejectsAnythingElse) {
   Progress p;
@@ -43,8 +43,8 @@ TEST(StatusRecord, EncodesEveryPhaseAndRejectsAnythingElse) {
     EXPECT_TRUE(back->sameProgress(s));
   }
   EXPECT_EQ(StatusRecord::of(RankPhase::Exited, 5, p).encode(), "v2 exit 5 57 0123456789abcdef 56");
-  for (const char* bad : {"", "v1 5 57 0123456789abcdef 56", "v2 gone 5 57 0123456789abcdef 56",
-                          "v2 run 5 57 xyz 56", "v2 run 5 57 0123456789abcdef", "v2 run 5 57 0123456789abcdef 56 7"}) {
+  for (const char* bad : {"", "v1 5 57 0123456789abcdef 56", "v2 gone 5 57 0123456789abcdef 56", "v2 run 5 57 xyz 56",
+                          "v2 run 5 57 0123456789abcdef", "v2 run 5 57 0123456789abcdef 56 7"}) {
     EXPECT_FALSE(StatusRecord::decode(bad).has_value()) << bad;
   }
   StatusRecord a = StatusRecord::of(RankPhase::Running, 1, p);
@@ -87,7 +87,7 @@ TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
   d.reported(IncidentSubject::collective(1));
   auto a = d.check(p, 0, t0 + 3 * kSec);
   EXPECT_FALSE(a.localWarn);
-  ASSERT_TRUE(d.check(p, 0, t0 + 4 * kSec + 1).raise);  // abort incident
+  ASSERT_TRUE(d.check(p, 0, t0 + 4 * kSec + 1).raise);    // abort incident
   EXPECT_FALSE(d.check(p, 0, t0 + 8 * kSec).localAbort);  // the protocol still has time
   auto late = d.check(p, 0, t0 + 9 * kSec + 2);
   EXPECT_TRUE(late.localAbort);
@@ -117,8 +117,8 @@ TEST(Deadlines, AWaitThatEndedByItselfIsLookedAtAgainOnlyOnceItOutlastsIt) {
   ASSERT_TRUE(d.check(e1, 1, 10 * kSec + 1).raise);
   EXPECT_FALSE(d.check(e1, 1, 11 * kSec).raise);
   EXPECT_FALSE(d.check(Progress{}, 1, 11 * kSec + kSec / 5).raise);  // it ended
-  EXPECT_EQ(d.warnAfterNs(5), 11 * kSec + 11 * kSec / 4);  // a quarter more than 11 s
-  EXPECT_EQ(d.warnAfterNs(6), 10 * kSec);                  // other sites as before
+  EXPECT_EQ(d.warnAfterNs(5), 11 * kSec + 11 * kSec / 4);            // a quarter more than 11 s
+  EXPECT_EQ(d.warnAfterNs(6), 10 * kSec);                            // other sites as before
   // Epoch 2: the same 11 s wait at the same site is not looked at again.
   const int64_t t2 = 100 * kSec;
   Progress e2 = at(2, 9, t2, 5);
@@ -179,12 +179,13 @@ LocalFacts facts() {
   return f;
 }
 
-} // namespace
+}  // namespace
 
 TEST(LocalReport, StoreLostNamesTheStoreItsHostThisRanksOpAndEachPeer) {
   LocalFacts f = facts();
-  EXPECT_EQ(formatStoreLost(f, "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone: connection failed "
-                               "during add: Broken pipe"),
+  EXPECT_EQ(formatStoreLost(f,
+                            "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone: connection failed "
+                            "during add: Broken pipe"),
             "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone: connection failed during add: Broken "
             "pipe; group \"default_pg\" (3 ranks) fails on rank 1: without the store no cross-rank check or report "
             "can be made\n"
@@ -207,7 +208,8 @@ TEST(LocalReport, StoreLostNamesTheStoreItsHostThisRanksOpAndEachPeer) {
   EXPECT_NE(t.find("\n  rank 0 (hosts the store): exited 1.4 s ago after issuing #2 (its process ended)\n"),
             std::string::npos)
       << t;
-  EXPECT_NE(t.find("\n  rank 2: left the group (destroy_process_group) 0.2 s ago after issuing #3\n"), std::string::npos)
+  EXPECT_NE(t.find("\n  rank 2: left the group (destroy_process_group) 0.2 s ago after issuing #3\n"),
+            std::string::npos)
       << t;
   // Rank 1 of 6 watches ranks 0 and 2; ranks 3-5 are not watched.
   EXPECT_NE(t.find("\n  ranks 3-5: not watched by this rank (each rank reads its two ring neighbours)"),
@@ -224,7 +226,7 @@ TEST(LocalReport, StoreLostNamesTheStoreItsHostThisRanksOpAndEachPeer) {
   failed.error = "Connection closed by peer [127.0.0.1]:4242\nmore";
   f.lastFailed = failed;
   EXPECT_NE(formatStoreLost(f, "x").find("\n  failed here: collective #4 all_reduce(float32[4], SUM) at train.py:20 in "
-                                        "<module> (the inner backend: Connection closed by peer [127.0.0.1]:4242)\n"),
+                                         "<module> (the inner backend: Connection closed by peer [127.0.0.1]:4242)\n"),
             std::string::npos)
       << formatStoreLost(f, "x");
   f.groupSize = 3;

@@ -190,7 +190,8 @@ EntryView collective(uint64_t id, uint64_t seq, Op op, const std::string& text, 
   return e;
 }
 
-EntryView p2p(uint64_t id, uint64_t ordinal, Op op, int peer, int tag, int64_t numel, EntryState state, int64_t startNs) {
+EntryView p2p(uint64_t id, uint64_t ordinal, Op op, int peer, int tag, int64_t numel, EntryState state,
+              int64_t startNs) {
   EntryView e;
   e.id = id;
   e.p2pOrdinal = ordinal;
@@ -304,7 +305,7 @@ std::string edited(const std::string& text, const std::string& from, const std::
   return text.substr(0, pos) + to + text.substr(pos + from.size());
 }
 
-} // namespace
+}  // namespace
 
 // --- the JSON reader and readDump --------------------------------------------
 
@@ -442,8 +443,8 @@ TEST(DumpFuzz, DeepNestingIsRefusedAtTheDepthLimit) {
     return std::string("(no error)");
   };
   // 100,000 levels: a clear error at the first level over the limit, not a stack overflow.
-  const std::string tooDeep = "invalid JSON at byte " + limit + ": nesting too deep: more than " + limit +
-                              " levels of arrays and objects";
+  const std::string tooDeep =
+      "invalid JSON at byte " + limit + ": nesting too deep: more than " + limit + " levels of arrays and objects";
   EXPECT_EQ(parseError(std::string(100000, '[')), tooDeep);
   std::string objects;
   for (int i = 0; i < 100000; ++i) objects += "{\"a\":";
@@ -507,8 +508,8 @@ TEST(DumpFuzz, HostileValuesEndInANamedErrorOrAValidSnapshot) {
        "group '0' has size 3 but lists 2 ranks"},
       {"more ranks than the size", edited(ok, R"("size":3,"ranks":[0,1,2])", R"("size":3,"ranks":[0,1,2,3])"),
        "group '0' has size 3 but lists 4 ranks"},
-      {"negative global ranks", edited(ok, R"("size":3,"ranks":[0,1,2])", R"("size":3,"ranks":[-5,-1,-9223372036854775808])"),
-       ""},
+      {"negative global ranks",
+       edited(ok, R"("size":3,"ranks":[0,1,2])", R"("size":3,"ranks":[-5,-1,-9223372036854775808])"), ""},
       {"negative global rank of the file", edited(ok, R"("rank":1,)", R"("rank":-1,)"), ""},
       {"peer 2^32 (wraps to 0)", edited(ok, R"("peer":0)", R"("peer":4294967296)"), "peer must fit in 32 bits"},
       {"tag -2^31-1", edited(ok, R"("tag":7)", R"("tag":-2147483649)"), "tag must fit in 32 bits"},
@@ -543,9 +544,11 @@ TEST(DumpFuzz, HostileValuesEndInANamedErrorOrAValidSnapshot) {
       // Keys.
       {"duplicate keys", edited(ok, R"("rank":1,)", R"("rank":1,"rank":"one",)"), ""},
       {"duplicate versions", edited(ok, R"("version":"torch_ext-1",)", R"("version":"torch_ext-1","version":2,)"), ""},
-      {"duplicate groups", edited(ok, R"("groups":[)", R"("groups":[{"name":"0","rank":0,"size":1,"ranks":[0],)"
-                                                         R"("last_seq":0,"last_completed_seq":0,"rolling_hash":"0",)"
-                                                         R"("entries":[]},)"),
+      {"duplicate groups",
+       edited(ok, R"("groups":[)",
+              R"("groups":[{"name":"0","rank":0,"size":1,"ranks":[0],)"
+              R"("last_seq":0,"last_completed_seq":0,"rolling_hash":"0",)"
+              R"("entries":[]},)"),
        ""},
       // Not a dump at all.
       {"empty", "", "unexpected end of input (truncated?)"},
@@ -628,7 +631,7 @@ Json replacedAt(const Json& j, const std::vector<std::string>& path, size_t at, 
   return Json(std::move(o));
 }
 
-} // namespace
+}  // namespace
 
 TEST(DumpFuzz, AWrongTypeForEveryFieldIsNamedOrIgnored) {
   // Every value in the base dump, replaced in turn by values of every type:
@@ -642,7 +645,7 @@ TEST(DumpFuzz, AWrongTypeForEveryFieldIsNamedOrIgnored) {
     // Names the reader gives elements and containers: "group rank list must
     // be an integer", "expected an object holding 'record_id'".
     const std::vector<std::pair<std::string, std::string>> aliases = {
-        {"ranks[]", "group rank list"}, {"input_dtypes[]", "dtype"},   {"input_sizes[][]", "size"},
+        {"ranks[]", "group rank list"}, {"input_dtypes[]", "dtype"},  {"input_sizes[][]", "size"},
         {"frames[]", "'name'"},         {"entries[]", "'record_id'"}, {"groups[]", "'name'"},
         {"main_thread", "'available'"},
     };
@@ -789,7 +792,7 @@ std::vector<RankSnapshot> world() {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 TEST(DumpFuzz, AnalysisOfEditedDumpSetsGivesOneFindingPerGroup) {
   {
@@ -808,10 +811,11 @@ TEST(DumpFuzz, AnalysisOfEditedDumpSetsGivesOneFindingPerGroup) {
     std::mt19937 rng(4242);
     std::vector<std::string> problems;
     std::map<Verdict::Kind, int> kinds;
-    const std::vector<std::string> incidents = {"hang:5",  "failure:3", "abort:p2p-0-2", "mismatch:any",
-                                                "garbage", "",          "failure:1",     "failure:18446744073709551615"};
-    const std::vector<uint64_t> shifts = {1, 2, 5, uint64_t{1} << 40, ~uint64_t{0}, ~uint64_t{0} - 3,
-                                          uint64_t{1} << 63};
+    const std::vector<std::string> incidents = {
+        "hang:5",  "failure:3", "abort:p2p-0-2", "mismatch:any",
+        "garbage", "",          "failure:1",     "failure:18446744073709551615"};
+    const std::vector<uint64_t> shifts = {
+        1, 2, 5, uint64_t{1} << 40, ~uint64_t{0}, ~uint64_t{0} - 3, uint64_t{1} << 63};
     for (int round = 0; round < 400; ++round) {
       std::vector<RankSnapshot> snaps = world();
       std::string what;
@@ -892,8 +896,8 @@ TEST(DumpFuzz, AnalysisOfEditedDumpSetsGivesOneFindingPerGroup) {
       for (size_t i = 0; i < snaps.size(); ++i) {
         const Outcome o = load(toJson(snaps[i]).dump(), "rank" + std::to_string(i) + ".json");
         if (!o.valid) {
-          problems.push_back("round " + std::to_string(round) + " (" + what + "): an edited dump does not read: " +
-                             o.reason + o.problem);
+          problems.push_back("round " + std::to_string(round) + " (" + what +
+                             "): an edited dump does not read: " + o.reason + o.problem);
           ok = false;
           break;
         }

@@ -52,11 +52,11 @@ Fingerprint a2aRank(int64_t me, const std::vector<int64_t>& send, const std::vec
   return FingerprintBuilder(Op::AllToAllSingle).rowShape(f32({3, 4})).splits(me, send, recv).finish();
 }
 
-} // namespace
+}  // namespace
 
 TEST(Fingerprint, EqualInputsGiveEqualHashes) {
   auto a = allReduce(f32({4, 8}));
-  auto b = allReduce(at::ones({4, 8}, at::kFloat));  // values never matter
+  auto b = allReduce(at::ones({4, 8}, at::kFloat));       // values never matter
   auto c = allReduce(at::zeros({8, 4}, at::kFloat).t());  // nor strides
   EXPECT_NE(a.hash, 0u);
   EXPECT_EQ(a.hash, b.hash);
@@ -85,10 +85,17 @@ TEST(Fingerprint, EveryRankInvariantArgumentChangesTheHash) {
       {"0-dim", allReduce(f32({}))},
       {"reduce op", allReduce(f32({10}), c10d::ReduceOp::MAX)},
       {"no reduce op", FingerprintBuilder(Op::AllReduce).tensor(f32({10})).finish()},
-      {"two tensors", FingerprintBuilder(Op::AllReduce).tensor(f32({10})).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::SUM)).finish()},
-      {"undefined tensor", FingerprintBuilder(Op::AllReduce).tensor(at::Tensor()).reduceOp(red(c10d::ReduceOp::SUM)).finish()},
-      {"root 0", FingerprintBuilder(Op::AllReduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::SUM)).root(0).finish()},
-      {"root 1", FingerprintBuilder(Op::AllReduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::SUM)).root(1).finish()},
+      {"two tensors", FingerprintBuilder(Op::AllReduce)
+                          .tensor(f32({10}))
+                          .tensor(f32({10}))
+                          .reduceOp(red(c10d::ReduceOp::SUM))
+                          .finish()},
+      {"undefined tensor",
+       FingerprintBuilder(Op::AllReduce).tensor(at::Tensor()).reduceOp(red(c10d::ReduceOp::SUM)).finish()},
+      {"root 0",
+       FingerprintBuilder(Op::AllReduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::SUM)).root(0).finish()},
+      {"root 1",
+       FingerprintBuilder(Op::AllReduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::SUM)).root(1).finish()},
   };
   std::set<uint64_t> hashes;
   for (const auto& [what, fp] : fps) {
@@ -240,9 +247,11 @@ TEST(Fingerprint, TextsNamesAndNumel) {
   EXPECT_EQ(allReduce(at::zeros({2, 3}, at::kLong), c10d::ReduceOp::MAX).describe(), "all_reduce(int64[2, 3], MAX)");
   EXPECT_EQ(FingerprintBuilder(Op::Broadcast).tensor(f32({10})).root(0).finish().describe(),
             "broadcast(float32[10], src=0)");
-  EXPECT_EQ(FingerprintBuilder(Op::Scatter).tensor(f32({10})).root(2).finish().describe(), "scatter(float32[10], src=2)");
-  EXPECT_EQ(FingerprintBuilder(Op::Reduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::MIN)).root(3).finish().describe(),
-            "reduce(float32[10], MIN, dst=3)");
+  EXPECT_EQ(FingerprintBuilder(Op::Scatter).tensor(f32({10})).root(2).finish().describe(),
+            "scatter(float32[10], src=2)");
+  EXPECT_EQ(
+      FingerprintBuilder(Op::Reduce).tensor(f32({10})).reduceOp(red(c10d::ReduceOp::MIN)).root(3).finish().describe(),
+      "reduce(float32[10], MIN, dst=3)");
   EXPECT_EQ(FingerprintBuilder(Op::Gather).tensor(f32({1})).root(1).finish().describe(), "gather(float32[1], dst=1)");
   EXPECT_EQ(p2p(Op::Send, f32({4}), 1, 0).describe(), "send(float32[4], dst=1, tag=0)");
   EXPECT_EQ(p2p(Op::Recv, at::zeros({4}, at::kHalf), 0, 3).describe(), "recv(float16[4], src=0, tag=3)");
@@ -264,7 +273,12 @@ TEST(Fingerprint, TextsNamesAndNumel) {
   EXPECT_EQ(fp.describe(), "all_reduce_coalesced(5 tensors: float32[1], float32[2], float32[3], float32[4], ..., SUM)");
   EXPECT_EQ(FingerprintBuilder(Op::AllToAllSingle).rowShape(f32({3, 4})).splits(0, {1, 2}, {2, 1}).finish().describe(),
             "all_to_all_single(float32[*, 4], send=[1,2], recv=[2,1])");
-  EXPECT_EQ(FingerprintBuilder(Op::AllToAll).meta(at::kFloat, {2}, CPU).meta(at::kFloat, {3}, CPU).splits(1, {2, 3}, {2, 3}).finish().describe(),
+  EXPECT_EQ(FingerprintBuilder(Op::AllToAll)
+                .meta(at::kFloat, {2}, CPU)
+                .meta(at::kFloat, {3}, CPU)
+                .splits(1, {2, 3}, {2, 3})
+                .finish()
+                .describe(),
             "all_to_all(2 tensors: float32[2], float32[3], send=[2,3], recv=[2,3])");
   {
     SCOPED_TRACE("TensorMetaDescribeAndNames");
@@ -317,7 +331,8 @@ TEST(Fingerprint, OpNamesRoundTripForEveryOp) {
   EXPECT_EQ(torch_ext::toOpType(Op::NumOps), c10d::OpType::UNKNOWN);
   for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
     const Op op = static_cast<Op>(i);
-    EXPECT_EQ(torch_ext::isP2P(op), op == Op::Send || op == Op::Recv || op == Op::RecvAnySource) << torch_ext::opName(op);
+    EXPECT_EQ(torch_ext::isP2P(op), op == Op::Send || op == Op::Recv || op == Op::RecvAnySource)
+        << torch_ext::opName(op);
   }
 }
 

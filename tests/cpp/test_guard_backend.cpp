@@ -75,10 +75,9 @@ struct Guarded {
     faulty = c10::make_intrusive<testkit::FaultyStore>();
     inner = c10::make_intrusive<ManualBackend>();
     StoreAddress address{"TCPStore", "10.1.2.3", 29500, "rank 0's process (plain env:// rendezvous)", 0};
-    backend = c10::make_intrusive<GuardBackend>(faulty, address, 0, 1, milliseconds(60000), "0", std::vector<int64_t>{0},
-                                                std::move(cfg),
-                                                std::map<std::string, InnerBackend>{{"cpu", {"manual", inner}}},
-                                                nullptr);
+    backend = c10::make_intrusive<GuardBackend>(
+        faulty, address, 0, 1, milliseconds(60000), "0", std::vector<int64_t>{0}, std::move(cfg),
+        std::map<std::string, InnerBackend>{{"cpu", {"manual", inner}}}, nullptr);
   }
   ~Guarded() {
     faulty->release();
@@ -115,7 +114,7 @@ std::string waitThrows(const c10::intrusive_ptr<c10d::Work>& w, double* took) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 TEST(GuardBackend, ACollectiveCompletesThroughTheGuardAndIsLedgered) {
   Guarded g;
@@ -217,7 +216,7 @@ TEST(GuardBackend, ExitPathsNeverWaitOnAFrozenStore) {
     g.allReduce();
     g.faulty->setMode(testkit::FaultyStore::Mode::Block);
     std::this_thread::sleep_for(milliseconds(100));  // let the watchdog get stuck in a call
-    g.backend->shutdown();  // destroy_process_group()
+    g.backend->shutdown();                           // destroy_process_group()
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
 }

@@ -28,7 +28,7 @@ RankHistory loopRank(int64_t rank, int steps, const std::string& then = "", cons
   return RankHistory{rank, true, historyRuns(items, kHistoryRuns)};
 }
 
-} // namespace
+}  // namespace
 
 TEST(History, RunsFoldConsecutiveCollectivesFromOneSite) {
   std::vector<HistoryItem> items;
@@ -85,7 +85,7 @@ TEST(History, AnEarlierEndOfALoopIsRead) {
   // Windows that reach back to different collectives are shown from the same one on.
   RankHistory late = loopRank(0, 27);
   late.runs.erase(late.runs.begin());
-  late.runs[0].firstSeq = 5;            // rank 0's window begins at #5, inside the loop
+  late.runs[0].firstSeq = 5;  // rank 0's window begins at #5, inside the loop
   late.runs[0].count = 24;
   const std::string cut = formatHistories({late, loopRank(1, 26, "barrier", "train.py:74 in <module>")}, 28);
   EXPECT_NE(cut.find("its collectives from #5 on"), std::string::npos) << cut;

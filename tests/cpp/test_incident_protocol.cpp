@@ -26,7 +26,10 @@ constexpr int64_t kSec = 1'000'000'000;
 constexpr int64_t kTick = 200'000'000;
 
 Fingerprint allReduce(int64_t n) {
-  return FingerprintBuilder(Op::AllReduce).meta(at::kFloat, {n}, c10::DeviceType::CPU).reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM)).finish();
+  return FingerprintBuilder(Op::AllReduce)
+      .meta(at::kFloat, {n}, c10::DeviceType::CPU)
+      .reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM))
+      .finish();
 }
 
 struct Rank {
@@ -38,18 +41,17 @@ struct Rank {
                                          testkit::groupStore(faulty, milliseconds(500)), milliseconds(30000));
     state->setDesc("default_pg");
     protocol = std::make_unique<IncidentProtocol>(
-        *state, IncidentProtocol::Hooks{[this](const Incident& inc) {
-                                          return toJson(takeSnapshot(inc.id(), {state}, 64)).dump();
-                                        },
-                                        [this](const Incident& inc, const Verdict& v) {
-                                          std::lock_guard<std::mutex> lock(mu);
-                                          verdicts.push_back(v);
-                                        },
-                                        nullptr,  // positions: not published job-wide here
-                                        [this](const std::string& requestId) {
-                                          ++liveAnswers;
-                                          return toJson(takeSnapshot(requestId, {state}, 64)).dump();
-                                        }});
+        *state, IncidentProtocol::Hooks{
+                    [this](const Incident& inc) { return toJson(takeSnapshot(inc.id(), {state}, 64)).dump(); },
+                    [this](const Incident& inc, const Verdict& v) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      verdicts.push_back(v);
+                    },
+                    nullptr,  // positions: not published job-wide here
+                    [this](const std::string& requestId) {
+                      ++liveAnswers;
+                      return toJson(takeSnapshot(requestId, {state}, 64)).dump();
+                    }});
   }
   void op(int64_t n, bool pending) {
     uint64_t seq = 0;
@@ -107,12 +109,13 @@ struct World {
   int64_t now;
 };
 
-} // namespace
+}  // namespace
 
 TEST(IncidentProtocol, AHangIsAnsweredByEveryRankWithOneVerdict) {
   World w(3, 2, 1000 * kSec);
   EXPECT_TRUE(w.ranks[0].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 0, ""}));
-  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), 1, ""}));  // raised already
+  EXPECT_FALSE(w.ranks[1].protocol->post(
+      Incident{IncidentKind::Hang, IncidentSubject::collective(2), 1, ""}));  // raised already
   const int ticks = w.run(50);
   EXPECT_LT(ticks, 10);  // all snapshots in: no deadline was needed
   for (auto& r : w.ranks) {
@@ -172,7 +175,8 @@ TEST(IncidentProtocol, StoreLostMidIncidentStopsProgressWithoutBlocking) {
   EXPECT_EQ(w.ranks[2].acted(), 1u);
   // A post through a lost store says so.
   bool failed = false;
-  EXPECT_FALSE(w.ranks[1].protocol->post(Incident{IncidentKind::Abort, IncidentSubject::collective(2), 1, ""}, &failed));
+  EXPECT_FALSE(
+      w.ranks[1].protocol->post(Incident{IncidentKind::Abort, IncidentSubject::collective(2), 1, ""}, &failed));
   EXPECT_TRUE(failed);
 }
 
@@ -230,7 +234,8 @@ TEST(IncidentProtocol, RanksAsThreadsAgreeOnTheLateRank) {
   for (int r = 0; r < 4; ++r) {
     threads.emplace_back([&, r] {
       // Ranks 1 and 2 raise it at about the same time: one wins, both take part.
-      if (r == 1 || r == 2) w.ranks[r].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), r, ""});
+      if (r == 1 || r == 2)
+        w.ranks[r].protocol->post(Incident{IncidentKind::Hang, IncidentSubject::collective(2), r, ""});
       while (!stop && w.ranks[r].acted() == 0) {
         w.ranks[r].protocol->progress(wallNs());
         std::this_thread::sleep_for(milliseconds(20));
@@ -283,7 +288,8 @@ TEST(IncidentProtocol, ALiveRequestIsAnsweredOnceByEveryRankWithoutAVerdict) {
   EXPECT_FALSE(w.shared->check({p + keys::report(id)}));
   EXPECT_FALSE(w.shared->check({p + keys::once(id)}));
   // The asker's analysis: rank 2 has not arrived; rank 1 is named from its last status.
-  std::map<int64_t, StatusRecord> absent{{1, StatusRecord::of(RankPhase::Running, w.now - 4 * kSec, SeqProgress{2, 0})}};
+  std::map<int64_t, StatusRecord> absent{
+      {1, StatusRecord::of(RankPhase::Running, w.now - 4 * kSec, SeqProgress{2, 0})}};
   auto findings = analyzeDumps(snaps, &absent);
   ASSERT_EQ(findings.size(), 1u);
   const Verdict& v = findings[0].verdict;

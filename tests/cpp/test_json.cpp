@@ -36,7 +36,7 @@ std::string errorOf(F&& f) {
   return "(no error)";
 }
 
-} // namespace
+}  // namespace
 
 TEST(Json, DumpAndRoundTrip) {
   Json j = Json::object();
@@ -221,7 +221,8 @@ TEST(Json, CutOffInputSaysTruncated) {
 TEST(Json, TypedAccessorsNameTheField) {
   Json j = Json::parse(R"({"rank":"3","ok":1,"list":{},"name":5,"obj":[]})");
   EXPECT_EQ(errorOf([&] { j.at("rank").asInt("rank"); }), "rank must be an integer, got string");
-  EXPECT_EQ(errorOf([&] { j.at("ok").asBool("main_thread.available"); }), "main_thread.available must be a bool, got number");
+  EXPECT_EQ(errorOf([&] { j.at("ok").asBool("main_thread.available"); }),
+            "main_thread.available must be a bool, got number");
   EXPECT_EQ(errorOf([&] { j.at("list").asArray("groups"); }), "groups must be an array, got object");
   EXPECT_EQ(errorOf([&] { j.at("name").asString("group name"); }), "group name must be a string, got number");
   EXPECT_EQ(errorOf([&] { j.at("obj").asObject("main_thread"); }), "main_thread must be an object, got array");
@@ -256,8 +257,9 @@ TEST(Json, FormerBugsStayFixed) {
       rejected = true;  // rejecting it is fine
     }
     if (!rejected && got.find('A') == std::string::npos) {
-      ADD_FAILURE() << ("Json::parse decodes \"\\ud800\\u0041\" as U+2441 (bytes e2 91 81) and drops the 'A': the "
-                     "second \\u escape is not checked to be a low surrogate (DC00..DFFF)");
+      ADD_FAILURE()
+          << ("Json::parse decodes \"\\ud800\\u0041\" as U+2441 (bytes e2 91 81) and drops the 'A': the "
+              "second \\u escape is not checked to be a low surrogate (DC00..DFFF)");
     }
   }
   {
@@ -265,8 +267,9 @@ TEST(Json, FormerBugsStayFixed) {
     Json back = Json::parse(Json(2.0).dump());
     EXPECT_EQ(back.asDouble(), 2.0);
     if (back.type() == Json::Type::Int) {
-      ADD_FAILURE() << ("Json(2.0).dump() writes \"2\" (%.17g drops the fraction), so parse() returns an Int: dump/parse "
-                     "does not keep double vs int64 for whole-valued doubles");
+      ADD_FAILURE()
+          << ("Json(2.0).dump() writes \"2\" (%.17g drops the fraction), so parse() returns an Int: dump/parse "
+              "does not keep double vs int64 for whole-valued doubles");
     } else {
       EXPECT_EQ(back.type(), Json::Type::Double);
     }
@@ -278,8 +281,9 @@ TEST(Json, FormerBugsStayFixed) {
     EXPECT_NE(arr.find("expected ',' or ']' in array"), std::string::npos) << arr;
     EXPECT_NE(obj.find("expected ',' or '}' in object"), std::string::npos) << obj;
     if (arr.rfind("invalid JSON at byte 4:", 0) == 0) {
-      ADD_FAILURE() << ("Json::parse reports \"[1 2]\" at byte 4, one past the offending '2' at byte 3 (parseArray and "
-                     "parseObject advance pos_ before checking the separator)");
+      ADD_FAILURE()
+          << ("Json::parse reports \"[1 2]\" at byte 4, one past the offending '2' at byte 3 (parseArray and "
+              "parseObject advance pos_ before checking the separator)");
     } else {
       EXPECT_EQ(arr, "invalid JSON at byte 3: expected ',' or ']' in array");
       EXPECT_EQ(obj, "invalid JSON at byte 7: expected ',' or '}' in object");
@@ -299,9 +303,9 @@ TEST(Json, FormerBugsStayFixed) {
     if (!silent.empty()) {
       std::string list;
       for (size_t i = 0; i < silent.size(); i += 3) list += "\n      " + silent[i];
-      ADD_FAILURE() << ("Json::parse does not say \"truncated\" for " + std::to_string(silent.size()) +
-                     " cut-off prefixes of a dump (inside true/false/null, after '-' or 'e', after a backslash), e.g." +
-                     list);
+      ADD_FAILURE()
+          << ("Json::parse does not say \"truncated\" for " + std::to_string(silent.size()) +
+              " cut-off prefixes of a dump (inside true/false/null, after '-' or 'e', after a backslash), e.g." + list);
     }
   }
 }

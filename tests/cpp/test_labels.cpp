@@ -59,7 +59,7 @@ RankInput responded(int rank, const GroupView& g) {
   return r;
 }
 
-} // namespace
+}  // namespace
 
 TEST(Labels, InternedOnceAndLookedUp) {
   auto& table = LabelTable::instance();
@@ -174,7 +174,7 @@ Label metricNamed(const std::string& name) {
   return l;
 }
 
-} // namespace
+}  // namespace
 
 // Lightning#19106: self.log_dict with a key only rank 0 logs. Ranks 1 and 2 sync
 // val_loss and end; rank 0 waits in val_acc_c3's sync. The report names, per
@@ -189,8 +189,8 @@ TEST(Labels, MetricSyncsPerRankNameTheMissingKey) {
   uint64_t s0 = 0, s1 = 0, s2 = 0;
   for (Ledger* l : {&l0, &l1, &l2}) {
     uint64_t* s = l == &l0 ? &s0 : l == &l1 ? &s1 : &s2;
-    l->complete(l->record(allReduce(8), site, s), true);                              // #1 training
-    l->complete(l->record(allReduce(1), site, s, nullptr, nullptr, loss), true);     // #2 val_loss
+    l->complete(l->record(allReduce(8), site, s), true);                          // #1 training
+    l->complete(l->record(allReduce(1), site, s, nullptr, nullptr, loss), true);  // #2 val_loss
   }
   l0.record(allReduce(1), site, &s0, nullptr, nullptr, acc);  // #3 val_acc_c3, rank 0 only
   {
@@ -267,8 +267,10 @@ TEST(Labels, MetricRunAndFormatting) {
   EXPECT_EQ(metricRunAround(3, 4, 2, at), (std::vector<std::string>{"val_loss"}));           // not past #2
   EXPECT_TRUE(metricRunAround(1, 4, UINT64_MAX, at).empty());
   EXPECT_TRUE(metricRunAround(0, 0, UINT64_MAX, at).empty());
-  std::vector<RankMetrics> ranks{{0, true, {"val_loss", "val_acc_c3"}}, {1, true, {"val_loss"}},
-                                 {2, false, {}}, {3, true, {"val_loss", "val_acc_c5"}}};
+  std::vector<RankMetrics> ranks{{0, true, {"val_loss", "val_acc_c3"}},
+                                 {1, true, {"val_loss"}},
+                                 {2, false, {}},
+                                 {3, true, {"val_loss", "val_acc_c5"}}};
   EXPECT_EQ(formatMetricSyncs(ranks),
             "\n  metric syncs here: rank 0 synced val_loss, val_acc_c3; rank 1 synced val_loss only; rank 3 synced "
             "val_loss, val_acc_c5; rank 2: not known (no ledger window)"
@@ -291,7 +293,7 @@ bool resolveFake(const OriginRef& ref, Frame* out) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
 // Origins interned as code objects are resolved by the installed resolver when the
 // label is first read, then kept; without a resolver they read "(code object)".

@@ -53,7 +53,7 @@ c10::intrusive_ptr<c10::ivalue::Future> newFuture() {
 
 using Ids = std::vector<uint64_t>;
 
-} // namespace
+}  // namespace
 
 TEST(Ledger, CollectivesGetSeqsAndP2PGetsOrdinalsPerPeerTagAndDirection) {
   Ledger l(64);
@@ -68,10 +68,10 @@ TEST(Ledger, CollectivesGetSeqsAndP2PGetsOrdinalsPerPeerTagAndDirection) {
   auto c2 = rec(l, coll(2));
   EXPECT_EQ(c2.id, 3u);
   EXPECT_EQ(c2.seq, 2u);
-  EXPECT_EQ(rec(l, p2p(Op::Send, 1, 0)).ordinal, 2u);       // same peer, tag, direction
-  EXPECT_EQ(rec(l, p2p(Op::Send, 1, 5)).ordinal, 1u);       // other tag
-  EXPECT_EQ(rec(l, p2p(Op::Send, 2, 0)).ordinal, 1u);       // other peer
-  EXPECT_EQ(rec(l, p2p(Op::Recv, 1, 0)).ordinal, 1u);       // other direction
+  EXPECT_EQ(rec(l, p2p(Op::Send, 1, 0)).ordinal, 2u);  // same peer, tag, direction
+  EXPECT_EQ(rec(l, p2p(Op::Send, 1, 5)).ordinal, 1u);  // other tag
+  EXPECT_EQ(rec(l, p2p(Op::Send, 2, 0)).ordinal, 1u);  // other peer
+  EXPECT_EQ(rec(l, p2p(Op::Recv, 1, 0)).ordinal, 1u);  // other direction
   EXPECT_EQ(rec(l, p2p(Op::RecvAnySource, -1, 0)).ordinal, 1u);
   EXPECT_EQ(rec(l, p2p(Op::Recv, 1, 0)).ordinal, 2u);
   EXPECT_EQ(rec(l, p2p(Op::RecvAnySource, -1, 0)).ordinal, 2u);
@@ -213,7 +213,7 @@ TEST(Ledger, CompleteIsFirstWinsAndHandsBackTheTrackedFutureOnce) {
     auto fut = newFuture();
     l.track(r1.id, fut);
     rec(l, coll(2));
-    rec(l, coll(3));  // overwrites id 1
+    rec(l, coll(3));                                // overwrites id 1
     EXPECT_EQ(ids(l.entries(10)), (Ids{1, 2, 3}));  // kept while pending
     EXPECT_EQ(l.complete(r1.id, true).get(), fut.get());
     EXPECT_EQ(ids(l.entries(10)), (Ids{2, 3}));  // and gone once done
@@ -412,7 +412,7 @@ class StreamTimedWork : public c10d::Work {
   float ms_;
 };
 
-} // namespace
+}  // namespace
 
 TEST(Ledger, CallbackCompletionsAreTimedOnTheHostAndPolledOnesByTheirStream) {
   Ledger host(16);

@@ -24,7 +24,10 @@ uint32_t site(const std::string& file, int line, const std::string& fn) {
 }
 
 Fingerprint allReduce(int64_t n) {
-  return FingerprintBuilder(Op::AllReduce).meta(at::kFloat, {n}, CPU).reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM)).finish();
+  return FingerprintBuilder(Op::AllReduce)
+      .meta(at::kFloat, {n}, CPU)
+      .reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM))
+      .finish();
 }
 
 Fingerprint broadcast(int64_t n, int64_t src) {
@@ -39,10 +42,7 @@ Fingerprint p2p(Op op, int64_t n, int64_t peer, int64_t tag = 0) {
 Fingerprint a2a(const std::vector<std::vector<int64_t>>& m, int64_t me) {
   std::vector<int64_t> recv;
   for (const auto& row : m) recv.push_back(row[me]);
-  return FingerprintBuilder(Op::AllToAllSingle)
-      .meta(at::kFloat, {3, 4}, CPU)
-      .splits(me, m[me], recv)
-      .finish();
+  return FingerprintBuilder(Op::AllToAllSingle).meta(at::kFloat, {3, 4}, CPU).splits(me, m[me], recv).finish();
 }
 
 // One rank of a simulated group: its own ledger, like the real guard keeps.
@@ -99,7 +99,8 @@ std::vector<RankInput> inputs(std::deque<Sim>& sims, const std::vector<int64_t>&
                               size_t window = 64) {
   std::vector<RankInput> out;
   for (size_t i = 0; i < sims.size(); ++i) {
-    out.push_back(responded(static_cast<int>(i), globals[i], viewOf(sims[i], name, static_cast<int>(i), globals, window)));
+    out.push_back(
+        responded(static_cast<int>(i), globals[i], viewOf(sims[i], name, static_cast<int>(i), globals, window)));
   }
   return out;
 }
@@ -119,8 +120,7 @@ Incident incident(const std::string& kind, const std::string& subject, int64_t p
   return i;
 }
 
-
-} // namespace
+}  // namespace
 
 TEST(Report, FormatRanksAndMismatch) {
   EXPECT_EQ(formatRanks({2}), "rank 2");
@@ -197,10 +197,16 @@ TEST(Report, CollectiveMismatchAtTheFirstDifferingSeq) {
     auto pad = [&](const std::string& t) { return t + std::string(gone.size() - t.size(), ' '); };
     EXPECT_EQ(v.text,
               "collective #1 on group \"tp\" (4 ranks) differs across ranks:\n"
-              "  rank 7: " + pad("all_reduce(float32[8], SUM)") + "  at a.py:1 in f\n"
-              "  rank 3: " + pad("all_reduce(float32[9], SUM)") + "  at b.py:2 in g\n"
-              "  rank 5: " + gone + "\n"
-              "  rank 9: did not answer (process gone or frozen)");
+              "  rank 7: " +
+                  pad("all_reduce(float32[8], SUM)") +
+                  "  at a.py:1 in f\n"
+                  "  rank 3: " +
+                  pad("all_reduce(float32[9], SUM)") +
+                  "  at b.py:2 in g\n"
+                  "  rank 5: " +
+                  gone +
+                  "\n"
+                  "  rank 9: did not answer (process gone or frozen)");
   }
 }
 
@@ -257,8 +263,9 @@ TEST(Report, AllToAllSplitsThatDoNotPair) {
   std::deque<Sim> sims(3);
   sims[0].op(a2a(m, 0), w, true);
   sims[1].op(a2a(m, 1), w, true);
-  sims[2].op(FingerprintBuilder(Op::AllToAllSingle).meta(at::kFloat, {3, 4}, CPU).splits(2, {0, 2, 2}, {1, 1, 2}).finish(), w,
-             true);
+  sims[2].op(
+      FingerprintBuilder(Op::AllToAllSingle).meta(at::kFloat, {3, 4}, CPU).splits(2, {0, 2, 2}, {1, 1, 2}).finish(), w,
+      true);
   auto in = inputs(sims, {0, 1, 2});
   Verdict v = analyze("ep", in, incident("mismatch", "1"), kNow);
   EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
@@ -272,8 +279,9 @@ TEST(Report, AllToAllSplitsThatDoNotPair) {
   // With a rank that has not issued it yet, the sums cannot be judged.
   std::deque<Sim> partial(3);
   partial[0].op(a2a(m, 0), w, true);
-  partial[2].op(FingerprintBuilder(Op::AllToAllSingle).meta(at::kFloat, {3, 4}, CPU).splits(2, {0, 2, 2}, {1, 1, 2}).finish(),
-                w, true);
+  partial[2].op(
+      FingerprintBuilder(Op::AllToAllSingle).meta(at::kFloat, {3, 4}, CPU).splits(2, {0, 2, 2}, {1, 1, 2}).finish(), w,
+      true);
   EXPECT_EQ(analyze("ep", inputs(partial, {0, 1, 2}), incident("mismatch", "1"), kNow).kind, Verdict::Kind::None);
 }
 
@@ -329,11 +337,12 @@ TEST(Report, EveryRankBlockedInP2PWithoutCounterpart) {
   Verdict v = analyze("default_pg", in, incident("hang", "p2p-0-2"), kNow);
   EXPECT_EQ(v.kind, Verdict::Kind::Mismatch);
   EXPECT_EQ(v.reporter, 0);
-  EXPECT_EQ(v.text,
-            "send/recv on group \"default_pg\" do not pair: every rank waits in a point-to-point op whose counterpart "
-            "no peer has posted:\n"
-            "  rank 0: recv(float32[4], src=1, tag=0) (#1) at ring.py:5 in exchange; rank 1 has posted no matching send\n"
-            "  rank 1: recv(float32[4], src=0, tag=0) (#1) at ring.py:6 in exchange; rank 0 has posted no matching send");
+  EXPECT_EQ(
+      v.text,
+      "send/recv on group \"default_pg\" do not pair: every rank waits in a point-to-point op whose counterpart "
+      "no peer has posted:\n"
+      "  rank 0: recv(float32[4], src=1, tag=0) (#1) at ring.py:5 in exchange; rank 1 has posted no matching send\n"
+      "  rank 1: recv(float32[4], src=0, tag=0) (#1) at ring.py:6 in exchange; rank 0 has posted no matching send");
 
   // Tags that differ: the send on tag 1 and the recv on tag 0 never meet.
   std::deque<Sim> tags(2);
@@ -538,8 +547,7 @@ TEST(Report, HangOfAP2POpNamesTheMissingPeer) {
   EXPECT_EQ(v.kind, Verdict::Kind::Hang);
   EXPECT_EQ(v.reporter, 0);
   EXPECT_EQ(v.seq, 0u);
-  EXPECT_EQ(v.text.substr(0, v.text.find('\n')),
-            "send(float32[4], dst=1, tag=3) on group \"pp\" has waited 7.0 s");
+  EXPECT_EQ(v.text.substr(0, v.text.find('\n')), "send(float32[4], dst=1, tag=3) on group \"pp\" has waited 7.0 s");
   EXPECT_NE(v.text.find("\n  waiting: rank 0 at pipe.py:11 in send_act\n  rank 1 has not arrived: last completed #1"),
             std::string::npos)
       << v.text;
@@ -652,7 +660,8 @@ TEST(Report, LastWordsSayHowARanksProcessEnded) {
             "exception, sys.exit or the end of its script)");
   // With them: what it raised.
   r.lastWords = true;
-  r.snapshot.incident = LastWordsWhy{LastWordsCause::Raised, "ValueError: batch 3 is empty (at t.py:9 in step)"}.encode();
+  r.snapshot.incident =
+      LastWordsWhy{LastWordsCause::Raised, "ValueError: batch 3 is empty (at t.py:9 in step)"}.encode();
   EXPECT_EQ(describeAbsent(r, now),
             "exited 1.4 s ago after issuing #3, raising ValueError: batch 3 is empty (at t.py:9 in step)");
   EXPECT_EQ(lastWordsNote(r), "then its process exited, raising ValueError: batch 3 is empty (at t.py:9 in step)");

@@ -31,14 +31,18 @@ uint32_t site(const std::string& file, int line, const std::string& fn) {
   return CallSites::instance().intern({Frame{file, line, fn}});
 }
 
-std::shared_ptr<GroupState> makeGroup(GroupIdentity id, std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
+std::shared_ptr<GroupState> makeGroup(GroupIdentity id,
+                                      std::chrono::milliseconds timeout = std::chrono::milliseconds(5000)) {
   Config cfg;
   cfg.ledgerSize = 16;
   return std::make_shared<GroupState>(std::move(id), cfg, testkit::groupStore(), timeout);
 }
 
 Fingerprint allReduce(int64_t n) {
-  return FingerprintBuilder(Op::AllReduce).meta(at::kFloat, {n}, CPU).reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM)).finish();
+  return FingerprintBuilder(Op::AllReduce)
+      .meta(at::kFloat, {n}, CPU)
+      .reduceOp(c10d::ReduceOp(c10d::ReduceOp::SUM))
+      .finish();
 }
 
 EntryView entry(uint64_t id, uint64_t seq, const std::string& op, const std::string& state) {
@@ -194,7 +198,7 @@ std::string loadError(const std::string& text) {
   return "(no error)";
 }
 
-} // namespace
+}  // namespace
 
 TEST(Snapshot, RoundTripsThroughJson) {
   const RankSnapshot s = sampleSnapshot();
@@ -265,8 +269,8 @@ TEST(Snapshot, ViewsOfARealGroupState) {
   const uint32_t here = site("/work/proj/train.py", 120, "training_step");
   uint64_t seq = 0, ord = 0;
   const uint64_t c1 = st->ledger().record(allReduce(10), here, &seq);
-  const uint64_t s1 = st->ledger().record(FingerprintBuilder(Op::Send).meta(at::kFloat, {4}, CPU).peer(2, 3).finish(), 0,
-                                          &seq, &ord);
+  const uint64_t s1 =
+      st->ledger().record(FingerprintBuilder(Op::Send).meta(at::kFloat, {4}, CPU).peer(2, 3).finish(), 0, &seq, &ord);
   const uint64_t c2 = st->ledger().record(allReduce(20), here, &seq);
   st->ledger().complete(c1, true);
   st->ledger().complete(s1, false, "boom");
@@ -338,7 +342,8 @@ TEST(Snapshot, ViewsOfARealGroupState) {
     EXPECT_EQ(s.group("0")->label(), "0");  // "undefined" is no description
     EXPECT_EQ(s.group("nope"), nullptr);
     GroupView g;
-    g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"), entry(3, 3, "barrier", "scheduled")};
+    g.entries = {entry(1, 1, "all_reduce", "completed"), entry(2, 2, "barrier", "failed"),
+                 entry(3, 3, "barrier", "scheduled")};
     EXPECT_EQ(g.oldestPending()->id, 3u);  // failed is not pending
     g.entries[2].state = EntryState::Completed;
     EXPECT_EQ(g.oldestPending(), nullptr);
@@ -360,12 +365,17 @@ TEST(Snapshot, ValidationNamesTheProblem) {
             "main_thread.available must be a bool, got string");
   EXPECT_EQ(loadError(edited(ok, R"("groups":[)", R"("groups":7,"x":[)")), "groups must be an array, got number");
   // Group fields.
-  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":2,"size":2)")), "group '3' has rank 2 outside size 2");
-  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":-1,"size":2)")), "group '3' has rank -1 outside size 2");
-  EXPECT_EQ(loadError(edited(ok, R"("rank":0,"size":1)", R"("rank":0,"size":0)")), "group '0' has rank 0 outside size 0");
-  EXPECT_EQ(loadError(edited(ok, R"("name":"3","desc":"tp_group","rank":1)", R"("name":3,"desc":"tp_group","rank":1)")), "group name must be a string, got number");
-  EXPECT_EQ(loadError(edited(ok, R"("rolling_hash":"fedcba9876543210","timeout_ms")", R"("rolling_hash":"zz","timeout_ms")")),
-            "rolling_hash must be a hex string of up to 16 digits, got 'zz'");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":2,"size":2)")),
+            "group '3' has rank 2 outside size 2");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":1,"size":2)", R"("rank":-1,"size":2)")),
+            "group '3' has rank -1 outside size 2");
+  EXPECT_EQ(loadError(edited(ok, R"("rank":0,"size":1)", R"("rank":0,"size":0)")),
+            "group '0' has rank 0 outside size 0");
+  EXPECT_EQ(loadError(edited(ok, R"("name":"3","desc":"tp_group","rank":1)", R"("name":3,"desc":"tp_group","rank":1)")),
+            "group name must be a string, got number");
+  EXPECT_EQ(
+      loadError(edited(ok, R"("rolling_hash":"fedcba9876543210","timeout_ms")", R"("rolling_hash":"zz","timeout_ms")")),
+      "rolling_hash must be a hex string of up to 16 digits, got 'zz'");
   // Entry fields.
   EXPECT_EQ(loadError(edited(ok, R"("op":"all_reduce")", R"("op":"allreduce")")), "unknown op 'allreduce'");
   EXPECT_EQ(loadError(edited(ok, R"("state":"scheduled")", R"("state":"running")")),
@@ -399,7 +409,8 @@ TEST(Snapshot, ValidationNamesTheProblem) {
       return std::string("(no error)");
     };
     EXPECT_EQ(err(""), "rolling_hash must be a hex string of up to 16 digits, got ''");
-    EXPECT_EQ(err("10000000000000000"), "rolling_hash must be a hex string of up to 16 digits, got '10000000000000000'");
+    EXPECT_EQ(err("10000000000000000"),
+              "rolling_hash must be a hex string of up to 16 digits, got '10000000000000000'");
     EXPECT_EQ(err("12xy"), "rolling_hash must be a hex string of up to 16 digits, got '12xy'");
     EXPECT_EQ(err("-1"), "rolling_hash must be a hex string of up to 16 digits, got '-1'");
     EXPECT_EQ(err(" 1"), "rolling_hash must be a hex string of up to 16 digits, got ' 1'");
@@ -419,7 +430,7 @@ DumpStatus statusIn(const std::string& path) {
   return s.status.value_or(DumpStatus{});
 }
 
-} // namespace
+}  // namespace
 
 TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
   char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
@@ -428,7 +439,7 @@ TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
   auto st = makeGroup(GroupIdentity{"0", 0, 2, {}});
   uint64_t seq = 0;
   st->ledger().complete(st->ledger().record(allReduce(1), 0, &seq), true);  // #1
-  const uint64_t c2 = st->ledger().record(allReduce(8), 0, &seq);         // #2: waits
+  const uint64_t c2 = st->ledger().record(allReduce(8), 0, &seq);           // #2: waits
   RankSnapshot snap;
   snap.rank = 0;
   snap.timeNs = wallNs();

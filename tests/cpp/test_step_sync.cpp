@@ -44,8 +44,8 @@ class TimesN : public c10d::Backend {
   const std::string getBackendName() const override {
     return "times_n";
   }
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts)
-      override {
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
     EXPECT_EQ(opts.reduceOp, c10d::ReduceOp::SUM);
     for (auto& t : tensors) {
       t.mul_(getSize());
@@ -81,11 +81,10 @@ std::string errorOf(const std::function<void()>& fn) {
   return "";
 }
 
-} // namespace
+}  // namespace
 
 TEST(StepSyncPack, OneFlagSlotThenMetricsInFloat64) {
-  auto packed = ops::detail::pack(
-      flags(true, true), at::tensor({1.5, -2.0}).to(at::kHalf), where);
+  auto packed = ops::detail::pack(flags(true, true), at::tensor({1.5, -2.0}).to(at::kHalf), where);
   ASSERT_EQ(packed.scalar_type(), at::kDouble);
   ASSERT_EQ(packed.size(0), 3);
   EXPECT_EQ(packed[0].item<double>(), 1.0 + static_cast<double>(ops::kHasDataUnit));

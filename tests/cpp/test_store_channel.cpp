@@ -25,11 +25,11 @@ double secondsSince(std::chrono::steady_clock::time_point t0) {
 struct Fixture {
   c10::intrusive_ptr<testkit::FaultyStore> faulty = c10::make_intrusive<testkit::FaultyStore>();
   std::shared_ptr<GroupStore> store =
-      testkit::groupStore(faulty, milliseconds(300), StoreAddress{"TCPStore", "10.0.0.1", 29500,
-                                                                  "rank 0's process (plain env:// rendezvous)", 0});
+      testkit::groupStore(faulty, milliseconds(300),
+                          StoreAddress{"TCPStore", "10.0.0.1", 29500, "rank 0's process (plain env:// rendezvous)", 0});
 };
 
-} // namespace
+}  // namespace
 
 TEST(StoreChannel, HealthyCallsAnswerAndCount) {
   Fixture f;
@@ -90,7 +90,7 @@ TEST(StoreChannel, ABlockedCallIsAbandonedAtItsBoundAndDeclaresNotAnswering) {
   EXPECT_LT(took, 2.0);  // the bound (0.3 s), not the blocked call
   EXPECT_EQ(f.store->health(), StoreHealth::NotAnswering);
   EXPECT_NE(f.store->channel().describeLoss().find("the store at 10.0.0.1:29500 (hosted by rank 0's process "
-                                                    "(plain env:// rendezvous)) does not answer: no reply to add for"),
+                                                   "(plain env:// rendezvous)) does not answer: no reply to add for"),
             std::string::npos)
       << f.store->channel().describeLoss();
   // Further calls fail at once, without queueing behind the stuck one.

@@ -186,7 +186,7 @@ Fingerprint allReduce(int64_t n) {
 
 constexpr int kSize = 3;
 
-} // namespace
+}  // namespace
 
 TEST(StoreKeys, LeavingTheGroupRemovesEveryKindOfKeyItWrote) {
   auto store = c10::make_intrusive<RecordingStore>();

@@ -61,7 +61,7 @@ std::vector<std::optional<RankWaits>> look(int ranks, uint64_t index, int late, 
   return out;
 }
 
-} // namespace
+}  // namespace
 
 TEST(WaitWindows, SumsWaitsPerWindowOfSeqsAtEveryLevel) {
   WaitWindows w;
@@ -251,9 +251,11 @@ TEST(StragglerBoard, TheWarningSaysWhoHowMuchWhereAndWhatToDo) {
   const std::string text = stragglerText(board.named().at(0), 4, ctx);
   EXPECT_NE(text.find("rank 5 (host host2) is the straggler"), std::string::npos) << text;
   EXPECT_NE(text.find("the other 3 ranks waited on average 19.0 ms per step (9.50 ms per collective)"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("over collectives 1-12 (about 19% of their time), most at train.py:40 in step"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
   EXPECT_NE(text.find("own wait share is 1% against a median of 20%"), std::string::npos) << text;
   EXPECT_NE(text.find("TORCH_EXT_STRAGGLER=off"), std::string::npos) << text;
   const Json j = stragglersJson(board, board.named(), 4, ctx);

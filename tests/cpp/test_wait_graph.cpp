@@ -17,7 +17,7 @@ constexpr int64_t kNow = 1700000000 * kSec;
 
 // Rank's position in a group: issued up to `lastSeq`, waiting in `pendingSeq` (0: none).
 GroupWait pos(const std::string& group, const std::string& label, std::vector<int64_t> ranks, uint64_t lastSeq,
-             uint64_t pendingSeq = 0, const std::string& where = "", int64_t startNs = kNow - 2 * kSec) {
+              uint64_t pendingSeq = 0, const std::string& where = "", int64_t startNs = kNow - 2 * kSec) {
   GroupWait w;
   w.group = group;
   w.label = label;
@@ -39,11 +39,12 @@ const std::vector<int64_t> kAll{0, 1, 2};
 WaitGraph crossed() {
   WaitGraph g;
   g.addRank(0, {pos("1", "dp", kAll, 1, 1, "t.py:10 in sync_grads"), pos("2", "mp", kAll, 0)});
-  for (int64_t r : {1, 2}) g.addRank(r, {pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "t.py:20 in sync_embeddings")});
+  for (int64_t r : {1, 2})
+    g.addRank(r, {pos("1", "dp", kAll, 0), pos("2", "mp", kAll, 1, 1, "t.py:20 in sync_embeddings")});
   return g;
 }
 
-} // namespace
+}  // namespace
 
 TEST(WaitGraph, CrossedGroupsAreACycleNamingEveryEdge) {
   const WaitGraph g = crossed();
@@ -107,8 +108,8 @@ TEST(WaitGraph, ThreeGroupsOverTheSameRanksAreOneLoopWhicheverGroupLooks) {
   g.addRank(0, {pos("a", "a", kAll, 1, 1, "x"), pos("b", "b", kAll, 0), pos("c", "c", kAll, 0)});
   g.addRank(1, {pos("a", "a", kAll, 0), pos("b", "b", kAll, 1, 1, "y"), pos("c", "c", kAll, 0)});
   g.addRank(2, {pos("a", "a", kAll, 0), pos("b", "b", kAll, 0), pos("c", "c", kAll, 1, 1, "z")});
-  for (const auto& [group, missing] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
-           {"a", {1, 2}}, {"b", {0, 2}}, {"c", {0, 1}}}) {
+  for (const auto& [group, missing] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{{"a", {1, 2}}, {"b", {0, 2}}, {"c", {0, 1}}}) {
     const WaitFinding f = g.follow(group, 1, missing);
     ASSERT_EQ(f.shape, WaitShape::Cycle) << group;
     EXPECT_EQ(f.headline(), "deadlock across groups a, b and c") << group;
@@ -212,8 +213,8 @@ TEST(WaitGraph, VerdictCarriesTheShapeThroughTheStore) {
 namespace {
 
 // Rank's pending send/recv with `peer` (global rank) in a group.
-GroupWait p2p(const std::string& group, const std::string& label, std::vector<int64_t> ranks, int64_t peer,
-              bool recv, const std::string& where, int32_t tag = 0) {
+GroupWait p2p(const std::string& group, const std::string& label, std::vector<int64_t> ranks, int64_t peer, bool recv,
+              const std::string& where, int32_t tag = 0) {
   GroupWait w = pos(group, label, std::move(ranks), 0);
   w.pending = true;
   w.seq = 0;
@@ -237,7 +238,7 @@ WaitGraph pipeline() {
   return g;
 }
 
-} // namespace
+}  // namespace
 
 TEST(WaitGraph, SendRecvAcrossPipelineStagesCloseALoopWithCollectives) {
   const WaitGraph g = pipeline();
@@ -318,7 +319,7 @@ std::vector<GroupWait> marked(std::vector<GroupWait> waits) {
   return waits;
 }
 
-} // namespace
+}  // namespace
 
 TEST(WaitGraph, ACycleIsCertainOnlyWhenEveryRankOfItBlocksInItsWait) {
   // Every rank blocked in the wait the loop is made of: it can never complete.

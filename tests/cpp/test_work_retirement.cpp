@@ -22,7 +22,7 @@ struct Tracked : c10::intrusive_ptr_target {
   std::atomic<std::thread::id>* where_;
 };
 
-} // namespace
+}  // namespace
 
 TEST(WorkRetirement, FreesAtOnceWhatNobodyElseHolds) {
   auto& r = WorkRetirement::instance();

@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import sys
 
-import pytest
-
 from torch_ext.testing import apply_gpu_rule
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -82,9 +82,10 @@ def test_on_cpu_accelerate_reuses_a_guard_group_and_its_collectives_run_on_the_g
 
 
 def _sampler_through_prepare(rank: int, world: int, global_plan: bool) -> dict:
-    import torch_ext
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
+
+    import torch_ext
 
     dist.init_process_group("guard")
     acc = Accelerator(cpu=True)

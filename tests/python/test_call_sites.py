@@ -90,8 +90,8 @@ def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tm
     line = _line("lightning_job.py", "log_rank0")
     assert (f"for metric 'val_loss' logged with sync_dist=True (asked for at lightning_job.py:{line} in "
             "Model.validation_step)") in out, out[-6000:]
-    assert "hint: a metric logged with sync_dist=True on some ranks only (e.g. under `if self.trainer.is_global_zero:`" \
-        in out, out[-6000:]
+    assert ("hint: a metric logged with sync_dist=True on some ranks only "
+            "(e.g. under `if self.trainer.is_global_zero:`") in out, out[-6000:]
     assert "rank_zero_only=True and without sync_dist" in out, out[-6000:]
     assert _names_ranks_1_2_as_gone(out), out[-6000:]
     assert proc.returncode != 0  # rank 0's collective failed; every process ended by itself (no TimeoutExpired)
@@ -157,7 +157,8 @@ def test_lightning_hang_in_training_step(tmp_path):
                      out), out[-6000:]
     # The stalled rank's main thread: its user frames, framework frames folded.
     # (Each line of the logged report carries torch_ext's label: the job configures no logging.)
-    m = re.search(r"rank 1 has not arrived.*?main thread now at\n(?:\[rank\d\] [\d:]+ torch_ext WARNING: )?    (.*)", out)
+    m = re.search(r"rank 1 has not arrived.*?main thread now at\n"
+                  r"(?:\[rank\d\] [\d:]+ torch_ext WARNING: )?    (.*)", out)
     assert m, out[-6000:]
     stack = m.group(1)
     assert "lightning_job.py:" in stack and "in load_slowly" in stack, stack

@@ -268,7 +268,8 @@ def test_pipeline_send_recv_and_data_parallel_reduce_are_one_deadlock_live(tmp_p
     out = _diagnose(tmp_path)
     assert "deadlock across groups dp and pp" in out, out
     # The HTML view draws the loop: an arrow per wait, labelled with its group and operation.
-    html = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path), "--html", str(tmp_path / "r.html")],
+    html = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path),
+                           "--html", str(tmp_path / "r.html")],
                           capture_output=True, text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     page = (tmp_path / "r.html").read_text()
     assert "<svg class='cycle'" in page, html.stdout + html.stderr

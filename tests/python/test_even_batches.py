@@ -11,7 +11,6 @@ import torch.distributed as dist
 from harness import assert_all_ok, report, run_ranks, run_script
 
 
-
 def _lengths(seed: int, world: int) -> list[int]:
     rng = random.Random(seed)
     lengths = [rng.randint(0, 6) for _ in range(world)]
@@ -199,8 +198,9 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _ddp_join(rank: int, world: int, lengths: list[int], lr: float, overlap: bool) -> tuple:
-    import torch_ext
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_ext
 
     model = DDP(_Model())
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -266,8 +266,9 @@ def test_policy_join_with_ddp_averages_over_ranks_with_data(lengths, overlap):
 
 
 def _ddp_join_random(rank: int, world: int, lengths: list[int]) -> tuple:
-    import torch_ext
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch_ext
 
     model = DDP(_Model())
     opt = torch.optim.SGD(model.parameters(), lr=0.125)

@@ -84,8 +84,8 @@ def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_pat
     # gradient all_reduce's line names its DDP bucket and parameters (torch_ext/_ddp.py).
     out = _source("ddp_uneven_steps", tmp_path)  # python examples/bugs/ddp_uneven_steps.py
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1"], out[-8000:]
-    assert "in train\n          DDP gradient bucket 1 of 1: 2.bias, 2.weight, 0.bias, 0.weight\n  rank 1: barrier()" in out, \
-        out[-8000:]
+    assert ("in train\n          DDP gradient bucket 1 of 1: 2.bias, 2.weight, 0.bias, 0.weight\n"
+            "  rank 1: barrier()") in out, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
     # Issue 39: the uneven data named at the end of epoch 0, once, while the job still ran ...
     assert out.count("torch_ext WARNING: uneven data: epoch 0 of the loop at ddp_uneven_steps.py:") == 1, out
@@ -217,7 +217,8 @@ def test_pipeline_deadlock_example_names_the_loop_through_send_recv_live_and_dra
     assert sorted(re.findall(r"\[rank(\d)\] raised DeadlockError:\ndeadlock across groups dp and pp: ", run)) == [
         "0", "1", "2", "3"], run[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "1") for r in range(4)], run
-    assert post.count("deadlock across groups dp and pp") >= 2 and "part of the deadlock across groups dp and pp" in post, post
+    assert (post.count("deadlock across groups dp and pp") >= 2
+            and "part of the deadlock across groups dp and pp" in post), post
     page = (tmp_path / "report.html").read_text()
     assert page.count("<svg class='cycle'") == 1 and page.count("class='wait'") == 4, page[:2000]
     doc_samples.check_source("pipeline_deadlock", out)
@@ -239,7 +240,8 @@ def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_p
     run, post = out.split("$ python -m torch_ext.diagnose")
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "0") for r in range(4)], run
     m = re.search(r'rank 2 is the straggler on group "default_pg" over collectives 1-40: the other ranks waited on '
-                  r"average ([\d.]+) ms per collective for it \(\d+% of the time\), most at straggler.py:\d+ in train", post)
+                  r"average ([\d.]+) ms per collective for it \(\d+% of the time\), "
+                  r"most at straggler.py:\d+ in train", post)
     assert m and 7.5 <= float(m.group(1)) <= 12.5, post  # rank 2 loads 10 ms longer per step
     assert (tmp_path / "trace.json").stat().st_size > 0
     doc_samples.check_source("straggler", out)

@@ -192,8 +192,9 @@ def test_uneven_iterable_wrapped_with_even_batches_does_not_hang_ddp(ddp_run):
 
 def _ddp_guard_registered() -> bool:
     try:
-        import torch_ext.lightning  # noqa: F401
         from lightning.pytorch.strategies import StrategyRegistry
+
+        import torch_ext.lightning  # noqa: F401
     except ImportError:
         return False
     return "ddp_guard" in StrategyRegistry

@@ -117,9 +117,9 @@ def test_plain_strategy_takes_lightnings_non_gloo_branch_and_ddp_guard_does_not(
 
 
 def test_ddp_guard_is_registered_and_rejects_other_backends():
-    import torch_ext.lightning  # noqa: F401
     from lightning.pytorch.strategies import StrategyRegistry
 
+    import torch_ext.lightning  # noqa: F401
     from torch_ext.lightning import GuardDDPStrategy
 
     assert "ddp_guard" in StrategyRegistry

@@ -24,11 +24,11 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 import torch_ext

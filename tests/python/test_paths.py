@@ -110,7 +110,8 @@ def test_ddp_keeps_the_users_exit_status_after_a_mismatch_in_backward(tmp_path, 
         assert r.returncode == 3, _outputs(results)
         assert records[r.rank]["type"] == "torch_ext.errors.CollectiveMismatchError", _outputs(results)
         # The gradient all_reduce's line names DDP's bucket and its parameters.
-        assert re.search(r"all_reduce\(float32\[\d+\], SUM\) +at paths_job.py:\d+ in \w+\n +DDP gradient bucket 1 of 1: ",
+        assert re.search(r"all_reduce\(float32\[\d+\], SUM\) +at paths_job.py:\d+ in \w+\n"
+                         r" +DDP gradient bucket 1 of 1: ",
                          records[r.rank]["message"]), records[r.rank]["message"]
         assert "torch_ext: CollectiveMismatchError at exit" not in r.output, _outputs(results)
 

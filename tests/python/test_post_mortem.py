@@ -34,9 +34,9 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
+from harness import assert_all_ok, report, run_ranks
 from torch_ext.diagnose import culprits
 from torch_ext.diagnose.__main__ import main as diagnose_main
-from harness import assert_all_ok, report, run_ranks
 
 FAST = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_INTERVAL": "0.1"}
 PREFIX = "torch_ext_fr_rank_"
@@ -629,7 +629,8 @@ def test_dumps_of_a_job_that_recovered_and_ended_say_so_and_diagnose_does_not_re
     # While the job still ran (after #3), every rank's dump said recovered, with the time it got past #2.
     for r, d in enumerate(seen):
         assert (d["written_at"], d["state"]) == ("warn_after", "recovered"), d
-        assert d["awaited"] == [{"group": "0", "collective_seq_id": 2, "record_id": 0}], d["awaited"]  # group name, as in "groups"
+        # group name, as in "groups"
+        assert d["awaited"] == [{"group": "0", "collective_seq_id": 2, "record_id": 0}], d["awaited"]
         assert d["time_ns"] < d["recovered_ns"] == d["state_ns"], d
     # destroy_process_group (the harness's clean end) then marked them finished, keeping the recovery time.
     final = {r: json.loads((path / f"rank{r}.json").read_text()) for r in range(3)}

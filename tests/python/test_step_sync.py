@@ -233,7 +233,6 @@ def test_op_against_reference(k):
 
 
 def _compiled(rank: int, world: int) -> list[float]:
-    import torch_ext
 
     name = dist.group.WORLD.group_name
 

@@ -68,7 +68,8 @@ def _mismatch_under_budget(rank: int, world: int) -> str:
 
 
 def test_an_async_mismatch_is_still_found_on_every_rank_under_a_tight_budget():
-    results = run_ranks(_mismatch_under_budget, WORLD, env={"TORCH_EXT_CHECK": "async", "TORCH_EXT_STORE_BUDGET": str(BUDGET)},
+    results = run_ranks(_mismatch_under_budget, WORLD,
+                        env={"TORCH_EXT_CHECK": "async", "TORCH_EXT_STORE_BUDGET": str(BUDGET)},
                         timeout=90)
     for rank, text in enumerate(assert_all_ok(results)):
         assert "differs across ranks" in text, f"rank {rank}: {text}\n{report(results)}"

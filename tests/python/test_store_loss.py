@@ -26,7 +26,8 @@ JOB = ["tests/python/jobs/fault_job.py"]
 ERROR_WITHIN = 15.0  # s from rank 0's fault to a survivor's error
 EXIT_WITHIN = 10.0   # s from a survivor's error to its process's end (the issue's requirement)
 STORE_GONE = re.compile(
-    r"^the store at 127\.0\.0\.1:\d+ \(hosted by rank 0's process \(plain env:// rendezvous at MASTER_ADDR=127\.0\.0\.1, "
+    r"^the store at 127\.0\.0\.1:\d+ \(hosted by rank 0's process "
+    r"\(plain env:// rendezvous at MASTER_ADDR=127\.0\.0\.1, "
     r"MASTER_PORT=\d+\)\) (is gone: (connection closed|connection reset|broken pipe|connection refused) during \w+|"
     r"does not answer: no reply to \w+ for)")
 

@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from torch_ext.diagnose.__main__ import main as diagnose_main
-from torch_ext.diagnose.live import LiveReport, RankLive, format_text as live_text
-from torch_ext.diagnose.stragglers import stragglers_from_snapshots
 from harness import assert_all_ok, run_ranks
+from torch_ext.diagnose.__main__ import main as diagnose_main
+from torch_ext.diagnose.live import LiveReport, RankLive
+from torch_ext.diagnose.live import format_text as live_text
+from torch_ext.diagnose.stragglers import stragglers_from_snapshots
 
 STEPS, SLOW_S, WORLD = 40, 0.030, 4
 

@@ -23,6 +23,7 @@ import torch
 
 from torch_ext import _C
 
+
 def cuda(fn):
     """A CUDA case: one GPU, and a bound well under a device session's minutes."""
     return pytest.mark.gpu(count=1)(pytest.mark.timeout(60)(fn))

@@ -15,8 +15,8 @@ import torch
 from packaging.version import Version
 
 import torch_ext
-from torch_ext import _extension
 from harness import run_script
+from torch_ext import _extension
 
 RUNNING = str(torch.__version__)
 

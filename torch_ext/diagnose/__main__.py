@@ -34,7 +34,8 @@ def _version() -> str:
     import torch_ext
     from torch_ext import _extension
 
-    return (f"torch_ext {torch_ext.__version__} (compiled against torch {_extension.built_against() or '(not recorded)'}, "
+    return (f"torch_ext {torch_ext.__version__} "
+            f"(compiled against torch {_extension.built_against() or '(not recorded)'}, "
             f"running torch {torch.__version__}) at {os.path.dirname(torch_ext.__file__)}")
 
 
@@ -101,14 +102,16 @@ def _state_line(job: JobState, written_ns: int) -> str:
         return f"state: failed on rank(s) {ranks_in('failed')}: the group failed (timeout, mismatch or a rank gone)"
     if job.state == "waiting":
         others = [f"rank(s) {ranks_in(s)} {s}" for s in ("recovered", "finished", "running") if ranks_in(s)]
-        return (f"state: waiting on rank(s) {ranks_in('waiting')}: not past the operation they waited in when their dumps "
-                "were last written (a live hang, or a job that ended in it)" + (f"; {', '.join(others)}" if others else ""))
+        return (f"state: waiting on rank(s) {ranks_in('waiting')}: not past the operation they waited in "
+                "when their dumps "
+                "were last written (a live hang, or a job that ended in it)"
+                + (f"; {', '.join(others)}" if others else ""))
     return "state: running: nothing was pending when the dumps were written"
 
 
 def live_main(argv: list[str]) -> int:
     """``torch-ext-diagnose live HOST:PORT``: the report of a job that is running now."""
-    from torch_ext.diagnose.live import LiveError, ask, format_text, parse_ranks
+    from torch_ext.diagnose.live import parse_ranks
 
     ap = argparse.ArgumentParser(
         prog="torch-ext-diagnose live",

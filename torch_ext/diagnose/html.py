@@ -203,8 +203,9 @@ def page_model(a: Analysis) -> dict[str, Any]:
 def _ranges(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
     out: list[str] = []
+    last: int | None = None
     for r in sorted(ranks):
-        if out and r == last + 1:
+        if out and last is not None and r == last + 1:
             first = out.pop().split("-")[0]
             out.append(f"{first}-{r}")
         else:

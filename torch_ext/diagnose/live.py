@@ -185,7 +185,8 @@ class _Collect:
         self.stage = "reading the job's directory"
         if not store.check([DIRECTORY_KEY]):
             raise LiveError(
-                f"no guarded job at {self.host}:{self.port}: its store holds no {DIRECTORY_KEY!r} key (the job does not "
+                f"no guarded job at {self.host}:{self.port}: its store holds no {DIRECTORY_KEY!r} key "
+                "(the job does not "
                 "use backend='guard', has not reached init_process_group yet, or runs a torch_ext without live "
                 "reports); pass the store of the job you mean (MASTER_ADDR:MASTER_PORT, or torchrun's --rdzv-endpoint)")
         self.directory = d = json.loads(store.get(DIRECTORY_KEY))
@@ -336,7 +337,8 @@ def _rank_of(c: _Collect, r: int, snap: dict[str, Any] | None, now_ns: int) -> R
             lines.append(f"in collective #{pend['collective_seq_id']} {pend['op']} on group \"{g['label']}\" for "
                          f"{g['pending_s']:.1f} s at {pend['where'] or '(unknown call site)'}{beyond}; {after}")
         elif g["last_completed_ns"]:
-            lines.append(f"computing since {_utc(int(g['last_completed_ns']))} ({_secs(now_ns - int(g['last_completed_ns']))}) "
+            lines.append(f"computing since {_utc(int(g['last_completed_ns']))} "
+                         f"({_secs(now_ns - int(g['last_completed_ns']))}) "
                          f"after #{done} on group \"{g['label']}\"")
         else:
             lines.append(f"computing: no collective completed yet on group \"{g['label']}\"")
@@ -397,7 +399,8 @@ def format_text(rep: LiveReport, max_frames: int = 24) -> str:
     asked = datetime.datetime.fromtimestamp(rep.asked_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     n_asked = len(rep.ranks)
     out = [f"torch_ext live report of the job at {rep.address} ({rep.world_size} ranks), asked {asked}; "
-           f"{len(rep.answered)} of {n_asked}{'' if n_asked == rep.world_size else ' asked'} answered within {rep.elapsed_s:.1f} s (deadline {rep.timeout_s:.1f} s)",
+           f"{len(rep.answered)} of {n_asked}{'' if n_asked == rep.world_size else ' asked'} answered within "
+           f"{rep.elapsed_s:.1f} s (deadline {rep.timeout_s:.1f} s)",
            "[live] lines show the job as it runs now (no deadline has passed for them); [absent] lines come from a "
            "rank's last status in the store"]
     if rep.store_note:

@@ -25,7 +25,8 @@ Metric syncs name the line that logged them. Lightning syncs an epoch-level
 user's ``validation_step`` is no longer on the stack. The strategy wraps the
 ``LightningModule.log`` (once, on the class; it records only for modules trained
 by this strategy) to remember, per metric name, the code object and line of the
-user's ``self.log`` call and the hook it ran in (a dict store, no strings built), and runs each ``reduce`` Lightning asks for a logged metric
+user's ``self.log`` call and the hook it ran in (a dict store, no strings built),
+and runs each ``reduce`` Lightning asks for a logged metric
 inside ``torch_ext.label("metric 'val_loss' logged with sync_dist=True",
 origin=...)``: reports then name the metric and that line, with a hint. A torchmetrics
 metric logged as an object (``self.log("val_acc", self.acc)``) syncs itself when Lightning

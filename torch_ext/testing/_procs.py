@@ -91,7 +91,8 @@ def _launch_once(args: list[str], world_size: int, store: str, deadline: float, 
     base = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     for rank in range(world_size):
         log = open(os.path.join(logdir, f"rank{rank}.log"), "w+")
-        procs.append(subprocess.Popen([sys.executable, *args], env=dict(base, **rank_env(rank, world_size, port, store)),
+        procs.append(subprocess.Popen([sys.executable, *args],
+                                      env=dict(base, **rank_env(rank, world_size, port, store)),
                                       stdout=log, stderr=subprocess.STDOUT, cwd=cwd))
         logs.append(log)
     watch = set(range(world_size) if wait_for is None else wait_for)

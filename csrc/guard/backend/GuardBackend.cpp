@@ -56,13 +56,12 @@ std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
-
-} // namespace
+}  // namespace
 
 GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress storeAddress, int rank, int size,
-                           std::chrono::milliseconds timeout, std::string groupName,
-                           std::vector<int64_t> globalRanks, Config config,
-                           std::map<std::string, InnerBackend> inner, c10::intrusive_ptr<c10d::Backend> helper)
+                           std::chrono::milliseconds timeout, std::string groupName, std::vector<int64_t> globalRanks,
+                           Config config, std::map<std::string, InnerBackend> inner,
+                           c10::intrusive_ptr<c10d::Backend> helper)
     : c10d::Backend(rank, size), inner_(std::move(inner)), helper_(std::move(helper)) {
   strict_ = config.check == CheckMode::Strict;
   TORCH_CHECK(!strict_ || helper_, "guard: strict mode needs a helper backend for its check collective");
@@ -120,8 +119,7 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
     if (!failure) return;
     std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures,
-                                &works);
+    state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures, &works);
     const std::exception_ptr err = surfaced(state->failureError());
     // Held streams pass now, their unverified results overwritten (the report
     // is written already; the inner backends are aborted below).
@@ -202,10 +200,10 @@ c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
   if (it != inner_.end()) return *it->second.backend;
   const std::string dev = deviceName(device);
   std::ostringstream os;
-  os << "guard: " << opName(op) << " on group \"" << state_->label() << "\" (rank " << getRank()
-     << ") got " << dev << " tensors, but no inner backend serves device '" << dev
-     << "' (inner backends: " << innerNames_ << "). Name one with TORCH_EXT_INNER=" << dev
-     << ":<backend> or GuardOptions(inner={\"" << dev << "\": ...}); a CUDA inner backend is only created when "
+  os << "guard: " << opName(op) << " on group \"" << state_->label() << "\" (rank " << getRank() << ") got " << dev
+     << " tensors, but no inner backend serves device '" << dev << "' (inner backends: " << innerNames_
+     << "). Name one with TORCH_EXT_INNER=" << dev << ":<backend> or GuardOptions(inner={\"" << dev
+     << "\": ...}); a CUDA inner backend is only created when "
      << "CUDA is available at init_process_group.";
   throw c10::DistBackendError(os.str());
 }
@@ -285,8 +283,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     // queue): the group's typed error, not the abort's side effect.
     if (state_->failed()) state_->throwFailure(opName(op));
     std::ostringstream os;
-    os << "guard: inner backend '" << deviceName(device) << ":" << inner.getBackendName() << "' failed "
-       << opName(op);
+    os << "guard: inner backend '" << deviceName(device) << ":" << inner.getBackendName() << "' failed " << opName(op);
     if (seq) os << " #" << seq;
     os << " on group \"" << state_->label() << "\" (rank " << getRank() << ")";
     e.add_context(os.str());
@@ -321,7 +318,6 @@ void GuardBackend::failWhileIssuing(uint64_t id, const std::exception& e) {
   throw CollectiveFailureError(report);
 }
 
-
 // --- collectives ---------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -332,8 +328,8 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  return run(std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)),
-             deviceOf(tensors), [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+  return run(std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)), deviceOf(tensors),
+             [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -351,8 +347,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_coalesced(std::vector<at:
              deviceOf(tensors), [&](c10d::Backend& b) { return b.allreduce_coalesced(tensors, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> GuardBackend::reduce(std::vector<at::Tensor>& tensors,
-                                                    const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> GuardBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return run(std::move(FingerprintBuilder(Op::Reduce).tensors(tensors).reduceOp(opts.reduceOp).root(opts.rootRank)),
              deviceOf(tensors), [&](c10d::Backend& b) { return b.reduce(tensors, opts); });
 }
@@ -385,8 +380,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::allgather_into_tensor_coalesced(std
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                    std::vector<at::Tensor>& inputs,
-                                                    const c10d::GatherOptions& opts) {
+                                                    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   return run(std::move(FingerprintBuilder(Op::Gather).tensors(inputs).root(opts.rootRank)), deviceOf(inputs),
              [&](c10d::Backend& b) { return b.gather(outputs, inputs, opts); });
 }
@@ -411,8 +405,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::_reduce_scatter_base(at::Tensor& ou
              output.device().type(), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::ReduceScatterOptions& opts) {
   return run(std::move(FingerprintBuilder(Op::ReduceScatterTensorCoalesced).tensors(outputs).reduceOp(opts.reduceOp)),
              deviceOf(outputs),
              [&](c10d::Backend& b) { return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts); });
@@ -434,8 +429,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::alltoall_base(at::Tensor& output, a
              [&](c10d::Backend& b) { return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts); });
 }
 
-c10::intrusive_ptr<c10d::Work> GuardBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                      std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> GuardBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
   FingerprintBuilder b(Op::AllToAll);
   if (!inputs.empty() && inputs[0].defined()) {
@@ -557,7 +551,8 @@ void GuardBackend::eagerConnectSingleDevice(at::Device device) {
 
 c10d::ErrorType GuardBackend::getError() {
   if (auto f = state_->failure()) {
-    return f->kind == GuardErrorKind::Timeout || f->kind == GuardErrorKind::Deadlock ? c10d::ErrorType::TIMEOUT : c10d::ErrorType::COMM_ERROR;
+    return f->kind == GuardErrorKind::Timeout || f->kind == GuardErrorKind::Deadlock ? c10d::ErrorType::TIMEOUT
+                                                                                     : c10d::ErrorType::COMM_ERROR;
   }
   if (cuda_) return cuda_->getError();
   return c10d::ErrorType::SUCCESS;
@@ -615,8 +610,8 @@ void GuardBackend::shutdown() {
   }
   // A mismatch the program never saw raised (found during the drain, or on a
   // collective nobody waited on) is raised here; one it saw is not raised again.
-  const bool mismatched = state_->failed() && state_->failure()->kind == GuardErrorKind::Mismatch &&
-      !state_->failureRaised();
+  const bool mismatched =
+      state_->failed() && state_->failure()->kind == GuardErrorKind::Mismatch && !state_->failureRaised();
   stopWatchdog();
   if (state_->failed() || Watchdog::instance().exiting()) {
     // Failed inners stay alive on purpose, untouched: shutting down a gloo
@@ -641,4 +636,4 @@ void GuardBackend::shutdown() {
   WorkRetirement::instance().sweepAll();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

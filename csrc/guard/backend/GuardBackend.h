@@ -99,11 +99,9 @@ class GuardBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(
       std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
@@ -189,4 +187,4 @@ class GuardBackend : public c10d::Backend {
   bool shutdown_ = false;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -1,6 +1,5 @@
 #include "guard/collective/CallSite.h"
 
-
 namespace torch_ext {
 
 CallSites& CallSites::instance() {
@@ -59,4 +58,4 @@ std::string CallSites::describe(uint32_t id) const {
   return describeCallSite(frames(id));
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -54,4 +54,4 @@ class CallSites {
   std::atomic<Provider> provider_{nullptr};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -25,7 +25,7 @@ std::string describeSite(uint32_t callSite) {
   return describeCallSite(frames) + labelSuffix(LabelTable::instance().get(LabelTable::current()), frames);
 }
 
-} // namespace
+}  // namespace
 
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
                                    CheckMode mode)
@@ -113,9 +113,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   std::vector<RankMetrics> metrics(1);
   metrics[0].known = metricAt(seq).has_value();
   metrics[0].names = metricRunAround(seq, seq, seq, metricAt);
-  std::vector<RankOp> ops = exchangeStrictFingerprints(*state_, fp, seq, describeSite(callSite),
-                                                         LabelTable::instance().get(LabelTable::current()).hint,
-                                                         &metrics);
+  std::vector<RankOp> ops = exchangeStrictFingerprints(
+      *state_, fp, seq, describeSite(callSite), LabelTable::instance().get(LabelTable::current()).hint, &metrics);
   // Shown when the op is a metric sync on some rank; every rank's list is known.
   bool metricSync = false;
   for (auto& m : metrics) {
@@ -150,10 +149,9 @@ bool CollectiveChecks::compareP2P(const P2PPrint& theirs, const Fingerprint& fp,
   if (theirs.pair == fp.p2pPairHash()) return true;
   const int me = state_->id().rank;
   std::ostringstream os;
-  os << messages::p2pDoNotPair(state_->label()) << "\n  rank "
-     << state_->id().globalRank(src) << ": " << theirs.text << " (#" << ordinal << ") at " << theirs.where
-     << "\n    but rank " << state_->id().globalRank(me) << " has " << fp.describe() << " (#" << ordinal << ") at "
-     << where;
+  os << messages::p2pDoNotPair(state_->label()) << "\n  rank " << state_->id().globalRank(src) << ": " << theirs.text
+     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state_->id().globalRank(me) << " has "
+     << fp.describe() << " (#" << ordinal << ") at " << where;
   // Tell the sender and the others before raising here: they act on the
   // published verdict even if this process exits right after.
   Verdict v;
@@ -248,7 +246,7 @@ class DeferredReceiveWork : public c10d::Work {
 // How often the poster looks for the print of the oldest deferred receive.
 constexpr std::chrono::milliseconds kPrintPoll{20};
 
-} // namespace
+}  // namespace
 
 struct DeferredReceives {
   struct Entry {
@@ -340,7 +338,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
         } catch (const std::exception& e) {
           // The group failed (a mismatch, a lost store) or the inner receive
           // could not be posted: nothing behind it will be posted either.
-          if (!st.failed()) st.fail(GuardErrorKind::Failure, std::string("guard: a deferred receive failed: ") + e.what());
+          if (!st.failed())
+            st.fail(GuardErrorKind::Failure, std::string("guard: a deferred receive failed: ") + e.what());
           cancelAll();
           return;
         }
@@ -381,4 +380,4 @@ void CollectiveChecks::auditSplits(uint64_t splitSend, uint64_t splitRecv) {
   });
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -81,4 +81,4 @@ class CollectiveChecks {
   std::shared_ptr<DeferredReceives> deferred_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

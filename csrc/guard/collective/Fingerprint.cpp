@@ -23,7 +23,7 @@ const c10d::OpType kOpTypes[] = {
     c10d::OpType::SCATTER,
     c10d::OpType::REDUCE_SCATTER,
     c10d::OpType::_REDUCE_SCATTER_BASE,
-    compat::kReduceScatterTensorCoalescedOpType, // COALESCED before torch 2.12
+    compat::kReduceScatterTensorCoalescedOpType,  // COALESCED before torch 2.12
     c10d::OpType::ALLTOALL,
     c10d::OpType::ALLTOALL_BASE,
     c10d::OpType::BARRIER,
@@ -35,7 +35,7 @@ static_assert(sizeof(kOpTypes) / sizeof(kOpTypes[0]) == static_cast<size_t>(Op::
 
 constexpr size_t kMaxSplitsKept = 16;
 
-} // namespace
+}  // namespace
 
 c10d::OpType toOpType(Op op) {
   auto i = static_cast<size_t>(op);
@@ -164,8 +164,7 @@ FingerprintBuilder::FingerprintBuilder(Op op) : h_(detail::mix64(static_cast<uin
   fp_.op = op;
 }
 
-void FingerprintBuilder::addMeta(c10::ScalarType dtype, c10::IntArrayRef sizes, c10::DeviceType device,
-                                 bool skipDim0) {
+void FingerprintBuilder::addMeta(c10::ScalarType dtype, c10::IntArrayRef sizes, c10::DeviceType device, bool skipDim0) {
   h_ = detail::combine(h_, static_cast<uint64_t>(dtype));
   h_ = detail::combine(h_, sizes.size());
   for (size_t i = skipDim0 ? 1 : 0; i < sizes.size(); ++i) {
@@ -246,4 +245,4 @@ Fingerprint FingerprintBuilder::finish() {
   return std::move(fp_);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

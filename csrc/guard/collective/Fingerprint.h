@@ -28,10 +28,9 @@
 
 namespace torch_ext {
 
-
 c10d::OpType toOpType(Op op);
 
-const char* reduceOpName(int reduceOp);  // c10d::ReduceOp::RedOpType, -1: ""
+const char* reduceOpName(int reduceOp);    // c10d::ReduceOp::RedOpType, -1: ""
 std::string dtypeName(c10::ScalarType t);  // "float32"
 
 struct TensorMeta {
@@ -58,7 +57,7 @@ inline uint64_t edgeKey(int64_t from, int64_t to, int64_t amount) {
   return mix64(combine(combine(mix64(static_cast<uint64_t>(from) + 1), static_cast<uint64_t>(to)),
                        static_cast<uint64_t>(amount)));
 }
-} // namespace detail
+}  // namespace detail
 
 struct Fingerprint {
   static constexpr size_t kInlineMetas = 4;
@@ -117,4 +116,4 @@ class FingerprintBuilder {
   uint64_t h_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -64,8 +64,8 @@ void GroupState::throwFailure(const std::string& op) const {
   if (!f) throw std::logic_error("throwFailure() on a group that has not failed");
   std::string msg = f->report;
   if (!op.empty()) {
-    msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) +
-           ": group \"" + label() + "\" failed earlier and stays failed; destroy and re-create it to go on)";
+    msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) + ": group \"" + label() +
+           "\" failed earlier and stays failed; destroy and re-create it to go on)";
   }
   throwGuardError(f->kind, msg, failureSeen_);
 }
@@ -99,4 +99,4 @@ bool GroupState::waitUntil(const std::function<bool()>& pred, std::chrono::milli
   return cv_.wait_for(lock, timeout, done);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -174,4 +174,4 @@ class GroupState {
   std::atomic<IncidentSink*> incidents_{&detachedIncidentSink()};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

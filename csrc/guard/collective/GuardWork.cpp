@@ -11,8 +11,8 @@
 namespace torch_ext {
 
 c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
-                                              c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-                                              Op op, bool streamOrdered) {
+                                              c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
+                                              bool streamOrdered) {
   WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
   if (streamOrdered) {
     state->ledger().pollLater(id, inner, /*reportFailure=*/true);
@@ -106,8 +106,8 @@ void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inn
   ours.markCompleted(inner.value());
 }
 
-GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id,
-                     uint64_t seq, Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
+GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
+                     Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
     : c10d::Work(state->id().rank, toOpType(op)),
       state_(std::move(state)),
       inner_(std::move(inner)),
@@ -174,8 +174,8 @@ bool GuardWork::isSuccess() const {
 
 std::exception_ptr GuardWork::exception() const {
   if (state_->failed()) {
-    const bool failedHere = mode_ == Mode::Future ? !innerFuture_->completed() || innerFuture_->hasError()
-                                                  : inner_->exception() != nullptr;
+    const bool failedHere =
+        mode_ == Mode::Future ? !innerFuture_->completed() || innerFuture_->hasError() : inner_->exception() != nullptr;
     if (failedHere) return groupFailure();
   }
   if (mode_ == Mode::Future) return innerFuture_->completed() ? innerFuture_->exception_ptr() : nullptr;
@@ -327,8 +327,9 @@ void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeo
     constexpr auto kReportBound = std::chrono::seconds(30);
     if (!state_->waitUntil([] { return false; }, kReportBound)) {
       state_->fail(GuardErrorKind::Mismatch,
-                   describe() + " differs across ranks (found by the check before its result was released); "
-                                "the cross-rank report did not come within 30 s");
+                   describe() +
+                       " differs across ranks (found by the check before its result was released); "
+                       "the cross-rank report did not come within 30 s");
     }
     state_->throwFailure("");
   }
@@ -365,8 +366,8 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
     if (verifier != nullptr) verifier->want(seq_);  // asked for: check it now
     const bool done = state_->waitUntil(
         [this, verifier] {
-          return innerFuture_->completed() &&
-              (verifier == nullptr || innerFuture_->hasError() || verifier->verified(seq_) || verifier->blocked(seq_));
+          return innerFuture_->completed() && (verifier == nullptr || innerFuture_->hasError() ||
+                                               verifier->verified(seq_) || verifier->blocked(seq_));
         },
         timeout);
     if (!innerFuture_->completed()) {
@@ -470,4 +471,4 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
   return c10::collectAll(list);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -40,11 +40,11 @@ class GuardWork : public c10d::Work {
   // Wraps `inner` (recorded as ledger record `id`) and starts tracking
   // completion; `streamOrdered`: the inner backend completes works on a stream.
   static c10::intrusive_ptr<GuardWork> wrap(const std::shared_ptr<GroupState>& state,
-                                            c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-                                            Op op, bool streamOrdered);
+                                            c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
+                                            bool streamOrdered);
 
-  GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-            Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
+  GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
+            Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
   // Hands the inner work and our future to WorkRetirement: the inner backend's
   // worker may still hold them, and must not be the one to free them.
   ~GuardWork() override;
@@ -73,8 +73,7 @@ class GuardWork : public c10d::Work {
   // (unless it failed already) and throw the group's error.
   [[noreturn]] void failFromInner(const std::string& err);
   // What failFromInner throws, as an exception (waits a few seconds at most).
-  static std::exception_ptr innerFailure(const std::shared_ptr<GroupState>& state, uint64_t id,
-                                         const std::string& err);
+  static std::exception_ptr innerFailure(const std::shared_ptr<GroupState>& state, uint64_t id, const std::string& err);
   // wait() and isCompleted() inside the guard: GuardErrors as the core throws
   // them; the public ones hand them out through the error surface (Errors.h).
   bool waitOrThrow(std::chrono::milliseconds timeout);
@@ -144,4 +143,4 @@ class CoalescedWork : public c10d::Work {
   std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -18,11 +18,11 @@ class DetachedSink final : public IncidentSink {
   }
 };
 
-} // namespace
+}  // namespace
 
 IncidentSink& detachedIncidentSink() {
   static DetachedSink sink;  // stateless; lives as long as the process
   return sink;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

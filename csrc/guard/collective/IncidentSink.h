@@ -46,4 +46,4 @@ class IncidentSink {
 // The sink of a group no watchdog watches: publishes nothing.
 IncidentSink& detachedIncidentSink();
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -31,7 +31,7 @@ uint64_t metricIdentity(const Label& label) {
   return 0;
 }
 
-} // namespace
+}  // namespace
 
 uint32_t LabelTable::intern(const Label& label, const std::vector<OriginRef>& lazyOrigin) {
   if (label.empty()) return 0;
@@ -129,4 +129,4 @@ uint64_t LabelTable::identityOf(uint32_t id) const {
   return id < labels_.size() ? labels_[id].identity : 0;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

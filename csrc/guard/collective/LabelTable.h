@@ -31,7 +31,7 @@ namespace detail {
 inline thread_local uint32_t t_currentLabel = 0;
 // What of the current label every rank must agree on (identityOf), 0: nothing.
 inline thread_local uint64_t t_currentIdentity = 0;
-} // namespace detail
+}  // namespace detail
 
 // An origin frame not resolved yet: a code object (opaque here) and a line.
 struct OriginRef {
@@ -97,4 +97,4 @@ class LabelTable {
   std::atomic<Resolver> resolver_{nullptr};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

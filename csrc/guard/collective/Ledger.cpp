@@ -64,8 +64,8 @@ bool Ledger::stillPending(Entry& e, int64_t now) {
   // Polled works complete in the ledger only at the watchdog's next poll: a
   // host far ahead overwrites records whose work is done already. Ask the work
   // now (polled_ is in record order), so that what is kept is really pending.
-  auto it = std::lower_bound(polled_.begin(), polled_.end(), e.id,
-                             [](const Polled& p, uint64_t id) { return p.id < id; });
+  auto it =
+      std::lower_bound(polled_.begin(), polled_.end(), e.id, [](const Polled& p, uint64_t id) { return p.id < id; });
   if (it == polled_.end() || it->id != e.id) return true;
   bool done = false, ok = true;
   std::string err;
@@ -191,8 +191,8 @@ std::optional<bool> Ledger::streamStarted(uint64_t id) const {
   c10::intrusive_ptr<c10d::Work> work;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = std::lower_bound(polled_.begin(), polled_.end(), id,
-                               [](const Polled& p, uint64_t v) { return p.id < v; });
+    auto it =
+        std::lower_bound(polled_.begin(), polled_.end(), id, [](const Polled& p, uint64_t v) { return p.id < v; });
     if (it == polled_.end() || it->id != id) return std::nullopt;
     work = it->work;
   }
@@ -372,4 +372,4 @@ std::vector<Entry> Ledger::entriesAfter(uint64_t afterId, size_t maxEntries) con
   return out;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

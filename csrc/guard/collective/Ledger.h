@@ -41,10 +41,10 @@ struct Entry {
   uint64_t seq = 0;         // collective sequence number (0 for p2p)
   uint64_t p2pOrdinal = 0;  // k for the k-th p2p op with this (peer, tag, direction); 0 for collectives
   Fingerprint fp;
-  uint64_t rolling = 0;     // rolling hash after this collective
+  uint64_t rolling = 0;  // rolling hash after this collective
   uint32_t callSite = 0;
-  uint32_t label = 0;       // LabelTable id active on the issuing thread (0: none)
-  int64_t startNs = 0;      // wall clock (for dumps)
+  uint32_t label = 0;   // LabelTable id active on the issuing thread (0: none)
+  int64_t startNs = 0;  // wall clock (for dumps)
   int64_t endNs = 0;
   int64_t startSteadyNs = 0;  // monotonic (for deadlines)
   EntryState state = EntryState::Scheduled;
@@ -53,7 +53,7 @@ struct Entry {
 
 // What the watchdog needs each tick, copied under one lock.
 struct Progress : SeqProgress {
-  int64_t lastCompletedNs = 0;   // wall clock of the last completion of any op
+  int64_t lastCompletedNs = 0;  // wall clock of the last completion of any op
   uint64_t lastId = 0;
   // Oldest pending operation (collective or p2p), if any.
   bool hasPending = false;
@@ -188,4 +188,4 @@ class Ledger {
   int64_t streamCursorNs_ = 0;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

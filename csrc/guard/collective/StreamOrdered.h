@@ -44,4 +44,4 @@ inline bool isStreamOrdered(const c10d::Backend& backend) {
   return name == "nccl" || name == "xccl";
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

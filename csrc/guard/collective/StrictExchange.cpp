@@ -14,8 +14,8 @@ constexpr std::chrono::milliseconds kSlice{100};
 // The store stopped answering: the watchdog fails the group within a tick;
 // raise that failure, or say so plainly if it has not come yet.
 [[noreturn]] void storeFailed(GroupState& st, const std::string& op) {
-  st.waitUntil([] { return false; }, std::chrono::milliseconds(
-                                         static_cast<int64_t>(std::max(1.0, 4 * st.exchangeIntervalS()) * 1000)));
+  st.waitUntil([] { return false; },
+               std::chrono::milliseconds(static_cast<int64_t>(std::max(1.0, 4 * st.exchangeIntervalS()) * 1000)));
   if (st.failed()) st.throwFailure(op);
   throw StoreLostError(st.store().channel().describeLoss() + " (during " + op + " on group \"" + st.label() + "\")");
 }
@@ -36,7 +36,7 @@ void awaitKeys(GroupState& st, const std::vector<std::string>& keys, const std::
   }
 }
 
-} // namespace
+}  // namespace
 
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
                                                const std::string& where, const std::string& hint,
@@ -126,4 +126,4 @@ P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string
   return p;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

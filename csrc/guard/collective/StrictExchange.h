@@ -47,4 +47,4 @@ P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string
 // The same without waiting: the print if the sender has published it.
 std::optional<P2PPrint> takeP2PPrintIfThere(GroupState& st, const std::string& key, const std::string& op);
 
-} // namespace torch_ext
+}  // namespace torch_ext

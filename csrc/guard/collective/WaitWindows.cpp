@@ -101,4 +101,4 @@ std::vector<WaitWindow> WaitWindows::closed() const {
   return out;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

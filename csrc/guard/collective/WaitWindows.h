@@ -78,4 +78,4 @@ class WaitWindows {
   int64_t coveredUntilNs_ = 0;  // the latest completion so far
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

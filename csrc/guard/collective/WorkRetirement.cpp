@@ -48,4 +48,4 @@ void WorkRetirement::sweepSlow() {
   }
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

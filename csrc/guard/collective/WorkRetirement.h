@@ -68,4 +68,4 @@ class WorkRetirement {
   std::atomic<size_t> scans_{0};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -36,7 +36,7 @@ static_assert(sizeof(GateArgs) == 128, "GateArgs must match gate_kernel.cu's Gat
 
 std::mutex mu;  // loading, modules, the word pool
 
-} // namespace
+}  // namespace
 
 struct CudaGate::Driver {
   CUresult (*init)(unsigned) = nullptr;
@@ -210,11 +210,11 @@ void CudaGate::hold(c10::DeviceIndex device, void* stream, std::atomic<uint64_t>
     for (; n < 4 && next < regions.size(); ++n) args.r[n] = regions[next++];
     unsigned long long s = seq;
     void* params[] = {&wordPtr, &s, &n, &args};
-    const CUresult r = driver_->launchKernel(f, 1, 1, 1, kThreads, 1, 1, 0, static_cast<CUstream>(stream), params,
-                                             nullptr);
+    const CUresult r =
+        driver_->launchKernel(f, 1, 1, 1, kThreads, 1, 1, 0, static_cast<CUstream>(stream), params, nullptr);
     TORCH_CHECK(r == 0, "stream gate: ", driver_->error("cuLaunchKernel", r), " on cuda:", int(device));
     launches_.fetch_add(1, std::memory_order_relaxed);
   } while (next < regions.size());
 }
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

@@ -75,4 +75,4 @@ class CudaGate {
   std::atomic<uint64_t> launches_{0};
 };
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

@@ -5,7 +5,7 @@ namespace torch_ext::device {
 bool GateWord::publish(std::atomic<uint64_t>& word, uint64_t next) {
   uint64_t cur = word.load(std::memory_order_acquire);
   for (;;) {
-    if (isPoison(cur)) return false;                  // a poison is final
+    if (isPoison(cur)) return false;                   // a poison is final
     if (!isPoison(next) && next <= cur) return false;  // releases only move forward
     if (word.compare_exchange_weak(cur, next, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
   }
@@ -49,4 +49,4 @@ PoisonFill poisonFill(c10::ScalarType dtype) {
   }
 }
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

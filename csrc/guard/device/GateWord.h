@@ -54,4 +54,4 @@ struct PoisonFill {
 };
 PoisonFill poisonFill(c10::ScalarType dtype);
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

@@ -23,7 +23,7 @@ bool regionOf(const at::Tensor& t, GateRegion* out) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
 bool fillPoison(const at::Tensor& t) {
   GateRegion r;
@@ -137,9 +137,8 @@ bool StreamGate::holdCuda(uint64_t seq, const std::vector<at::Tensor>& outputs) 
   if (!cuda.available()) {
     static std::once_flag once;
     std::call_once(once, [&cuda] {
-      logMessage(LogLevel::Warning,
-                 "guard: the stream gate is off on CUDA in this process (" + cuda.unavailableWhy() +
-                     "): check=verify does not hold results on NCCL streams, as check=async");
+      logMessage(LogLevel::Warning, "guard: the stream gate is off on CUDA in this process (" + cuda.unavailableWhy() +
+                                        "): check=verify does not hold results on NCCL streams, as check=async");
     });
     return false;
   }
@@ -168,7 +167,8 @@ bool StreamGate::holdCuda(uint64_t seq, const std::vector<at::Tensor>& outputs) 
 
 bool StreamGate::awaitHostPoison(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [this] { return GateWord::isPoison(word()) && host_.empty() && fillsPending_ == 0; });
+  return cv_.wait_for(lock, timeout,
+                      [this] { return GateWord::isPoison(word()) && host_.empty() && fillsPending_ == 0; });
 }
 
 StreamGate::Stats StreamGate::stats() const {
@@ -180,4 +180,4 @@ StreamGate::Stats StreamGate::stats() const {
   return s;
 }
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

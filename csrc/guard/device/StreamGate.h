@@ -55,8 +55,7 @@ class StreamGate : public std::enable_shared_from_this<StreamGate> {
   // (CPU outputs only) completes once the collective wrote them: a poison
   // fill waits for it, as the kernel comes after the collective on its
   // stream; null when they are written already.
-  bool hold(uint64_t seq, const std::vector<at::Tensor>& outputs,
-            c10::intrusive_ptr<c10::ivalue::Future> landed = {});
+  bool hold(uint64_t seq, const std::vector<at::Tensor>& outputs, c10::intrusive_ptr<c10::ivalue::Future> landed = {});
   void release(uint64_t verifiedSeq);
   void poison(uint64_t firstBad);
   // CPU holds: waits until the word is poisoned and every poisoned result
@@ -108,4 +107,4 @@ class StreamGate : public std::enable_shared_from_this<StreamGate> {
 // fill (not dense).
 bool fillPoison(const at::Tensor& t);
 
-} // namespace torch_ext::device
+}  // namespace torch_ext::device

@@ -27,8 +27,8 @@ __device__ __forceinline__ unsigned long long loadWord(const unsigned long long*
   return v;
 }
 
-extern "C" __global__ void torch_ext_stream_gate(const unsigned long long* word, unsigned long long seq,
-                                                 unsigned int n, GateRegions regions) {
+extern "C" __global__ void torch_ext_stream_gate(const unsigned long long* word, unsigned long long seq, unsigned int n,
+                                                 GateRegions regions) {
   // Lane 0 of each warp polls and hands the word to its warp (no block-wide
   // barrier: a barrier reached by a warp whose lane 0 still spins is not
   // allowed). Every warp reaches the same verdict: the word only moves
@@ -53,10 +53,18 @@ extern "C" __global__ void torch_ext_stream_gate(const unsigned long long* word,
     const GateRegion& g = regions.r[k];
     for (unsigned long long i = threadIdx.x; i < g.count; i += blockDim.x) {
       switch (g.width) {
-        case 1: reinterpret_cast<unsigned char*>(g.ptr)[i] = static_cast<unsigned char>(g.bits); break;
-        case 2: reinterpret_cast<unsigned short*>(g.ptr)[i] = static_cast<unsigned short>(g.bits); break;
-        case 4: reinterpret_cast<unsigned int*>(g.ptr)[i] = static_cast<unsigned int>(g.bits); break;
-        default: reinterpret_cast<unsigned long long*>(g.ptr)[i] = g.bits; break;
+        case 1:
+          reinterpret_cast<unsigned char*>(g.ptr)[i] = static_cast<unsigned char>(g.bits);
+          break;
+        case 2:
+          reinterpret_cast<unsigned short*>(g.ptr)[i] = static_cast<unsigned short>(g.bits);
+          break;
+        case 4:
+          reinterpret_cast<unsigned int*>(g.ptr)[i] = static_cast<unsigned int>(g.bits);
+          break;
+        default:
+          reinterpret_cast<unsigned long long*>(g.ptr)[i] = g.bits;
+          break;
       }
     }
   }

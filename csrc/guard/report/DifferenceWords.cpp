@@ -17,8 +17,8 @@ std::string plain(std::string s) {
 }
 
 std::string encodeWith(const DifferenceWords& w, size_t skipRuns) {
-  std::string out = plain(w.text) + kField + plain(w.where) + kField + plain(w.hint) + kField +
-                    (w.metricSync ? "1" : "0") + kField;
+  std::string out =
+      plain(w.text) + kField + plain(w.where) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
   for (const auto& m : w.metrics) out += plain(m) + kName;
   out += kField;
   const std::vector<HistoryRun> runs(w.history.begin() + static_cast<std::ptrdiff_t>(skipRuns), w.history.end());
@@ -39,7 +39,7 @@ std::vector<std::string> split(const std::string& s, char sep, size_t maxParts) 
   }
 }
 
-} // namespace
+}  // namespace
 
 std::string DifferenceWords::encode(size_t maxBytes) const {
   for (size_t skip = 0;; ++skip) {
@@ -63,4 +63,4 @@ DifferenceWords DifferenceWords::decode(const std::string& bytes) {
   return w;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -26,4 +26,4 @@ struct DifferenceWords {
   static DifferenceWords decode(const std::string& bytes);
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -9,7 +9,8 @@ namespace torch_ext {
 RankSnapshot readDump(const DumpInput& dump) {
   if (dump.text.size() > kMaxDumpBytes) {
     throw DumpError(dump.name, "is " + std::to_string(dump.text.size() >> 20) + " MiB, over the " +
-                                   std::to_string(kMaxDumpBytes >> 20) + " MiB a dump may hold (not a torch_ext dump?)");
+                                   std::to_string(kMaxDumpBytes >> 20) +
+                                   " MiB a dump may hold (not a torch_ext dump?)");
   }
   RankSnapshot snap;
   try {
@@ -167,13 +168,13 @@ std::optional<Incident> failedSubject(const std::vector<RankInput>& inputs, cons
     const auto* e = g ? g->bySeq(parsed->subject.seq) : nullptr;
     if (e == nullptr || e->state != EntryState::Failed) continue;
     *startNs = e->startNs;
-    return Incident{parsed->kind == IncidentKind::Failure ? IncidentKind::Failure : IncidentKind::Hang,
-                    parsed->subject, g->rank, e->error};
+    return Incident{parsed->kind == IncidentKind::Failure ? IncidentKind::Failure : IncidentKind::Hang, parsed->subject,
+                    g->rank, e->error};
   }
   return lastFailed(inputs, startNs);
 }
 
-} // namespace
+}  // namespace
 
 std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
                                        const std::map<int64_t, StatusRecord>* absent,
@@ -225,4 +226,4 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
   return out;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -65,4 +65,4 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snapshot
                                        const std::map<int64_t, StatusRecord>* absent = nullptr,
                                        const std::set<int64_t>* notAsked = nullptr);
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -55,4 +55,4 @@ constexpr size_t enumCount() {
   return sizeof(EnumTable<E>::kEntries) / sizeof(EnumTable<E>::kEntries[0]);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

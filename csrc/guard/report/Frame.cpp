@@ -46,7 +46,7 @@ std::string foldedRun(const std::vector<Frame>& frames, size_t begin, size_t end
   return os.str();
 }
 
-} // namespace
+}  // namespace
 
 std::string describeStack(const std::vector<Frame>& frames, size_t maxUser) {
   if (frames.empty()) return "(no Python frames)";
@@ -85,4 +85,4 @@ std::string describeStack(const std::vector<Frame>& frames, size_t maxUser) {
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

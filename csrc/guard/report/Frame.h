@@ -55,4 +55,4 @@ struct ThreadStack {
   std::vector<Frame> frames;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

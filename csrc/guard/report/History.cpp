@@ -37,7 +37,11 @@ std::vector<HistoryRun> from(const std::vector<HistoryRun>& runs, uint64_t start
 
 std::string ordinal(uint64_t n) {
   const uint64_t tens = n % 100;
-  const char* suffix = (tens >= 11 && tens <= 13) ? "th" : n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+  const char* suffix = (tens >= 11 && tens <= 13) ? "th"
+                       : n % 10 == 1              ? "st"
+                       : n % 10 == 2              ? "nd"
+                       : n % 10 == 3              ? "rd"
+                                                  : "th";
   return std::to_string(n) + suffix;
 }
 
@@ -61,19 +65,19 @@ uint64_t countAt(const std::vector<HistoryRun>& runs, const HistoryRun& site, ui
 // `lateCount` (at seq). Two stories fit: fewer iterations (uneven data) or a
 // branch; rank 0 alone is the classic rank-0-only block, so that story comes
 // first there.
-std::string earlyEndReading(const std::vector<int64_t>& early, const std::vector<int64_t>& late,
-                            const HistoryRun& run, const HistoryRun& next, uint64_t earlyCount, uint64_t lateCount) {
+std::string earlyEndReading(const std::vector<int64_t>& early, const std::vector<int64_t>& late, const HistoryRun& run,
+                            const HistoryRun& next, uint64_t earlyCount, uint64_t lateCount) {
   const std::string who = formatRanks(early);
   const std::string fewer = who + " left that loop earlier (fewer batches than " + formatRanks(late) +
                             ": uneven data per rank, such as a sampler or shard split that gives ranks different "
                             "batch counts)";
   std::ostringstream os;
   os << "\n  reading: " << who << " issued " << next.op << at(next) << " after " << earlyCount << " x " << run.op
-     << at(run) << ", where " << formatRanks(late) << " issued a " << ordinal(lateCount) << " " << run.op
-     << " there: ";
+     << at(run) << ", where " << formatRanks(late) << " issued a " << ordinal(lateCount) << " " << run.op << " there: ";
   if (early.size() == 1 && early[0] == 0 && late.size() > 1) {
     os << "rank 0 took a branch the others did not (a collective inside `if rank == 0:`: logging, validation, a "
-          "metric's compute()) or " << fewer;
+          "metric's compute()) or "
+       << fewer;
   } else {
     os << fewer << " or took a branch the others did not (a collective under `if rank == ...`)";
   }
@@ -94,12 +98,13 @@ std::vector<HistoryRun> before(const std::vector<HistoryRun>& runs, uint64_t seq
   return out;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<HistoryRun> historyRuns(const std::vector<HistoryItem>& items, size_t maxRuns) {
   std::vector<HistoryRun> runs;
   for (const auto& it : items) {
-    if (!runs.empty() && runs.back().op == it.op && runs.back().where == it.where && runs.back().lastSeq + 1 == it.seq) {
+    if (!runs.empty() && runs.back().op == it.op && runs.back().where == it.where &&
+        runs.back().lastSeq + 1 == it.seq) {
       runs.back().lastSeq = it.seq;
       ++runs.back().count;
       continue;
@@ -232,4 +237,4 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -63,4 +63,4 @@ struct RankHistory {
 // are the same.
 std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq);
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -19,7 +19,7 @@ std::optional<T> parseNumber(std::string_view text) {
 constexpr std::string_view kAny = "any";
 constexpr std::string_view kP2PPrefix = "p2p-";
 
-} // namespace
+}  // namespace
 
 std::string IncidentSubject::encode() const {
   switch (kind) {
@@ -61,4 +61,4 @@ std::optional<Incident> Incident::fromId(std::string_view id) {
   return inc;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -25,11 +25,8 @@ enum class IncidentKind : uint8_t {
 template <>
 struct EnumTable<IncidentKind> {
   static constexpr NamedValue<IncidentKind> kEntries[] = {
-      {IncidentKind::Hang, "hang"},
-      {IncidentKind::Abort, "abort"},
-      {IncidentKind::Mismatch, "mismatch"},
-      {IncidentKind::P2P, "p2p"},
-      {IncidentKind::Failure, "failure"},
+      {IncidentKind::Hang, "hang"}, {IncidentKind::Abort, "abort"},     {IncidentKind::Mismatch, "mismatch"},
+      {IncidentKind::P2P, "p2p"},   {IncidentKind::Failure, "failure"},
   };
 };
 
@@ -87,4 +84,4 @@ struct Incident {
   static std::optional<Incident> fromId(std::string_view id);
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -14,7 +14,7 @@ namespace {
 
 // What an error calls a value's type (both number types read "number").
 constexpr NamedValue<Json::Type> kTypeNames[] = {
-    {Json::Type::Null, "null"},     {Json::Type::Bool, "bool"},   {Json::Type::Int, "number"},
+    {Json::Type::Null, "null"},     {Json::Type::Bool, "bool"},     {Json::Type::Int, "number"},
     {Json::Type::Double, "number"}, {Json::Type::String, "string"}, {Json::Type::Array, "array"},
     {Json::Type::Object, "object"},
 };
@@ -251,9 +251,8 @@ class Parser {
           break;
         }
         default:
-          fail(quoted(e)[0] == '\''
-                   ? std::string("bad escape '\\") + e + "'"
-                   : "bad escape: a backslash followed by " + quoted(e));
+          fail(quoted(e)[0] == '\'' ? std::string("bad escape '\\") + e + "'"
+                                    : "bad escape: a backslash followed by " + quoted(e));
       }
     }
     return out;
@@ -300,7 +299,7 @@ class Parser {
   size_t pos_ = 0;
 };
 
-} // namespace
+}  // namespace
 
 bool Json::asBool(const char* what) const {
   if (type_ != Type::Bool) wrongType(what, "a bool", type_);
@@ -446,4 +445,4 @@ Json Json::parse(const std::string& text) {
   return Parser(text).parseDocument();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

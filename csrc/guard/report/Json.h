@@ -100,4 +100,4 @@ class Json {
   std::shared_ptr<Object> o_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

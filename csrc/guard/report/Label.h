@@ -16,10 +16,10 @@
 namespace torch_ext {
 
 struct Label {
-  std::string text;                                          // empty: no label
+  std::string text;                                         // empty: no label
   std::vector<std::pair<std::string, std::string>> fields;  // in the order given
-  std::vector<Frame> origin;  // innermost first; empty when none was given
-  std::string hint;           // said once in a report about an op with this label
+  std::vector<Frame> origin;                                // innermost first; empty when none was given
+  std::string hint;                                         // said once in a report about an op with this label
 
   bool empty() const {
     return text.empty();
@@ -34,4 +34,4 @@ struct Label {
 // " for metric 'val_loss' (...)", appended to the call site `site`; "" when empty.
 std::string labelSuffix(const Label& label, const std::vector<Frame>& site = {});
 
-} // namespace torch_ext
+}  // namespace torch_ext

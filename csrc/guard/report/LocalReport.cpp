@@ -22,8 +22,8 @@ void pendingLine(std::ostringstream& os, const LocalFacts& f) {
     os << "\n  pending here: " << opLine(*f.pending) << ", waiting " << seconds(f.pendingForNs);
   } else if (f.lastFailed) {
     const std::string& err = f.lastFailed->error;
-    os << "\n  failed here: " << opLine(*f.lastFailed) << " (the inner backend: "
-       << (err.empty() ? std::string("no message") : err.substr(0, err.find('\n'))) << ")";
+    os << "\n  failed here: " << opLine(*f.lastFailed)
+       << " (the inner backend: " << (err.empty() ? std::string("no message") : err.substr(0, err.find('\n'))) << ")";
   } else {
     os << "\n  nothing pending here (last issued #" << f.progress.lastSeq << ", completed #"
        << f.progress.lastCompletedSeq << "): the next operation on the group raises this error";
@@ -68,7 +68,7 @@ void peerLines(std::ostringstream& os, const LocalFacts& f) {
   }
 }
 
-} // namespace
+}  // namespace
 
 bool LocalFacts::allPeersDone() const {
   if (groupSize <= 1) return false;
@@ -107,7 +107,7 @@ void waitingLine(std::ostringstream& os, const LocalFacts& f) {
   if (f.pending) os << "\n  waiting: rank " << f.globalRank(f.groupRank) << " (this rank) at " << f.pending->where();
 }
 
-} // namespace
+}  // namespace
 
 std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const std::string& why) {
   std::ostringstream os;
@@ -126,4 +126,4 @@ std::string formatLocalHang(const LocalFacts& f, const std::string& why) {
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

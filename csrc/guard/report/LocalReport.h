@@ -25,8 +25,8 @@ struct LocalFacts {
   std::optional<EntryView> pending;  // its oldest pending op (with call site)
   int64_t pendingForNs = 0;
   std::optional<EntryView> lastFailed;  // its last op, when the inner backend failed it
-  std::map<int, PeerState> peers;    // group rank -> last status read
-  int64_t storeHostRank = -1;        // global rank whose process serves the store (-1: none / unknown)
+  std::map<int, PeerState> peers;       // group rank -> last status read
+  int64_t storeHostRank = -1;           // global rank whose process serves the store (-1: none / unknown)
   int64_t nowWallNs = 0;
   int64_t nowSteadyNs = 0;
 
@@ -50,4 +50,4 @@ std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const st
 // The hang report did not come: a warning from this rank's view.
 std::string formatLocalHang(const LocalFacts& f, const std::string& why);
 
-} // namespace torch_ext
+}  // namespace torch_ext

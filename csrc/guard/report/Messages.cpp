@@ -31,4 +31,4 @@ std::string abortReason(double abortAfterS, AbortScope scope) {
          (scope == AbortScope::EveryLiveRank ? "every live rank" : "this rank");
 }
 
-} // namespace torch_ext::messages
+}  // namespace torch_ext::messages

@@ -27,4 +27,4 @@ enum class AbortScope : uint8_t { EveryLiveRank, ThisRank };
 // retry logic (and torch's own tests) grep for it in gloo's and NCCL's errors.
 std::string abortReason(double abortAfterS, AbortScope scope);
 
-} // namespace torch_ext::messages
+}  // namespace torch_ext::messages

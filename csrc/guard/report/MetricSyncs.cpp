@@ -20,7 +20,7 @@ std::string joinNames(const std::vector<std::string>& names) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 std::vector<std::string> metricRunAround(uint64_t seq, uint64_t lastSeq, uint64_t upTo,
                                          const std::function<std::optional<std::string>(uint64_t)>& metricAt) {
@@ -84,8 +84,8 @@ std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks) {
     if (r.known && r.readFrom >= 0) readFrom[r.readFrom].push_back(r.globalRank);
   }
   for (const auto& [from, who] : readFrom) {
-    os << " (" << formatRanks(who) << " sent no ledger: read from rank " << from
-       << "'s, up to the last collective " << (who.size() == 1 ? "it" : "each") << " issued)";
+    os << " (" << formatRanks(who) << " sent no ledger: read from rank " << from << "'s, up to the last collective "
+       << (who.size() == 1 ? "it" : "each") << " issued)";
   }
   for (const auto& n : all) {
     std::vector<int64_t> with, without;
@@ -101,4 +101,4 @@ std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks) {
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -34,4 +34,4 @@ struct RankMetrics {
 // synced the same.
 std::string formatMetricSyncs(const std::vector<RankMetrics>& ranks);
 
-} // namespace torch_ext
+}  // namespace torch_ext

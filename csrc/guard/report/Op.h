@@ -96,4 +96,4 @@ inline const char* entryStateName(EntryState s) {
   return enumName(s);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

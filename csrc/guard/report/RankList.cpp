@@ -21,4 +21,4 @@ std::string formatRanks(const std::vector<int64_t>& ranks) {
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -13,4 +13,4 @@ namespace torch_ext {
 // "ranks 0,1,3" / "rank 2", with runs of three or more folded: "ranks 0-30".
 std::string formatRanks(const std::vector<int64_t>& ranks);
 
-} // namespace torch_ext
+}  // namespace torch_ext

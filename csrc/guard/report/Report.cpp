@@ -86,7 +86,7 @@ std::string metricSyncLines(const std::vector<RankInput>& ranks, uint64_t seq) {
   return formatMetricSyncs(runs);
 }
 
-} // namespace
+}  // namespace
 
 namespace {
 
@@ -274,8 +274,8 @@ std::optional<std::string> findP2PMismatch(const std::string& label, const std::
       }
       if (pair == Pair::NotPosted) {
         blockedUnmatched = true;
-        unmatched.push_back(p2pLine(r, e) + "; rank " + std::to_string(peer.globalRank) +
-                            " has posted no matching " + opName(p2pCounterpart(e.op)));
+        unmatched.push_back(p2pLine(r, e) + "; rank " + std::to_string(peer.globalRank) + " has posted no matching " +
+                            opName(p2pCounterpart(e.op)));
       } else if (f->pairHash != e.pairHash) {
         wrong.push_back(p2pLine(r, e) + "\n    but rank " + std::to_string(peer.globalRank) + " has " + f->text +
                         " (#" + std::to_string(f->p2pOrdinal) + ") at " + f->where());
@@ -318,8 +318,8 @@ std::string streamStartLines(const std::vector<RankInput>& ranks, uint64_t seq) 
      << " stream has not begun it (held up at it or before it: a slow or hung kernel, or a collective of "
         "another group on the same stream)";
   if (!started.empty()) {
-    os << "; " << formatRanks(started) << (started.size() == 1 ? " is" : " are") << " in #" << seq
-       << ", waiting for " << (one ? "it" : "them");
+    os << "; " << formatRanks(started) << (started.size() == 1 ? " is" : " are") << " in #" << seq << ", waiting for "
+       << (one ? "it" : "them");
   }
   return os.str();
 }
@@ -368,8 +368,8 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
 // one, with their call sites. When every one of those call sites had already run
 // on all ranks before (the same loop), the ended ranks stopped while the others
 // were still in it: if they also left on purpose (destroy_process_group), that
-// is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging or
-// validation, a collective after an early `break`) is not.
+// is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging
+// or validation, a collective after an early `break`) is not.
 void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks,
                      const std::vector<const RankInput*>& gone) {
   std::vector<int64_t> ended;
@@ -430,7 +430,7 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
   }
 }
 
-} // namespace
+}  // namespace
 
 std::string lastWordsNote(const RankInput& r) {
   const auto why = LastWordsWhy::decode(r.snapshot.incident);
@@ -460,8 +460,8 @@ std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   return os.str();
 }
 
-std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
-                           const std::vector<RankOp>& ops, const std::string& note, const std::string& more) {
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq, const std::vector<RankOp>& ops,
+                           const std::string& note, const std::string& more) {
   // Group ranks by what they issued (fingerprint hash, not just its text: the
   // text shows only the first few tensors of a coalesced op) and where, in order
   // of first appearance.
@@ -522,8 +522,8 @@ const GroupView* RankInput::group() const {
   return (responded || lastWords) ? snapshot.group(groupName) : nullptr;
 }
 
-Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident,
-                int64_t nowNs, const OtherWaits* others) {
+Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident, int64_t nowNs,
+                const OtherWaits* others) {
   Verdict v;
   v.group = label;
   v.incident = incident.id();
@@ -561,7 +561,8 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   }
 
   const IncidentSubject& subj = incident.subject;
-  const int posterGroupRank = subj.kind == IncidentSubject::Kind::P2P ? subj.groupRank : static_cast<int>(incident.poster);
+  const int posterGroupRank =
+      subj.kind == IncidentSubject::Kind::P2P ? subj.groupRank : static_cast<int>(incident.poster);
   std::ostringstream os;
   std::vector<int64_t> waiting, completed;
   std::map<std::string, std::vector<int64_t>> waitingWhere;
@@ -711,4 +712,4 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   return v;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -26,9 +26,8 @@ namespace torch_ext {
 // "collective #57 on group "default_pg" (4 ranks) differs across ranks:" and one
 // line per distinct (fingerprint, call site), ranks grouped; `more` (lines, each
 // starting with "\n  ") goes after them, before the labels' hints.
-std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq,
-                           const std::vector<RankOp>& ops, const std::string& note = std::string(),
-                           const std::string& more = std::string());
+std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq, const std::vector<RankOp>& ops,
+                           const std::string& note = std::string(), const std::string& more = std::string());
 
 struct RankInput {
   int groupRank = 0;
@@ -75,4 +74,4 @@ using OtherWaits = std::map<int64_t, const std::vector<GroupWait>*>;
 Verdict analyze(const std::string& groupLabel, const std::vector<RankInput>& ranks, const Incident& incident,
                 int64_t nowNs, const OtherWaits* others = nullptr);
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -96,7 +96,7 @@ int64_t optInt(const Json& j, const char* key, int64_t dflt = 0) {
   return (v && v->isNumber()) ? v->asInt(key) : dflt;
 }
 
-} // namespace
+}  // namespace
 
 Json toJson(const Label& label) {
   Json j = Json::object();
@@ -397,4 +397,4 @@ RankSnapshot snapshotFromJson(const Json& j) {
   return s;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

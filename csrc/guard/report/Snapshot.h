@@ -31,7 +31,7 @@ struct EntryView {
   uint64_t p2pOrdinal = 0;
   Op op = Op::Barrier;
   std::string device;  // "cpu", "cuda": which inner backend ran it ("" in older dumps)
-  std::string text;  // "all_reduce(float32[10], SUM)"
+  std::string text;    // "all_reduce(float32[10], SUM)"
   bool isP2P = false;
   int32_t peer = -1;  // group rank of root/src/dst or p2p peer; -1 none/any
   int32_t tag = 0;
@@ -95,9 +95,8 @@ enum class DumpCause : uint8_t {
 template <>
 struct EnumTable<DumpCause> {
   static constexpr NamedValue<DumpCause> kEntries[] = {
-      {DumpCause::WarnAfter, "warn_after"}, {DumpCause::AbortAfter, "abort_after"},
-      {DumpCause::Mismatch, "mismatch"},    {DumpCause::P2PCheck, "p2p_check"},
-      {DumpCause::Failure, "failure"},      {DumpCause::Manual, "manual"},
+      {DumpCause::WarnAfter, "warn_after"}, {DumpCause::AbortAfter, "abort_after"}, {DumpCause::Mismatch, "mismatch"},
+      {DumpCause::P2PCheck, "p2p_check"},   {DumpCause::Failure, "failure"},        {DumpCause::Manual, "manual"},
   };
 };
 
@@ -201,4 +200,4 @@ Label labelFromJson(const Json& j);
 std::string hex64(uint64_t v);
 uint64_t parseHex64(const std::string& s, const char* what);
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -15,7 +15,7 @@ constexpr NamedValue<RankPhase> kPhaseTags[] = {
     {RankPhase::Exited, "exit"},
 };
 
-} // namespace
+}  // namespace
 
 StatusRecord StatusRecord::of(RankPhase phase, int64_t nowNs, const SeqProgress& p) {
   StatusRecord s;
@@ -58,4 +58,4 @@ std::optional<StatusRecord> StatusRecord::decode(const std::string& text) {
   return s;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

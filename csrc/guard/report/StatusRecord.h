@@ -70,4 +70,4 @@ struct PeerState {
   int64_t readAtSteadyNs = 0;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -25,7 +25,7 @@ double medianD(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-} // namespace
+}  // namespace
 
 size_t StragglerBoard::look(const std::vector<std::optional<RankWaits>>& ranks) {
   if (ranks.size() < 2) return 0;
@@ -104,7 +104,8 @@ StragglerWindow StragglerBoard::analyse(const std::vector<const WaitWindow*>& wi
   }
   std::vector<int64_t> counts;
   for (size_t r = 0; r < n; ++r) {
-    if (!lateRanks.count(static_cast<int>(r)) && windows[r]->siteKey == out.siteKey) counts.push_back(windows[r]->siteCount);
+    if (!lateRanks.count(static_cast<int>(r)) && windows[r]->siteKey == out.siteKey)
+      counts.push_back(windows[r]->siteCount);
   }
   out.siteCollectives = static_cast<uint32_t>(median(counts));
   return out;
@@ -128,7 +129,8 @@ std::vector<Straggler> StragglerBoard::named() const {
       s.lostNs += late.lostNs;
       s.spanNs += w.medianSpanNs;
       auto& [own, others] = shares[{late.rank, w.siteKey}];
-      own.push_back(static_cast<double>(w.waitNs[late.rank]) / static_cast<double>(std::max<int64_t>(1, w.spanNs[late.rank])));
+      own.push_back(static_cast<double>(w.waitNs[late.rank]) /
+                    static_cast<double>(std::max<int64_t>(1, w.spanNs[late.rank])));
       std::vector<double> o;
       for (size_t j = 0; j < w.waitNs.size(); ++j) {
         if (static_cast<int>(j) != late.rank) {
@@ -186,7 +188,7 @@ std::string percent(double share) {
   return os.str();
 }
 
-} // namespace
+}  // namespace
 
 std::string stragglerText(const Straggler& s, size_t groupSize, const StragglerContext& ctx) {
   const int64_t rank = ctx.globalRank(s.rank);
@@ -209,9 +211,9 @@ std::string stragglerText(const Straggler& s, size_t groupSize, const StragglerC
        << ", a phase of the loop, over collectives " << s.firstSeq << "-" << s.lastSeq << " (about "
        << percent(s.share()) << " of their time in those windows)";
   }
-  os << "; its own wait share is " << percent(s.ownWaitShare) << " against a median of "
-     << percent(s.othersWaitShare) << " for the others (" << s.windows << " windows of collectives out of "
-     << s.siteWindows << " there). Look at what rank " << rank
+  os << "; its own wait share is " << percent(s.ownWaitShare) << " against a median of " << percent(s.othersWaitShare)
+     << " for the others (" << s.windows << " windows of collectives out of " << s.siteWindows
+     << " there). Look at what rank " << rank
      << " does that the others do not at that point (data loading, logging or checkpointing on one rank, a slower "
         "or throttled device); torch_ext.stragglers() has the figures, TORCH_EXT_STRAGGLER=off turns this off.";
   return os.str();
@@ -242,8 +244,9 @@ Json stragglersJson(const StragglerBoard& board, const std::vector<Straggler>& n
     j.set("span_s", static_cast<double>(s.spanNs) / 1e9);
     j.set("share", s.share());
     j.set("extra_s_per_collective", s.lostNsPerCollective() / 1e9);
-    j.set("extra_s_per_step",
-          ctx.collectivesPerStep > 0 && s.mainLoop() ? Json(s.lostNsPerCollective() * ctx.collectivesPerStep / 1e9) : Json());
+    j.set("extra_s_per_step", ctx.collectivesPerStep > 0 && s.mainLoop()
+                                  ? Json(s.lostNsPerCollective() * ctx.collectivesPerStep / 1e9)
+                                  : Json());
     j.set("own_wait_share", s.ownWaitShare);
     j.set("others_wait_share", s.othersWaitShare);
     j.set("waited_ranks", static_cast<int64_t>(groupSize - 1));
@@ -277,4 +280,4 @@ Json stragglersJson(const StragglerBoard& board, const std::vector<Straggler>& n
   return out;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -42,10 +42,10 @@ struct StragglerWindow {
   std::vector<int64_t> waitNs;  // by group rank
   std::vector<int64_t> spanNs;  // by group rank
   int64_t medianSpanNs = 0;
-  uint64_t siteKey = 0;  // where the non-straggling ranks waited most
+  uint64_t siteKey = 0;          // where the non-straggling ranks waited most
   uint32_t siteCollectives = 0;  // their collectives there in this window (median)
   struct Late {
-    int rank = 0;       // group rank
+    int rank = 0;        // group rank
     int64_t lostNs = 0;  // the other ranks' mean wait minus its own
   };
   std::vector<Late> late;  // the window's stragglers, latest first
@@ -56,8 +56,8 @@ struct Straggler {
   int rank = 0;  // group rank
   std::string host;
   uint64_t siteKey = 0;
-  int windows = 0;        // windows in which it was the straggler at that site
-  int siteWindows = 0;    // windows whose waits were heaviest at that site
+  int windows = 0;         // windows in which it was the straggler at that site
+  int siteWindows = 0;     // windows whose waits were heaviest at that site
   int historyWindows = 0;  // windows the board remembers (at most kHistory)
   // Whether its site is the job's main loop (it holds half the windows or
   // more): only then is "per step" meaningful; a validation-only straggler
@@ -73,16 +73,15 @@ struct Straggler {
   }
   uint64_t firstSeq = 0;  // the first and last collective of those windows
   uint64_t lastSeq = 0;
-  int64_t collectives = 0;  // collectives in those windows
+  int64_t collectives = 0;      // collectives in those windows
   int64_t siteCollectives = 0;  // of which at its site
-  int64_t lostNs = 0;       // summed over them: the other ranks' mean wait minus its own
-  int64_t spanNs = 0;       // summed over them: the windows' median spans
-  double ownWaitShare = 0;     // its wait / its span, over those windows
-  double othersWaitShare = 0;  // the same, median of the other ranks
+  int64_t lostNs = 0;           // summed over them: the other ranks' mean wait minus its own
+  int64_t spanNs = 0;           // summed over them: the windows' median spans
+  double ownWaitShare = 0;      // its wait / its span, over those windows
+  double othersWaitShare = 0;   // the same, median of the other ranks
   double share() const {
     return spanNs > 0 ? static_cast<double>(lostNs) / static_cast<double>(spanNs) : 0.0;
   }
-
 };
 
 class StragglerBoard {
@@ -129,10 +128,10 @@ class StragglerBoard {
 // What turns a board's findings into words: the group, global ranks and call
 // sites as this process knows them.
 struct StragglerContext {
-  std::string group;                 // the group's label
-  std::vector<int64_t> globalRanks;  // group rank -> global rank; empty: identity
+  std::string group;                      // the group's label
+  std::vector<int64_t> globalRanks;       // group rank -> global rank; empty: identity
   std::map<uint64_t, std::string> sites;  // call site key -> "train.py:40 in step"
-  double collectivesPerStep = 0;     // 0: unknown
+  double collectivesPerStep = 0;          // 0: unknown
   int64_t globalRank(int groupRank) const {
     return groupRank >= 0 && static_cast<size_t>(groupRank) < globalRanks.size() ? globalRanks[groupRank] : groupRank;
   }
@@ -147,4 +146,4 @@ std::string stragglerText(const Straggler& s, size_t groupSize, const StragglerC
 Json stragglersJson(const StragglerBoard& board, const std::vector<Straggler>& named, size_t groupSize,
                     const StragglerContext& ctx, size_t maxWindows = 8);
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -25,7 +25,7 @@ const std::string& stringOr(const Json& j, const char* key, const std::string& f
   return v != nullptr && v->isString() ? v->asString(key) : fallback;
 }
 
-} // namespace
+}  // namespace
 
 Json Verdict::toJson() const {
   Json j = Json::object();
@@ -110,4 +110,4 @@ Verdict Verdict::fromJson(const Json& j) {
   return v;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -21,7 +21,7 @@ struct RankOp {
   std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
   std::string where;   // call site (and label, if any)
   uint64_t hash = 0;
-  std::string hint;    // the hint of the op's label, if any
+  std::string hint;  // the hint of the op's label, if any
 };
 
 struct Verdict {
@@ -68,4 +68,4 @@ inline const char* Verdict::kindName(Kind k) {
   return enumName(k);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

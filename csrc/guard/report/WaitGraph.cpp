@@ -45,7 +45,7 @@ SiteKey keyOf(const WaitSite& s) {
   return {s.group, s.seq, s.p2p() && !s.waiters.empty() ? s.waiters.front() : -1};
 }
 
-} // namespace
+}  // namespace
 
 Json toJson(const GroupWait& w) {
   Json j = Json::object();
@@ -87,7 +87,8 @@ GroupWait groupWaitFromJson(const Json& j) {
     w.op = optString(*p, "op");
     w.where = optString(*p, "where");
     w.startNs = optInt(*p, "time_created_ns");
-    if (const Json* b = p->get("blocked"); b != nullptr && b->type() == Json::Type::Bool) w.blocked = b->asBool("waits blocked");
+    if (const Json* b = p->get("blocked"); b != nullptr && b->type() == Json::Type::Bool)
+      w.blocked = b->asBool("waits blocked");
     if (const Json* peer = p->get("peer"); peer != nullptr && peer->isNumber()) {
       w.peer = peer->asInt("waits peer");
       w.recv = optString(*p, "direction") == "recv";
@@ -187,7 +188,7 @@ std::string listOf(const std::vector<std::string>& groups) {
   return out;
 }
 
-} // namespace
+}  // namespace
 
 std::string deadlockHeadline(const std::vector<std::string>& groups) {
   return "deadlock across groups " + listOf(groups);
@@ -265,14 +266,13 @@ WaitSite siteAt(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, c
   return s;
 }
 
-} // namespace
+}  // namespace
 
 namespace {
 
 // The site of `rank`'s send/recv `w`: it waits for its peer, unless the peer
 // waits in the counterpart (the pair is posted: waiting on the transport).
-WaitSite p2pSiteOf(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, int64_t rank,
-                   const GroupWait& w) {
+WaitSite p2pSiteOf(const std::map<int64_t, const std::vector<GroupWait>*>& ranks, int64_t rank, const GroupWait& w) {
   WaitSite s;
   s.group = w.group;
   s.label = w.label.empty() ? w.group : w.label;
@@ -294,7 +294,7 @@ WaitSite p2pSiteOf(const std::map<int64_t, const std::vector<GroupWait>*>& ranks
   return s;
 }
 
-} // namespace
+}  // namespace
 
 std::optional<WaitSite> WaitGraph::siteOf(int64_t rank) const {
   const GroupWait* w = waitOf(rank);
@@ -440,7 +440,7 @@ WaitFinding cycleOf(const WaitGraph& graph, SiteCache& sites, const std::vector<
   return f;
 }
 
-} // namespace
+}  // namespace
 
 WaitFinding WaitGraph::follow(const std::string& group, uint64_t seq, const std::vector<int64_t>& missing) const {
   return followFrom(siteAt(ranks_, *this, group, seq), missing);
@@ -528,8 +528,8 @@ std::string WaitFinding::describe(int64_t nowNs) const {
       // Spread over several: "; rank 1 waits in #1 on group "b", rank 2 in #1 on group "c"".
       bool first = true;
       for (const auto& [site, rs] : by) {
-        os << (first ? "; " : ", ") << formatRanks(rs) << (first ? (rs.size() == 1 ? " waits" : " wait") : "")
-           << " in " << siteName(*site);
+        os << (first ? "; " : ", ") << formatRanks(rs) << (first ? (rs.size() == 1 ? " waits" : " wait") : "") << " in "
+           << siteName(*site);
         first = false;
       }
     }
@@ -538,8 +538,7 @@ std::string WaitFinding::describe(int64_t nowNs) const {
     os << "\n  every rank of the loop blocks in its wait, so none can issue what the others wait for: it can "
           "never complete";
   } else if (shape == WaitShape::Cycle) {
-    os << "\n  possibly temporary: " << formatRanks(unblocked)
-       << (unblocked.size() == 1 ? " has" : " have")
+    os << "\n  possibly temporary: " << formatRanks(unblocked) << (unblocked.size() == 1 ? " has" : " have")
        << " its operation pending without blocking in it (async_op=True, DDP's gradient buckets, a stream) "
           "and may still issue what the others wait for";
   }
@@ -556,4 +555,4 @@ std::string WaitFinding::describe(int64_t nowNs) const {
   return os.str();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

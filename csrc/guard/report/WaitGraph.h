@@ -26,17 +26,17 @@ namespace torch_ext {
 
 // One rank's position in one of its groups.
 struct GroupWait {
-  std::string group;            // group name (the key)
-  std::string label;            // what reports call it (its group_desc, else its name)
-  std::vector<int64_t> ranks;   // global ranks of the group, in group-rank order
-  uint64_t lastSeq = 0;         // the last collective this rank issued on it
+  std::string group;           // group name (the key)
+  std::string label;           // what reports call it (its group_desc, else its name)
+  std::vector<int64_t> ranks;  // global ranks of the group, in group-rank order
+  uint64_t lastSeq = 0;        // the last collective this rank issued on it
   // The oldest pending operation, if any; else a last collective that failed
   // (where the rank stood, for the dumps written after a failure).
   bool pending = false;
-  uint64_t seq = 0;             // its collective seq (0: a send/recv)
-  std::string op;               // "all_reduce(float32[4], SUM)"
-  std::string where;            // call site
-  int64_t startNs = 0;          // wall clock when it was issued
+  uint64_t seq = 0;     // its collective seq (0: a send/recv)
+  std::string op;       // "all_reduce(float32[4], SUM)"
+  std::string where;    // call site
+  int64_t startNs = 0;  // wall clock when it was issued
   // A pending send/recv (seq 0): its peer (global rank; -1: any source or
   // unknown), its direction and tag. A recv waits for its peer's send, a send
   // for its peer's recv, unless the peer waits in that counterpart already.
@@ -97,15 +97,15 @@ struct EnumTable<WaitShape> {
 struct WaitSite {
   std::string group;
   std::string label;
-  uint64_t seq = 0;                  // 0: a send/recv
-  int64_t peer = -1;                 // send/recv: the peer (global rank)
-  bool recv = false;                 // send/recv: a receive
+  uint64_t seq = 0;   // 0: a send/recv
+  int64_t peer = -1;  // send/recv: the peer (global rank)
+  bool recv = false;  // send/recv: a receive
   std::string op;
   std::string where;
-  int64_t startNs = 0;               // the earliest issue among its waiters
-  std::vector<int64_t> waiters;      // sorted
-  std::vector<int64_t> waitsFor;     // sorted: members not known to have issued it
-  std::vector<int64_t> members;      // the group's ranks
+  int64_t startNs = 0;            // the earliest issue among its waiters
+  std::vector<int64_t> waiters;   // sorted
+  std::vector<int64_t> waitsFor;  // sorted: members not known to have issued it
+  std::vector<int64_t> members;   // the group's ranks
 
   bool p2p() const {
     return seq == 0;
@@ -192,4 +192,4 @@ class WaitGraph {
   std::deque<std::vector<GroupWait>> owned_;  // what addRank copied
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

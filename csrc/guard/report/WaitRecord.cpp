@@ -41,8 +41,8 @@ std::optional<RankWaits> RankWaits::decode(const std::string& text) {
     f >> level >> c1 >> w.index >> c2 >> waitUs >> c3 >> spanUs >> c4 >> std::hex >> w.siteKey >> std::dec >> c5 >>
         siteWaitUs >> c6 >> w.siteCount;
     char extra;
-    if (!f || f >> extra /* trailing garbage */ || c1 != ':' || c2 != ':' || c3 != ':' || c4 != ':' || c5 != ':' || c6 != ':' || level < 0 ||
-        level >= static_cast<int>(kWaitWindowSizes.size())) {
+    if (!f || f >> extra /* trailing garbage */ || c1 != ':' || c2 != ':' || c3 != ':' || c4 != ':' || c5 != ':' ||
+        c6 != ':' || level < 0 || level >= static_cast<int>(kWaitWindowSizes.size())) {
       return std::nullopt;
     }
     w.level = static_cast<uint8_t>(level);
@@ -54,4 +54,4 @@ std::optional<RankWaits> RankWaits::decode(const std::string& text) {
   return r;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -19,12 +19,12 @@ inline constexpr std::array<uint64_t, 4> kWaitWindowSizes{4, 32, 256, 2048};
 
 // One closed window of one level.
 struct WaitWindow {
-  uint8_t level = 0;      // index into kWaitWindowSizes
-  uint64_t index = 0;     // covers seqs index*size + 1 .. (index+1)*size
-  int64_t waitNs = 0;     // time with one of its collectives pending (overlaps counted once)
-  int64_t spanNs = 0;     // previous window's last completion (or this one's first issue) to its last completion
-  uint32_t site = 0;      // this process's call site id where it waited most (0: unknown)
-  uint64_t siteKey = 0;   // the same, as CallSites::stableKey (what other ranks read)
+  uint8_t level = 0;     // index into kWaitWindowSizes
+  uint64_t index = 0;    // covers seqs index*size + 1 .. (index+1)*size
+  int64_t waitNs = 0;    // time with one of its collectives pending (overlaps counted once)
+  int64_t spanNs = 0;    // previous window's last completion (or this one's first issue) to its last completion
+  uint32_t site = 0;     // this process's call site id where it waited most (0: unknown)
+  uint64_t siteKey = 0;  // the same, as CallSites::stableKey (what other ranks read)
   int64_t siteWaitNs = 0;
   uint32_t siteCount = 0;  // its collectives in this window
 
@@ -47,4 +47,4 @@ struct RankWaits {
   const WaitWindow* find(uint8_t level, uint64_t index) const;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

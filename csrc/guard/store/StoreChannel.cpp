@@ -41,9 +41,12 @@ std::string networkWords(const std::string& msg) {
     const char* needle;
     const char* words;
   };
-  static const Known known[] = {{"got 0 bytes", "connection closed"},     {"Connection closed", "connection closed"},
-                                {"Broken pipe", "broken pipe"},            {"Connection reset", "connection reset"},
-                                {"Connection refused", "connection refused"}, {"timed out", "timed out"}};
+  static const Known known[] = {{"got 0 bytes", "connection closed"},
+                                {"Connection closed", "connection closed"},
+                                {"Broken pipe", "broken pipe"},
+                                {"Connection reset", "connection reset"},
+                                {"Connection refused", "connection refused"},
+                                {"timed out", "timed out"}};
   for (const auto& k : known) {
     if (msg.find(k.needle) != std::string::npos) return k.words;
   }
@@ -59,7 +62,7 @@ struct CallClock {
   std::mutex mu;
   int64_t sinceNs = 0;  // 0: no call in flight
   int64_t boundNs = 0;
-  const char* what = "";      // the call in flight, or the last one
+  const char* what = "";              // the call in flight, or the last one
   std::atomic<int64_t> timeoutNs{0};  // store_timeout
 };
 
@@ -175,7 +178,7 @@ Registry& registry() {
   return *r;
 }
 
-} // namespace
+}  // namespace
 
 std::string StoreAddress::describe() const {
   if (!host.empty()) return "the store at " + host + ":" + std::to_string(port);
@@ -378,7 +381,8 @@ CallStatus StoreChannel::run(const char* what, std::function<void()> fn, std::ch
     im->cv.notify_all();
   }
   const bool bounded = maxWait != std::chrono::milliseconds::max();
-  const auto deadline = bounded ? std::chrono::steady_clock::now() + maxWait : std::chrono::steady_clock::time_point::max();
+  const auto deadline =
+      bounded ? std::chrono::steady_clock::now() + maxWait : std::chrono::steady_clock::time_point::max();
   std::unique_lock<std::mutex> lock(im->mu);
   while (!done->done) {
     im->cv.wait_for(lock, kWaitSlice);
@@ -414,7 +418,8 @@ std::string StoreChannel::lossReason() const {
 }
 
 std::chrono::milliseconds StoreChannel::timeout() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::nanoseconds(impl_->clock->timeoutNs.load()));
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::nanoseconds(impl_->clock->timeoutNs.load()));
 }
 
 void StoreChannel::lowerTimeout(std::chrono::milliseconds timeout) {
@@ -534,14 +539,17 @@ std::string str(const std::vector<uint8_t>& v) {
   return std::string(v.begin(), v.end());
 }
 
-} // namespace
+}  // namespace
 
 GroupStore::GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view)
     : channel_(std::move(channel)), view_(std::move(view)) {}
 
 GroupStore::GroupStore(std::shared_ptr<StoreChannel> channel, c10::intrusive_ptr<c10d::Store> view,
                        c10::intrusive_ptr<c10d::Store> root, std::string rootPrefix)
-    : channel_(std::move(channel)), view_(std::move(view)), root_(std::move(root)), rootPrefix_(std::move(rootPrefix)) {}
+    : channel_(std::move(channel)),
+      view_(std::move(view)),
+      root_(std::move(root)),
+      rootPrefix_(std::move(rootPrefix)) {}
 
 std::string GroupStore::fullPrefix() const {
   return root_ ? rootPrefix_ + keys::kPrefix : std::string();
@@ -569,10 +577,11 @@ bool GroupStore::set(const std::string& key, const std::string& value, std::chro
 
 std::optional<std::string> GroupStore::get(const std::string& key) {
   ops_.fetch_add(2, std::memory_order_relaxed);
-  auto r = channel_->call<std::optional<std::string>>("get", [view = view_, k = full(key)]() -> std::optional<std::string> {
-    if (!view->check({k})) return std::nullopt;
-    return str(view->get(k));
-  });
+  auto r =
+      channel_->call<std::optional<std::string>>("get", [view = view_, k = full(key)]() -> std::optional<std::string> {
+        if (!view->check({k})) return std::nullopt;
+        return str(view->get(k));
+      });
   if (!r.ok()) return std::nullopt;
   return r.value;
 }
@@ -641,11 +650,12 @@ bool GroupStore::setRoot(const std::string& key, const std::string& value) {
   if (!root_) return false;
   ops_.fetch_add(1, std::memory_order_relaxed);
   return channel_
-      ->call<bool>("set", [root = root_, k = key, v = bytes(value)] {
-        root->set(k, v);
-        return true;
-      })
+      ->call<bool>("set",
+                   [root = root_, k = key, v = bytes(value)] {
+                     root->set(k, v);
+                     return true;
+                   })
       .ok();
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

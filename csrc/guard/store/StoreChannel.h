@@ -194,8 +194,7 @@ class GroupStore {
   StoreResult<bool> check(const std::vector<std::string>& keys);
   StoreResult<int64_t> add(const std::string& key, int64_t delta);
   // The value after the compare-set (== desired when this call won).
-  StoreResult<std::string> compareSet(const std::string& key, const std::string& expected,
-                                      const std::string& desired);
+  StoreResult<std::string> compareSet(const std::string& key, const std::string& expected, const std::string& desired);
   // Values of keys that all exist (the caller knows they do).
   StoreResult<std::vector<std::string>> multiGet(const std::vector<std::string>& keys);
   // Waits up to `wait` for every key to exist: value true when they do, false
@@ -229,4 +228,4 @@ class GroupStore {
   std::atomic<uint64_t> ops_{0};
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -122,4 +122,4 @@ inline std::string waits(int64_t globalRank) {
   return "waits/" + std::to_string(globalRank);
 }
 
-} // namespace torch_ext::keys
+}  // namespace torch_ext::keys

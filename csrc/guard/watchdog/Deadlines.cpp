@@ -10,7 +10,7 @@ int64_t ns(std::chrono::milliseconds d) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
 }
 
-} // namespace
+}  // namespace
 
 Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
                      CheckMode check)
@@ -85,4 +85,4 @@ void Deadlines::reported(const IncidentSubject& subject) {
   if (subject == warnedSubject_) warnReported_ = true;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -65,4 +65,4 @@ class Deadlines {
   static constexpr size_t kMaxSites = 4096;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -37,7 +37,7 @@ bool makeDirs(const std::string& path) {
   return true;
 }
 
-} // namespace
+}  // namespace
 
 EntryView entryView(const Entry& e) {
   EntryView v;
@@ -124,7 +124,7 @@ GroupWait groupWait(GroupState& state) {
     w.startNs = e.startNs;
     const CheckMode check = state.config().check;
     w.blocked = p.hasPending && state.ledger().blockedIn() == e.id &&
-        !e.fp.mayFinishAlone(id.rank, e.seq != 0 && (check == CheckMode::Verify || check == CheckMode::Strict));
+                !e.fp.mayFinishAlone(id.rank, e.seq != 0 && (check == CheckMode::Verify || check == CheckMode::Strict));
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
       w.recv = e.fp.op == Op::Recv;
@@ -185,7 +185,7 @@ std::optional<bool> pastIt(const DumpWatch& w, bool* failed) {
   return seqDone && recordDone;
 }
 
-} // namespace
+}  // namespace
 
 std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause cause, std::vector<DumpWatch> watches,
                             bool failed, std::string* error) {
@@ -195,8 +195,8 @@ std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause
   for (const auto& w : watches) {
     if (auto g = w.group.lock()) st.awaited.push_back(DumpAwaited{g->id().name, w.seq, w.recordId});
   }
-  const bool failure = failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch ||
-                       cause == DumpCause::Failure;
+  const bool failure =
+      failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch || cause == DumpCause::Failure;
   st.state = failure ? DumpState::Failed : (watches.empty() ? DumpState::Running : DumpState::Waiting);
   snap.status = std::move(st);
   std::lock_guard<std::mutex> lock(mu_);
@@ -242,9 +242,9 @@ void DumpFile::rewriteLocked(DumpState state, int64_t nowNs) {
   waiting_ = state == DumpState::Waiting;
   std::string error;
   if (writeDumpFile(dir_, snap_, &error).empty()) {
-    logMessage(LogLevel::Debug, "torch_ext: cannot mark the dump in '" + dir_ + "' " + enumName(state) + " (" +
-                                    error + ")");
+    logMessage(LogLevel::Debug,
+               "torch_ext: cannot mark the dump in '" + dir_ + "' " + enumName(state) + " (" + error + ")");
   }
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

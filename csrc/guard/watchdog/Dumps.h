@@ -81,4 +81,4 @@ class DumpFile {
   std::vector<DumpWatch> watches_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -27,7 +27,7 @@ int64_t ticksNs(double intervalS, int n) {
   return static_cast<int64_t>(n * intervalS * 1e9);
 }
 
-} // namespace
+}  // namespace
 
 bool IncidentProtocol::liveRequestAsks(const std::string& spec, int64_t globalRank) {
   // "" (every rank) or "0-7,12": comma-separated ranks and inclusive ranges.
@@ -170,8 +170,8 @@ bool IncidentProtocol::followOutside(const std::vector<RankInput>& inputs, int64
   if (job == nullptr) return true;
   // A record older than this predates the waits of this incident (a hang
   // that resolved earlier): its positions are not where the rank is now.
-  const int64_t oldest = nowNs - static_cast<int64_t>(st_.warnAfter().count()) * 1'000'000 -
-                         2 * reportWaitNs(st_.exchangeIntervalS());
+  const int64_t oldest =
+      nowNs - static_cast<int64_t>(st_.warnAfter().count()) * 1'000'000 - 2 * reportWaitNs(st_.exchangeIntervalS());
   std::set<int64_t> tried;
   for (const auto& in : inputs) tried.insert(in.globalRank);
   bool complete = true;
@@ -239,7 +239,8 @@ bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) 
           in.snapshot = snapshotFromJson(Json::parse(*text));
           in.responded = true;
         } catch (const std::exception& e) {
-          logMessage(LogLevel::Warning, "guard watchdog: bad snapshot from rank " + std::to_string(r) + ": " + e.what());
+          logMessage(LogLevel::Warning,
+                     "guard watchdog: bad snapshot from rank " + std::to_string(r) + ": " + e.what());
         }
       }
     }
@@ -253,7 +254,8 @@ bool IncidentProtocol::tryAnalyse(const Awaiting& a, bool force, int64_t nowNs) 
           in.snapshot = snapshotFromJson(Json::parse(*text));
           in.lastWords = true;
         } catch (const std::exception& e) {
-          logMessage(LogLevel::Warning, "guard watchdog: bad last words from rank " + std::to_string(r) + ": " + e.what());
+          logMessage(LogLevel::Warning,
+                     "guard watchdog: bad last words from rank " + std::to_string(r) + ": " + e.what());
         }
       }
     }
@@ -312,4 +314,4 @@ std::vector<std::string> IncidentProtocol::incidentKeys() {
   return out;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

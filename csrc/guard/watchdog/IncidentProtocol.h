@@ -112,4 +112,4 @@ class IncidentProtocol {
   std::vector<Awaiting> awaiting_;
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

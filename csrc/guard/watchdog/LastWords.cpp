@@ -16,7 +16,7 @@ namespace {
 constexpr size_t kWindow = 64;  // the last collectives of the ledger the record carries
 constexpr auto kStoreBound = std::chrono::milliseconds(1500);
 
-} // namespace
+}  // namespace
 
 void publishLastWords(GroupState& st, const LastWordsWhy& why) {
   if (st.id().size < 2 || st.store().health() != StoreHealth::Healthy) return;
@@ -30,4 +30,4 @@ void publishLastWords(GroupState& st, const LastWordsWhy& why) {
   st.store().set(keys::lastWords(st.id().rank), toJson(snap).dump(), kStoreBound);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

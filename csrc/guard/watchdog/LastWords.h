@@ -20,4 +20,4 @@ class GroupState;
 // (the peers it leaves waiting say what it raised).
 void publishLastWords(GroupState& st, const LastWordsWhy& why);
 
-} // namespace torch_ext
+}  // namespace torch_ext

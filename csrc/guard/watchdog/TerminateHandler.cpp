@@ -36,8 +36,8 @@ constexpr auto kHostBound = std::chrono::milliseconds(15000);
 // op.preamble.length <= op.nbytes. 12 vs 8. Received data size doesn't match
 // expected size").
 bool looksLikeSizeMismatch(const std::string& what) {
-  return what.find("doesn't match expected size") != std::string::npos ||
-      what.find("nbytes") != std::string::npos || what.find("Is there a distributed collective mismatch") != std::string::npos;
+  return what.find("doesn't match expected size") != std::string::npos || what.find("nbytes") != std::string::npos ||
+         what.find("Is there a distributed collective mismatch") != std::string::npos;
 }
 
 // The entry `st`'s transport was in: the oldest pending one, else the last one
@@ -52,7 +52,7 @@ std::optional<Entry> entryInFlight(GroupState& st) {
 
 bool hostsStore(GroupState& st) {
   return st.id().size > 1 && st.store().health() == StoreHealth::Healthy &&
-      st.store().channel().address().hostRank == st.id().globalRank(st.id().rank);
+         st.store().channel().address().hostRank == st.id().globalRank(st.id().rank);
 }
 
 // Under plain env:// this process may host the store. Ending at once would
@@ -138,7 +138,8 @@ void say(const std::string& text) {
         }
         box->cv.notify_all();
         try {
-          for (const auto& st : Watchdog::instance().groupStates()) publishLastWords(*st, LastWordsWhy{LastWordsCause::Terminated, ""});
+          for (const auto& st : Watchdog::instance().groupStates())
+            publishLastWords(*st, LastWordsWhy{LastWordsCause::Terminated, ""});
         } catch (...) {
         }
         {
@@ -190,11 +191,11 @@ void say(const std::string& text) {
   std::abort();
 }
 
-} // namespace
+}  // namespace
 
 void installTerminateHandler() {
   if (g_installed.exchange(true)) return;
   g_previous = std::set_terminate(&onTerminate);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

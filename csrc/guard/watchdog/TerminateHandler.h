@@ -35,4 +35,4 @@ namespace torch_ext {
 // does, with its first group: the handler finds the groups through the watchdog.
 void installTerminateHandler();
 
-} // namespace torch_ext
+}  // namespace torch_ext

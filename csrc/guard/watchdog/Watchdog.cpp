@@ -77,7 +77,7 @@ void installLiveSignal(int sig) {
   sigaction(sig, &sa, nullptr);
 }
 
-} // namespace
+}  // namespace
 
 Watchdog& Watchdog::instance() {
   // Leaked: the thread may outlive static destruction at exit.
@@ -88,23 +88,23 @@ Watchdog& Watchdog::instance() {
 Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
     : state(std::move(s)),
       deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->config().check),
-      protocol(*state,
-               IncidentProtocol::Hooks{
-                   [&dog, st = state.get()](const Incident& inc) {
-                     const size_t window = inc.kind == IncidentKind::Mismatch ? st->ledger().capacity() : kHangWindow;
-                     RankSnapshot snap = dog.snapshot(inc.id(), st, window);
-                     dog.writeDump(inc.id(), std::string(), st);
-                     return toJson(snap).dump();
-                   },
-                   [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); },
-                   [&dog] { return dog.positions(); },
-                   [&dog](const std::string& requestId) {
-                     // Every group, a window of each: the asker analyses them all.
-                     ++dog.liveAnswered_;
-                     RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow);
-                     snap.threads = Runtime::instance().threadStacks(std::chrono::milliseconds(200));
-                     return toJson(snap).dump();
-                   }}) {}
+      protocol(*state, IncidentProtocol::Hooks{
+                           [&dog, st = state.get()](const Incident& inc) {
+                             const size_t window =
+                                 inc.kind == IncidentKind::Mismatch ? st->ledger().capacity() : kHangWindow;
+                             RankSnapshot snap = dog.snapshot(inc.id(), st, window);
+                             dog.writeDump(inc.id(), std::string(), st);
+                             return toJson(snap).dump();
+                           },
+                           [&dog, this](const Incident& inc, const Verdict& v) { dog.applyVerdict(*this, inc, v); },
+                           [&dog] { return dog.positions(); },
+                           [&dog](const std::string& requestId) {
+                             // Every group, a window of each: the asker analyses them all.
+                             ++dog.liveAnswered_;
+                             RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow);
+                             snap.threads = Runtime::instance().threadStacks(std::chrono::milliseconds(200));
+                             return toJson(snap).dump();
+                           }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
   const std::string v = StatusRecord::of(RankPhase::Running, wallNs(), Progress{}).encode();
@@ -221,7 +221,8 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   GroupState& st = *ctx.state;
   GroupStore& store = st.store();
   const int size = st.id().size;
-  if (!store.set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Left, wallNs(), st.ledger().progress()).encode())) {
+  if (!store.set(keys::status(st.id().rank),
+                 StatusRecord::of(RankPhase::Left, wallNs(), st.ledger().progress()).encode())) {
     return;
   }
   auto left = store.add(keys::kLeave, 1);
@@ -283,8 +284,8 @@ std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
     } else if (st.failed()) {
       publishLastWords(st, LastWordsWhy{LastWordsCause::Exited, ""});
     }
-    st.store().set(keys::status(st.id().rank), StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(),
-                   kExitStatusBound);
+    st.store().set(keys::status(st.id().rank),
+                   StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(), kExitStatusBound);
   }
   std::thread toStop;
   {
@@ -329,7 +330,8 @@ void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   }
   if (keys.empty()) return;
   const double boundS = std::min(5.0, std::max(1.0, 10 * st.exchangeIntervalS()));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(boundS * 1000));
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(boundS * 1000));
   while (std::chrono::steady_clock::now() < deadline) {
     auto values = st.store().multiGet(keys);
     if (!values.ok()) return;
@@ -455,9 +457,11 @@ void Watchdog::reportPolledFailures(GroupCtx& ctx) {
     auto e = st.ledger().byId(id);
     const std::string shortError = error.substr(0, error.find("\nException raised from"));
     if (!e) {
-      if (st.fail(GuardErrorKind::Failure, "an operation on group \"" + st.label() + "\" failed in the inner backend "
-                                           "(rank " + std::to_string(st.id().globalRank(st.id().rank)) + " saw: " +
-                                           shortError + ")")) {
+      if (st.fail(GuardErrorKind::Failure, "an operation on group \"" + st.label() +
+                                               "\" failed in the inner backend "
+                                               "(rank " +
+                                               std::to_string(st.id().globalRank(st.id().rank)) +
+                                               " saw: " + shortError + ")")) {
         logMessage(LogLevel::Error, st.failure()->report);
       }
       return;
@@ -539,8 +543,7 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
                                 : st.store().channel().describeLoss();
     LocalFacts facts = localFacts(ctx, p);
     if (a.localAbort) {
-      const std::string text =
-          formatLocalTimeout(facts, std::chrono::duration<double>(st.abortAfter()).count(), why);
+      const std::string text = formatLocalTimeout(facts, std::chrono::duration<double>(st.abortAfter()).count(), why);
       if (st.fail(GuardErrorKind::Timeout, text)) logMessage(LogLevel::Error, text);
       cv_.notify_all();
     } else {
@@ -671,11 +674,21 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
   DumpCause cause = DumpCause::Manual;
   if (inc) {
     switch (inc->kind) {
-      case IncidentKind::Hang: cause = DumpCause::WarnAfter; break;
-      case IncidentKind::Abort: cause = DumpCause::AbortAfter; break;
-      case IncidentKind::Mismatch: cause = DumpCause::Mismatch; break;
-      case IncidentKind::P2P: cause = DumpCause::P2PCheck; break;
-      case IncidentKind::Failure: cause = DumpCause::Failure; break;
+      case IncidentKind::Hang:
+        cause = DumpCause::WarnAfter;
+        break;
+      case IncidentKind::Abort:
+        cause = DumpCause::AbortAfter;
+        break;
+      case IncidentKind::Mismatch:
+        cause = DumpCause::Mismatch;
+        break;
+      case IncidentKind::P2P:
+        cause = DumpCause::P2PCheck;
+        break;
+      case IncidentKind::Failure:
+        cause = DumpCause::Failure;
+        break;
     }
   }
   std::vector<DumpWatch> watches;
@@ -704,4 +717,4 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
   return path;
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -140,9 +140,9 @@ class Watchdog final : public IncidentSink {
     GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s);
     std::shared_ptr<GroupState> state;
     std::atomic<bool> removed{false};
-    std::atomic<bool> open{false};             // an incident is in progress (tick faster)
-    std::atomic<bool> exchangeQueued{false};   // a job is queued or running on the I/O thread
-    int64_t nextExchangeNs = 0;                // watchdog thread: not before (steady clock)
+    std::atomic<bool> open{false};            // an incident is in progress (tick faster)
+    std::atomic<bool> exchangeQueued{false};  // a job is queued or running on the I/O thread
+    int64_t nextExchangeNs = 0;               // watchdog thread: not before (steady clock)
     // Between two exchanges: the exchange interval, or 50 ms while an incident
     // is open, either stretched to the store budget for a large group.
     int64_t exchangePeriodNs(bool incidentOpen) const;
@@ -229,8 +229,8 @@ class Watchdog final : public IncidentSink {
 
   std::atomic<uint64_t> ticks_{0};
   static constexpr int64_t kTickWarnEveryNs = 30'000'000'000;
-  int64_t lastTickWarnNs_ = 0;           // watchdog thread only
-  uint64_t suppressedTickFailures_ = 0;  // watchdog thread only
+  int64_t lastTickWarnNs_ = 0;                // watchdog thread only
+  uint64_t suppressedTickFailures_ = 0;       // watchdog thread only
   std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
   std::atomic<uint64_t> liveAnswered_{0};
@@ -238,4 +238,4 @@ class Watchdog final : public IncidentSink {
   DumpFile dumpFile_;  // the last dump written, whose state follows the job
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -57,7 +57,7 @@ StragglerContext stragglerContext(GroupState& st, const StragglerBoard& board, c
   return c;
 }
 
-} // namespace
+}  // namespace
 
 void Watchdog::lookForStragglers(GroupCtx& ctx) {
   GroupState& st = *ctx.state;
@@ -115,4 +115,4 @@ std::string Watchdog::stragglers(const GroupState* state) {
   return ctx->state->store().get(keys::kStragglers).value_or("");
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -18,8 +18,8 @@ namespace {
 std::string abortText(const GroupState& st, const std::string& body) {
   // The first line says "timeout" in so many words: retry logic (and torch's
   // own tests) grep for it in gloo's and NCCL's messages.
-  const std::string why =
-      messages::abortReason(std::chrono::duration<double>(st.abortAfter()).count(), messages::AbortScope::EveryLiveRank);
+  const std::string why = messages::abortReason(std::chrono::duration<double>(st.abortAfter()).count(),
+                                                messages::AbortScope::EveryLiveRank);
   const auto nl = body.find('\n');
   std::string first = body.substr(0, nl);
   const std::string rest = nl == std::string::npos ? "" : body.substr(nl);
@@ -43,7 +43,7 @@ std::string deadlockText(const std::string& body) {
   return first + "; " + why + ":" + (nl == std::string::npos ? "" : body.substr(nl));
 }
 
-} // namespace
+}  // namespace
 
 void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
   if (ctx.protocol.post(inc)) ++incidents_;
@@ -205,8 +205,8 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
   if (!ctx || !subject) return fallback + "\n  (no cross-rank report: the group is not watched)";
   Incident inc{IncidentKind::Failure, *subject, state->id().rank, shortError};
   const std::string resultKey = state->id().name + "/" + inc.id();
-  const auto budget = std::chrono::milliseconds(
-      std::max<int64_t>(5000, static_cast<int64_t>(25 * state->exchangeIntervalS() * 1000)));
+  const auto budget =
+      std::chrono::milliseconds(std::max<int64_t>(5000, static_cast<int64_t>(25 * state->exchangeIntervalS() * 1000)));
   std::unique_lock<std::mutex> lock(mu_);
   if (!results_.count(resultKey)) {
     ctx->requests.push_back(inc);
@@ -215,8 +215,7 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
     // Another incident (e.g. a mismatch verdict) or a lost store may fail the
     // group first: its report explains this failure better than a lost
     // connection does.
-    cv_.wait_for(lock, budget,
-                 [&] { return results_.count(resultKey) > 0 || !thread_.joinable() || state->failed(); });
+    cv_.wait_for(lock, budget, [&] { return results_.count(resultKey) > 0 || !thread_.joinable() || state->failed(); });
   }
   auto it = results_.find(resultKey);
   if (it == results_.end()) {
@@ -230,4 +229,4 @@ std::string Watchdog::failureReport(const std::shared_ptr<GroupState>& state, ui
   return nl == std::string::npos ? fallback : fallback + verdict.substr(nl);
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -14,7 +14,6 @@ the test compares the two. torch's own plugin backend "fake" shows the same.
 Prints, for guard and for fake: dist.get_backend(), ProcessGroup.name(), the
 wrapped Backend's name, and DDP's logged backend_name.
 """
-import os
 import sys
 import tempfile
 
@@ -43,7 +42,7 @@ def main() -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    fake_logged = show("fake")
+    show("fake")
     dist.destroy_process_group()
     # Exit 1 while the mismatch exists, so this file doubles as a regression check.
     return 1 if guard_logged != "guard" else 0
