@@ -233,7 +233,6 @@ def test_op_against_reference(k):
 
 
 def _compiled(rank: int, world: int) -> list[float]:
-
     name = dist.group.WORLD.group_name
 
     def step(x: torch.Tensor) -> torch.Tensor:
