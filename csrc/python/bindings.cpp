@@ -17,6 +17,7 @@
 #include "guard/report/DumpAnalysis.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
+#include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/Watchdog.h"
 #include "nccl_sim/NcclSimBackend.h"
@@ -83,9 +84,28 @@ torch_ext::Config resolve(const std::map<std::string, std::string>& overrides) {
   }
 }
 
+// The store protocol of a live request, for the asker outside the job
+// (torch_ext/diagnose/live.py): the keys and values as StoreKeys.h spells them,
+// so that the protocol has one speaker. Keys are relative to the group's prefix
+// (the directory's "prefix"), except the directory itself.
+void bindStoreProtocol(py::module& m) {
+  namespace keys = torch_ext::keys;
+  m.def("_live_directory_key", [] { return std::string(keys::kLiveDirectory); });
+  m.def("_live_request_id", [](const std::string& unique) { return keys::kLiveRequestPrefix + unique; });
+  m.def("_alerts_key", [] { return std::string(keys::kAlerts); });
+  m.def("_alert_key", [](int64_t k) { return keys::alert(k); });
+  m.def("_live_alert", [](const std::string& requestId, const std::vector<int64_t>& ranks, bool everyRank) {
+    return keys::AlertRecord{requestId, -1, everyRank ? std::string() : keys::rankSpec(ranks)}.encode();
+  });
+  m.def("_snapshot_key",
+        [](const std::string& incidentId, int groupRank) { return keys::snapshot(incidentId, groupRank); });
+  m.def("_status_key", [](int groupRank) { return keys::status(groupRank); });
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
+  bindStoreProtocol(m);
   m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
 
   py::register_exception_translator(&torch_ext::py::translateError);

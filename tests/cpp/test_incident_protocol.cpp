@@ -304,13 +304,13 @@ TEST(IncidentProtocol, ALiveRequestIsAnsweredOnceByEveryRankWithoutAVerdict) {
 
 // `torch-ext-diagnose live --ranks 0-7,12`: only the ranks asked answer.
 TEST(IncidentProtocol, ALiveRequestForSomeRanksIsAnsweredByThoseOnly) {
-  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("", 5));
-  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 0));
-  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 7));
-  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("0-7,12", 8));
-  EXPECT_TRUE(IncidentProtocol::liveRequestAsks("0-7,12", 12));
-  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("0-7,12", 13));
-  EXPECT_FALSE(IncidentProtocol::liveRequestAsks("x,", 0));  // nothing readable asks nobody
+  EXPECT_TRUE(keys::specAsks("", 5));
+  EXPECT_TRUE(keys::specAsks("0-7,12", 0));
+  EXPECT_TRUE(keys::specAsks("0-7,12", 7));
+  EXPECT_FALSE(keys::specAsks("0-7,12", 8));
+  EXPECT_TRUE(keys::specAsks("0-7,12", 12));
+  EXPECT_FALSE(keys::specAsks("0-7,12", 13));
+  EXPECT_FALSE(keys::specAsks("x,", 0));  // nothing readable asks nobody
 
   World w(3, 2, 1000 * kSec);
   const std::string id = std::string(keys::kLiveRequestPrefix) + "asker-2";

@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <algorithm>
 #include <vector>
 
 using namespace torch_ext;
@@ -302,4 +303,36 @@ TEST(StoreKeys, LeavingTheGroupRemovesEveryKindOfKeyItWrote) {
   EXPECT_TRUE(ofKind(deletedAtLeave, "p2p/").empty()) << listed(deletedAtLeave);
   EXPECT_FALSE(ofKind(store->deletedIn("run"), "strict/").empty());
   EXPECT_FALSE(ofKind(store->deletedIn("run"), "p2p/").empty());
+}
+
+// The alert record and the live request's ranks: one encoder and decoder each,
+// which the live asker (torch_ext/diagnose/live.py) uses through _C.
+TEST(StoreKeys, AlertRecordsRoundTripAndMalformedOnesAreRefused) {
+  const keys::AlertRecord live{"live:host-1-2", -1, "0-3,7"};
+  EXPECT_EQ(live.encode(), "live:host-1-2\n-1\n0-3,7");
+  const auto back = keys::AlertRecord::decode(live.encode());
+  ASSERT_TRUE(back);
+  EXPECT_EQ(back->id, "live:host-1-2");
+  EXPECT_EQ(back->poster, -1);
+  EXPECT_EQ(back->body, "0-3,7");
+  // An error text may span lines: the body is everything after the second newline.
+  const auto err = keys::AlertRecord::decode("failure:4\n2\nConnection closed\nby peer");
+  ASSERT_TRUE(err);
+  EXPECT_EQ(err->poster, 2);
+  EXPECT_EQ(err->body, "Connection closed\nby peer");
+  EXPECT_FALSE(keys::AlertRecord::decode("hang:3\n1"));
+  EXPECT_FALSE(keys::AlertRecord::decode("hang:3\nx\n"));
+  EXPECT_FALSE(keys::AlertRecord::decode("hang:3\n\n"));
+}
+
+TEST(StoreKeys, RankSpecsAreReadAsTheyAreWritten) {
+  EXPECT_EQ(keys::rankSpec({}), "");
+  EXPECT_EQ(keys::rankSpec({7, 0, 1, 2, 3, 3}), "0-3,7");
+  EXPECT_EQ(keys::rankSpec({5}), "5");
+  const std::vector<int64_t> asked{0, 1, 2, 9, 11, 12};
+  const std::string spec = keys::rankSpec(asked);
+  for (int64_t r = 0; r < 16; ++r) {
+    const bool in = std::find(asked.begin(), asked.end(), r) != asked.end();
+    EXPECT_EQ(keys::specAsks(spec, r), in) << spec << " rank " << r;
+  }
 }

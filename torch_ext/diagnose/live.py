@@ -32,9 +32,9 @@ from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_sna
 
 __all__ = ["LiveError", "LiveReport", "RankLive", "parse_ranks", "live_report", "ask", "format_text"]
 
-# StoreKeys.h (keys::kLiveDirectory, keys::kLiveRequestPrefix): spelled here for the asker.
-DIRECTORY_KEY = "torch_ext/live"
-REQUEST_PREFIX = "live:"
+# Where the asker finds the job (StoreKeys.h, keys::kLiveDirectory, through _C: every key and
+# value of the request is written as the C++ side reads it).
+DIRECTORY_KEY = _C._live_directory_key()
 DEFAULT_TIMEOUT_S = 5.0
 # Asking more ranks than this needs --ranks or all_ranks=True: each rank asked writes one snapshot of
 # up to about 55 KB + 18 bytes per rank of the job into the store (docs/performance.md, "Live reports").
@@ -205,13 +205,12 @@ class _Collect:
             # A large group exchanges less often than every tick (the store budget): give it three exchanges.
             self.timeout_s = max(DEFAULT_TIMEOUT_S, 3 * float(d.get("exchange_s", 0.2)) + 1.0)
         self.deadline = start + self.timeout_s
-        token = f"{REQUEST_PREFIX}{socket.gethostname()}-{os.getpid()}-{time.time_ns()}"
+        token = _C._live_request_id(f"{socket.gethostname()}-{os.getpid()}-{time.time_ns()}")
         self.stage = "posting the request"
         self.asked_ns = time.time_ns()
-        k = store.add(prefix + "alerts", 1)
-        spec = "" if self.wanted is None else _spec(self.wanted)
-        store.set(prefix + f"alert/{k}", f"{token}\n-1\n{spec}")
-        snap_key = {r: prefix + f"snap/{token}/{r}" for r in asked}
+        k = store.add(prefix + _C._alerts_key(), 1)
+        store.set(prefix + _C._alert_key(k), _C._live_alert(token, self.wanted or [], self.wanted is None))
+        snap_key = {r: prefix + _C._snapshot_key(token, r) for r in asked}
         missing = set(asked)
         self.stage = "waiting for the ranks' snapshots"
         while missing:
@@ -232,24 +231,10 @@ class _Collect:
         # The last statuses of those that did not answer (a few store calls each: only while they are few).
         for r in sorted(missing)[:256]:
             self.status_read.add(r)
-            key = prefix + f"st/{r}"
+            key = prefix + _C._status_key(r)
             if store.check([key]):
                 self.statuses[r] = store.get(key).decode("utf-8", "replace")
         self.stage = "done"
-
-
-def _spec(ranks: list[int]) -> str:
-    """[0, 1, 2, 3, 7] -> "0-3,7": the request's rank list, as IncidentProtocol::liveRequestAsks reads it."""
-    out: list[str] = []
-    rs = sorted(set(ranks))
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        out.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
-        i = j + 1
-    return ",".join(out)
 
 
 def ask(address: str, *, timeout: float | None = None, ranks: list[int] | None = None,

@@ -10,8 +10,12 @@
 // IncidentProtocol::incidentKeys for the incident keys), or until its one
 // reader has read it (strict and p2p keys).
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace torch_ext::keys {
 
@@ -34,11 +38,34 @@ inline constexpr const char* kLeave = "leave";
 // 0) by every rank each exchange to find new incidents; deleted at leave.
 inline constexpr const char* kAlerts = "alerts";
 
-// alert/<k>: the k-th incident, "<incident id>\n<poster>\n<error>". Written
-// by its poster, read by every rank once; deleted at leave.
+// alert/<k>: the k-th incident, an AlertRecord. Written by its poster, read
+// by every rank once; deleted at leave.
 inline std::string alert(int64_t k) {
   return "alert/" + std::to_string(k);
 }
+
+// alert/<k>'s value, "<incident id>\n<poster>\n<body>": the body is the
+// error of an incident raised with one (else ""), or a live request's ranks.
+// The one encoder and decoder (the live asker in Python uses them through _C).
+struct AlertRecord {
+  std::string id;
+  int64_t poster = -1;  // the posting rank; -1: a live asker outside the job
+  std::string body;
+
+  std::string encode() const {
+    return id + "\n" + std::to_string(poster) + "\n" + body;
+  }
+  static std::optional<AlertRecord> decode(const std::string& value) {
+    const auto nl1 = value.find('\n');
+    const auto nl2 = nl1 == std::string::npos ? std::string::npos : value.find('\n', nl1 + 1);
+    if (nl2 == std::string::npos) return std::nullopt;
+    char* end = nullptr;
+    const std::string poster = value.substr(nl1 + 1, nl2 - nl1 - 1);
+    const long long p = std::strtoll(poster.c_str(), &end, 10);
+    if (poster.empty() || *end != '\0') return std::nullopt;
+    return AlertRecord{value.substr(0, nl1), static_cast<int64_t>(p), value.substr(nl2 + 1)};
+  }
+};
 
 // once/<incident id>: compare-set by the rank that raises an incident or
 // publishes a verdict first; the others see they lost. Deleted at leave.
@@ -57,6 +84,37 @@ inline std::string once(const std::string& incidentId) {
 inline constexpr const char* kLiveRequestPrefix = "live:";
 inline bool isLiveRequest(const std::string& id) {
   return id.rfind(kLiveRequestPrefix, 0) == 0;
+}
+
+// A live request's ranks: "" for every rank, else comma-separated global ranks
+// and inclusive ranges ("0-3,7"). rankSpec writes it, specAsks reads it.
+inline std::string rankSpec(std::vector<int64_t> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    out += (out.empty() ? "" : ",") + std::to_string(ranks[i]) + (i == j ? "" : "-" + std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  return out;
+}
+inline bool specAsks(const std::string& spec, int64_t globalRank) {
+  if (spec.find_first_not_of(" \n") == std::string::npos) return true;
+  size_t pos = 0;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string part = spec.substr(pos, comma - pos);
+    const size_t dash = part.find('-');
+    char* end = nullptr;
+    const long long lo = std::strtoll(part.c_str(), &end, 10);
+    const long long hi = dash == std::string::npos ? lo : std::strtoll(part.c_str() + dash + 1, nullptr, 10);
+    if (end != part.c_str() && globalRank >= lo && globalRank <= hi) return true;
+    pos = comma + 1;
+  }
+  return false;
 }
 
 // torch_ext/live (outside every prefix, in the base store: the one at

@@ -29,24 +29,6 @@ int64_t ticksNs(double intervalS, int n) {
 
 }  // namespace
 
-bool IncidentProtocol::liveRequestAsks(const std::string& spec, int64_t globalRank) {
-  // "" (every rank) or "0-7,12": comma-separated ranks and inclusive ranges.
-  if (spec.find_first_not_of(" \n") == std::string::npos) return true;
-  size_t pos = 0;
-  while (pos <= spec.size()) {
-    size_t comma = spec.find(',', pos);
-    if (comma == std::string::npos) comma = spec.size();
-    const std::string part = spec.substr(pos, comma - pos);
-    const size_t dash = part.find('-');
-    char* end = nullptr;
-    const long long lo = std::strtoll(part.c_str(), &end, 10);
-    const long long hi = dash == std::string::npos ? lo : std::strtoll(part.c_str() + dash + 1, nullptr, 10);
-    if (end != part.c_str() && globalRank >= lo && globalRank <= hi) return true;
-    pos = comma + 1;
-  }
-  return false;
-}
-
 int64_t IncidentProtocol::snapWaitNs(double intervalS) {
   return std::max<int64_t>(kMinSnapWaitNs, ticksNs(intervalS, 4));
 }
@@ -70,7 +52,7 @@ bool IncidentProtocol::post(const Incident& inc, bool* storeFailed) {
   }
   if (won.value != me) return false;  // another rank raised it first; we join via the alert
   auto k = store.add(keys::kAlerts, 1);
-  const bool ok = k.ok() && store.set(keys::alert(k.value), iid + "\n" + me + "\n" + inc.error);
+  const bool ok = k.ok() && store.set(keys::alert(k.value), keys::AlertRecord{iid, st_.id().rank, inc.error}.encode());
   if (!ok && storeFailed) *storeFailed = true;
   return ok;
 }
@@ -84,7 +66,7 @@ bool IncidentProtocol::publishVerdict(const Incident& inc, const Verdict& verdic
   posted_.insert(iid);
   if (!store.set(keys::report(iid), verdict.toJson().dump())) return false;
   auto k = store.add(keys::kAlerts, 1);
-  return k.ok() && store.set(keys::alert(k.value), iid + "\n" + me + "\n");
+  return k.ok() && store.set(keys::alert(k.value), keys::AlertRecord{iid, st_.id().rank, ""}.encode());
 }
 
 void IncidentProtocol::progress(int64_t nowNs) {
@@ -127,13 +109,12 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
     auto desc = store.get(keys::alert(alertsSeen_ + 1));
     if (!desc) return;  // raised but not written yet: next tick
     ++alertsSeen_;
-    auto nl1 = desc->find('\n');
-    auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
-    if (nl2 == std::string::npos) continue;
-    const std::string iid = desc->substr(0, nl1);
+    const auto alert = keys::AlertRecord::decode(*desc);
+    if (!alert) continue;
+    const std::string& iid = alert->id;
     if (keys::isLiveRequest(iid)) {
       // Answered at once (a snapshot costs no store call but its set); nothing to await.
-      if (hooks_.live && liveRequestAsks(desc->substr(nl2 + 1), st_.id().globalRank(st_.id().rank))) {
+      if (hooks_.live && keys::specAsks(alert->body, st_.id().globalRank(st_.id().rank))) {
         store.set(keys::snapshot(iid, st_.id().rank), hooks_.live(iid));
         ++liveAnswered_;
       }
@@ -141,8 +122,8 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
     }
     auto inc = Incident::fromId(iid);
     if (!inc) continue;
-    inc->poster = std::atoll(desc->substr(nl1 + 1, nl2 - nl1 - 1).c_str());
-    inc->error = desc->substr(nl2 + 1);
+    inc->poster = alert->poster;
+    inc->error = alert->body;
     if (!handled_.insert(iid).second) continue;
     respond(*inc);
     Awaiting a;
@@ -294,15 +275,14 @@ std::vector<std::string> IncidentProtocol::incidentKeys() {
     const std::string alert = keys::alert(k);
     auto desc = store.get(alert);
     if (!desc) continue;
-    const std::string iid = desc->substr(0, desc->find('\n'));
+    const auto record = keys::AlertRecord::decode(*desc);
+    const std::string iid = record ? record->id : desc->substr(0, desc->find('\n'));
     out.push_back(alert);
     if (keys::isLiveRequest(iid)) {
       // Only the ranks it asked may have answered (after the asker left, if late).
-      auto nl1 = desc->find('\n');
-      auto nl2 = nl1 == std::string::npos ? std::string::npos : desc->find('\n', nl1 + 1);
-      const std::string spec = nl2 == std::string::npos ? std::string() : desc->substr(nl2 + 1);
+      const std::string spec = record ? record->body : std::string();
       for (int r = 0; r < size; ++r) {
-        if (liveRequestAsks(spec, st_.id().globalRank(r))) out.push_back(keys::snapshot(iid, r));
+        if (keys::specAsks(spec, st_.id().globalRank(r))) out.push_back(keys::snapshot(iid, r));
       }
       continue;
     }

@@ -77,10 +77,6 @@ class IncidentProtocol {
   // The keys of every incident of the group, for the last rank that leaves.
   std::vector<std::string> incidentKeys();
 
-  // Whether a live request for `spec` ("" every rank, or "0-7,12": the
-  // asker's --ranks, in global ranks) asks the rank `globalRank` to answer.
-  static bool liveRequestAsks(const std::string& spec, int64_t globalRank);
-
   // How long an analyst waits for snapshots, and others for its verdict.
   static int64_t snapWaitNs(double intervalS);
   static int64_t reportWaitNs(double intervalS);
