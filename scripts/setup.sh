@@ -41,6 +41,18 @@ stage() {
   fi
 }
 
+# await WHAT PID LOG: waits for a stage started in the background; on failure
+# shows the end of its log (kept) and fails.
+await() {
+  say "waiting for $1"
+  if ! wait "$2"; then
+    tail -n 15 "$3" | sed 's/^/  | /' >&2
+    echo "setup: error: $1 failed; full log: $3" >&2
+    return 1
+  fi
+  rm -f "$3"
+}
+
 # The prefix that installs Debian packages here: "" as root, "sudo" where sudo
 # works without a password (or can ask for one on a terminal); fails otherwise.
 admin_prefix() {
@@ -134,12 +146,25 @@ main() {
   # The setuptools floor is pyproject.toml's (the version the packaging tests build with).
   local setuptools
   setuptools=$(grep -o '"setuptools>=[0-9.]*"' pyproject.toml | tr -d '"')
-  stage "installing the build tools: $setuptools, ninja (a few seconds)" pip_install "$setuptools" ninja
+  # packaging: torch_ext's own dependency besides torch, so that the extension's
+  # install below adds nothing but torch_ext (it runs beside the test packages' install).
+  stage "installing the build tools: $setuptools, ninja, packaging (a few seconds)" \
+    pip_install "$setuptools" ninja packaging
+  # The test packages download while the extension compiles: one waits on the
+  # network, the other on the CPU. A second pip beside the extension's install
+  # is safe: they install disjoint packages (the one above leaves the extension's
+  # install nothing to add but itself).
+  local packages_pid="" packages_log=""
   if [ "$mode" = test ]; then
     # The linters pinned: a new rule never fails a tree that passed (scripts/lint.sh).
-    stage "installing the test packages: pytest, lightning, webdataset, accelerate, torchmetrics, build, ruff, clang-format (about 1 min)" \
-      pip_install build packaging pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" \
-      "webdataset==1.0.2" "accelerate==1.15.0" "torchmetrics==1.9.0" "ruff==0.8.0" "clang-format==18.1.8"
+    say "installing the test packages in the background: pytest, lightning, webdataset, accelerate, torchmetrics," \
+      "build, ruff, clang-format (about 1 min)"
+    if [ -z "$DRY" ]; then
+      packages_log=$(mktemp "${TMPDIR:-/tmp}/torch_ext_setup_packages.XXXXXX.log")
+      pip_install build pytest pytest-timeout pytest-xdist expecttest "lightning==2.6.6" "webdataset==1.0.2" \
+        "accelerate==1.15.0" "torchmetrics==1.9.0" "ruff==0.8.0" "clang-format==18.1.8" >"$packages_log" 2>&1 &
+      packages_pid=$!
+    fi
   fi
 
   # Against the installed torch, without build isolation (it would download a CUDA torch).
@@ -150,15 +175,8 @@ main() {
   export MAX_JOBS=${MAX_JOBS:-2}
   stage "$what" pip_install --no-build-isolation -e .
 
-  if [ -n "$chromium_pid" ]; then
-    say "waiting for the Chromium install"
-    if ! wait "$chromium_pid"; then
-      tail -n 15 "$chromium_log" | sed 's/^/  | /' >&2
-      echo "setup: error: installing chromium failed; full log: $chromium_log" >&2
-      return 1
-    fi
-    rm -f "$chromium_log"
-  fi
+  [ -z "$packages_pid" ] || await "the test packages' install" "$packages_pid" "$packages_log" || return 1
+  [ -z "$chromium_pid" ] || await "the Chromium install" "$chromium_pid" "$chromium_log" || return 1
   [ -z "$LOG" ] || rm -f "$LOG"
   say "ready for the $mode${DRY:+ (dry run: nothing was installed or built)}"
 }
