@@ -102,14 +102,8 @@ void bindStoreProtocol(py::module& m) {
   m.def("_status_key", [](int groupRank) { return keys::status(groupRank); });
 }
 
-}  // namespace
-
-PYBIND11_MODULE(_C, m) {
-  bindStoreProtocol(m);
-  m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
-
-  py::register_exception_translator(&torch_ext::py::translateError);
-
+// Settings, and the creation of a guard group (torch_ext/backend.py).
+void bindSetup(py::module& m) {
   m.def(
       "_register_exceptions",
       [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost,
@@ -166,7 +160,10 @@ PYBIND11_MODULE(_C, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
       py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none(),
       py::arg("store_hosted_by") = "", py::arg("store_host_rank") = -1);
-  // --- nccl_sim (torch_ext.testing.nccl_sim) ---------------------------------
+}
+
+// nccl_sim (torch_ext.testing.nccl_sim).
+void bindNcclSim(py::module& m) {
   m.def(
       "_nccl_sim_create",
       [](const c10::intrusive_ptr<c10d::Backend>& transport, int rank, int size, const std::string& label,
@@ -219,6 +216,10 @@ PYBIND11_MODULE(_C, m) {
         state->throwFailure("");
       },
       py::arg("backend"), py::arg("wait_s") = 0.0);
+}
+
+// A guard group looked at from Python: its inners, config, ledger, verifier and stream gate.
+void bindGroups(py::module& m) {
   m.def(
       "_await_verdicts",
       [](const c10::intrusive_ptr<c10d::Backend>& b) {
@@ -336,6 +337,10 @@ PYBIND11_MODULE(_C, m) {
     const bool ok = c.available();
     return py::make_tuple(ok, c.unavailableWhy());
   });
+}
+
+// Failures, dumps, reports and the watchdog's counters.
+void bindWatchdog(py::module& m) {
   m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     auto f = asGuard(b).state()->failure();
     if (!f) return py::none();
@@ -427,7 +432,10 @@ PYBIND11_MODULE(_C, m) {
         torch_ext::Watchdog::instance().publishLiveDirectory(asGuard(b).state());
       },
       "The default group: say where `torch-ext-diagnose live` finds its keys (rank 0 only; never waits on the store).");
+}
 
+// The host runtime's hooks: call sites, stacks, logging, labels, library folders.
+void bindRuntime(py::module& m) {
   m.def("_install_runtime", [](const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
                                const std::vector<std::string>& site, unsigned long mainThreadId) {
     torch_ext::py::installRuntime(internal, stdlib, site, mainThreadId);
@@ -492,4 +500,19 @@ PYBIND11_MODULE(_C, m) {
         "Sets the calling thread's current label id (0: none); returns the previous one.");
   m.def("_set_listed_libraries", &torch_ext::py::setListedLibraries,
         "Folders of the packages named in TORCH_EXT_LIBRARY_PACKAGES, as (folder prefix, package name) pairs.");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  bindStoreProtocol(m);
+  m.doc() = "torch_ext C++ core: the guard backend, its watchdog and reports";
+
+  py::register_exception_translator(&torch_ext::py::translateError);
+
+  bindSetup(m);
+  bindNcclSim(m);
+  bindGroups(m);
+  bindWatchdog(m);
+  bindRuntime(m);
 }

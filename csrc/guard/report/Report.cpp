@@ -522,14 +522,14 @@ const GroupView* RankInput::group() const {
   return (responded || lastWords) ? snapshot.group(groupName) : nullptr;
 }
 
-Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident, int64_t nowNs,
-                const OtherWaits* others) {
-  Verdict v;
-  v.group = label;
-  v.incident = incident.id();
-  const int size = static_cast<int>(ranks.size());
+namespace {
 
+// A difference in the ranks' windows: the collective (or send/recv) they
+// issued differently. The lowest rank that answered reports it.
+std::optional<Verdict> mismatchVerdict(const std::string& label, const std::vector<RankInput>& ranks) {
+  const int size = static_cast<int>(ranks.size());
   if (auto m = findCollectiveMismatch(ranks)) {
+    Verdict v;
     v.kind = Verdict::Kind::Mismatch;
     v.seq = m->seq;
     v.text = formatMismatch(label, size, m->seq, m->ops, m->note,
@@ -543,6 +543,7 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     return v;
   }
   if (auto p = findP2PMismatch(label, ranks)) {
+    Verdict v;
     v.kind = Verdict::Kind::Mismatch;
     v.text = *p;
     for (const auto& r : ranks) {
@@ -553,6 +554,159 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     }
     return v;
   }
+  return std::nullopt;
+}
+
+// Where each rank stands in the op an incident is about.
+struct Positions {
+  std::vector<int64_t> waiting, completed;
+  std::map<std::string, std::vector<int64_t>> waitingWhere;  // call site -> the ranks waiting there
+  std::vector<const RankInput*> notArrived, gone;
+  std::vector<int64_t> notAsked;
+  int64_t earliestStart = 0;  // the earliest issue among the waiting ranks
+  std::string opText;
+  std::string head;  // "collective #7 all_reduce(...) on group "g" " / "send(...) on group "g" "
+};
+
+// A collective: every rank's entry at the incident's seq.
+Positions collectivePositions(const std::string& label, const std::vector<RankInput>& ranks, uint64_t seq) {
+  Positions p;
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    if (r.notAsked) {
+      p.notAsked.push_back(r.globalRank);
+      continue;
+    }
+    if (!r.responded) {
+      p.gone.push_back(&r);
+      continue;
+    }
+    const EntryView* e = g ? g->bySeq(seq) : nullptr;
+    if (e == nullptr) {
+      p.notArrived.push_back(&r);
+      continue;
+    }
+    if (p.opText.empty()) p.opText = e->text;
+    if (e->state == EntryState::Scheduled || e->state == EntryState::Failed) {
+      p.waiting.push_back(r.globalRank);
+      p.waitingWhere[e->where()].push_back(r.globalRank);
+      if (p.earliestStart == 0 || e->startNs < p.earliestStart) p.earliestStart = e->startNs;
+    } else {
+      p.completed.push_back(r.globalRank);
+    }
+  }
+  std::ostringstream os;
+  os << "collective #" << seq << " " << (p.opText.empty() ? "(unknown op)" : p.opText) << " on group \"" << label
+     << "\" ";
+  p.head = os.str();
+  return p;
+}
+
+// A send/recv: the poster's record, and its peer's counterpart.
+Positions p2pPositions(const std::string& label, const std::vector<RankInput>& ranks, const IncidentSubject& subj,
+                       const RankInput* poster, int posterGroupRank) {
+  Positions p;
+  const int size = static_cast<int>(ranks.size());
+  const GroupView* pg = poster ? poster->group() : nullptr;
+  const EntryView* e = nullptr;
+  if (pg) {
+    for (const auto& x : pg->entries) {
+      if (x.id == subj.recordId) e = &x;
+    }
+  }
+  p.opText = e ? e->text : "(point-to-point op)";
+  p.earliestStart = e ? e->startNs : 0;
+  if (poster) {
+    p.waiting.push_back(poster->globalRank);
+    p.waitingWhere[e ? e->where() : "(unknown call site)"].push_back(poster->globalRank);
+  }
+  p.head = p.opText + " on group \"" + label + "\" ";
+  if (e && e->peer >= 0 && e->peer < size) {
+    const RankInput& peer = ranks[e->peer];
+    if (peer.notAsked) {
+      p.notAsked.push_back(peer.globalRank);
+    } else if (!peer.responded) {
+      p.gone.push_back(&peer);
+    } else {
+      const GroupView* peerView = peer.group();
+      const EntryView* f = nullptr;
+      if (peerView) findCounterpart(*peerView, *e, posterGroupRank, &f);
+      if (f && f->state == EntryState::Scheduled) {
+        p.waiting.push_back(peer.globalRank);
+        p.waitingWhere[f->where()].push_back(peer.globalRank);
+      } else if (!f) {
+        p.notArrived.push_back(&peer);
+      }
+    }
+  }
+  return p;
+}
+
+// Waits across groups: follows the ranks the op waits for into the groups
+// where they wait (their snapshots carry every group's position). Built only
+// when a rank is missing: a group whose ranks all wait in it needs no graph
+// (and the post-mortem of many groups stays linear).
+WaitFinding followAcross(const std::vector<RankInput>& ranks, const IncidentSubject& subj, const Positions& p,
+                         const RankInput* poster, const OtherWaits* others) {
+  WaitFinding across;
+  if (p.notArrived.empty() && p.gone.empty()) return across;
+  WaitGraph graph;
+  if (others != nullptr) {
+    for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
+  }
+  for (const auto& r : ranks) {
+    if (r.responded) graph.addRankRef(r.globalRank, r.waits());
+  }
+  std::vector<int64_t> missing;
+  for (const RankInput* r : p.notArrived) missing.push_back(r->globalRank);
+  for (const RankInput* r : p.gone) missing.push_back(r->globalRank);
+  const std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
+  if (subj.kind != IncidentSubject::Kind::P2P) {
+    across = graph.follow(groupName, subj.seq, missing);
+  } else if (poster != nullptr) {
+    // From the poster's send/recv (a pipeline stage waiting for its peer).
+    auto site = graph.siteOf(poster->globalRank);
+    if (site && site->p2p() && site->group == groupName) across = graph.followFrom(std::move(*site), missing);
+  }
+  return across;
+}
+
+// The report's lines after its first: who waits where, who never arrived
+// (and where they are instead), who is gone, metric syncs and hints.
+void positionLines(std::ostringstream& os, const std::vector<RankInput>& ranks, const IncidentSubject& subj,
+                   const Positions& p, int64_t nowNs) {
+  const bool collective = subj.kind != IncidentSubject::Kind::P2P;
+  for (const auto& kv : p.waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
+  if (collective) os << streamStartLines(ranks, subj.seq);
+  if (!p.completed.empty()) os << "\n  completed it: " << formatRanks(p.completed);
+  for (const RankInput* r : p.notArrived) notArrivedLines(os, *r, nowNs, "");
+  for (const RankInput* r : p.gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
+  endedEarlyLines(os, ranks, p.gone);
+  if (collective) os << metricSyncLines(ranks, subj.seq);
+  if (!p.notAsked.empty()) os << "\n  not asked (outside the live report's ranks): " << formatRanks(p.notAsked);
+  std::vector<std::string> hints;  // of the labels of the op waited in, each once
+  for (const auto& r : ranks) {
+    const GroupView* g = r.group();
+    const EntryView* e = (g && collective) ? g->bySeq(subj.seq) : nullptr;
+    if (e && !e->label.hint.empty() && std::find(hints.begin(), hints.end(), e->label.hint) == hints.end()) {
+      hints.push_back(e->label.hint);
+    }
+  }
+  for (const auto& h : hints) os << "\n  hint: " << h;
+}
+
+}  // namespace
+
+Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, const Incident& incident, int64_t nowNs,
+                const OtherWaits* others) {
+  if (auto m = mismatchVerdict(label, ranks)) {
+    m->group = label;
+    m->incident = incident.id();
+    return *m;
+  }
+  Verdict v;
+  v.group = label;
+  v.incident = incident.id();
   if (incident.kind == IncidentKind::Mismatch || incident.kind == IncidentKind::P2P) {
     // Nothing definite in the windows: no verdict (the hang path still watches).
     v.kind = Verdict::Kind::None;
@@ -560,137 +714,35 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
     return v;
   }
 
+  // A hang or a failure: where every rank stands in the op.
   const IncidentSubject& subj = incident.subject;
+  const int size = static_cast<int>(ranks.size());
   const int posterGroupRank =
       subj.kind == IncidentSubject::Kind::P2P ? subj.groupRank : static_cast<int>(incident.poster);
-  std::ostringstream os;
-  std::vector<int64_t> waiting, completed;
-  std::map<std::string, std::vector<int64_t>> waitingWhere;
-  std::vector<const RankInput*> notArrived, gone;
-  std::vector<int64_t> notAsked;
-  int64_t earliestStart = 0;
-  std::string opText;
   const RankInput* poster = (posterGroupRank >= 0 && posterGroupRank < size) ? &ranks[posterGroupRank] : nullptr;
-
-  if (subj.kind != IncidentSubject::Kind::P2P) {
-    for (const auto& r : ranks) {
-      const GroupView* g = r.group();
-      if (r.notAsked) {
-        notAsked.push_back(r.globalRank);
-        continue;
-      }
-      if (!r.responded) {
-        gone.push_back(&r);
-        continue;
-      }
-      const EntryView* e = g ? g->bySeq(subj.seq) : nullptr;
-      if (e == nullptr) {
-        notArrived.push_back(&r);
-        continue;
-      }
-      if (opText.empty()) opText = e->text;
-      if (e->state == EntryState::Scheduled || e->state == EntryState::Failed) {
-        waiting.push_back(r.globalRank);
-        waitingWhere[e->where()].push_back(r.globalRank);
-        if (earliestStart == 0 || e->startNs < earliestStart) earliestStart = e->startNs;
-      } else {
-        completed.push_back(r.globalRank);
-      }
-    }
-    os << "collective #" << subj.seq << " " << (opText.empty() ? "(unknown op)" : opText) << " on group \"" << label
-       << "\" ";
-  } else {
-    const GroupView* pg = poster ? poster->group() : nullptr;
-    const EntryView* e = nullptr;
-    if (pg) {
-      for (const auto& x : pg->entries) {
-        if (x.id == subj.recordId) e = &x;
-      }
-    }
-    opText = e ? e->text : "(point-to-point op)";
-    earliestStart = e ? e->startNs : 0;
-    if (poster) {
-      waiting.push_back(poster->globalRank);
-      waitingWhere[e ? e->where() : "(unknown call site)"].push_back(poster->globalRank);
-    }
-    os << opText << " on group \"" << label << "\" ";
-    if (e && e->peer >= 0 && e->peer < size) {
-      const RankInput& peer = ranks[e->peer];
-      if (peer.notAsked) {
-        notAsked.push_back(peer.globalRank);
-      } else if (!peer.responded) {
-        gone.push_back(&peer);
-      } else {
-        const GroupView* peerView = peer.group();
-        const EntryView* f = nullptr;
-        if (peerView) findCounterpart(*peerView, *e, posterGroupRank, &f);
-        if (f && f->state == EntryState::Scheduled) {
-          waiting.push_back(peer.globalRank);
-          waitingWhere[f->where()].push_back(peer.globalRank);
-        } else if (!f) {
-          notArrived.push_back(&peer);
-        }
-      }
-    }
-  }
-
+  const Positions p = subj.kind != IncidentSubject::Kind::P2P
+                          ? collectivePositions(label, ranks, subj.seq)
+                          : p2pPositions(label, ranks, subj, poster, posterGroupRank);
+  std::ostringstream os;
+  os << p.head;
   if (incident.kind == IncidentKind::Failure) {
     v.kind = Verdict::Kind::Failure;
     os << "failed in the inner backend (rank " << (poster ? poster->globalRank : incident.poster)
        << " saw: " << incident.error << ")";
   } else {
     v.kind = Verdict::Kind::Hang;
-    os << "has waited " << (earliestStart ? secondsBetween(earliestStart, nowNs) : seconds(0));
+    os << "has waited " << (p.earliestStart ? secondsBetween(p.earliestStart, nowNs) : seconds(0));
   }
   v.seq = subj.seq;
-  // Waits across groups: follow the ranks it waits for into the groups where
-  // they wait (their snapshots carry every group's position).
-  WaitFinding across;
-  // Built only when a rank is missing: a group whose ranks all wait in it
-  // needs no graph (and the post-mortem of many groups stays linear).
-  if (!(notArrived.empty() && gone.empty())) {
-    WaitGraph graph;
-    if (others != nullptr) {
-      for (const auto& [rank, waits] : *others) graph.addRankRef(rank, *waits);
-    }
-    for (const auto& r : ranks) {
-      if (r.responded) graph.addRankRef(r.globalRank, r.waits());
-    }
-    std::vector<int64_t> missing;
-    for (const RankInput* r : notArrived) missing.push_back(r->globalRank);
-    for (const RankInput* r : gone) missing.push_back(r->globalRank);
-    const std::string groupName = ranks.empty() ? std::string() : ranks.front().groupName;
-    if (subj.kind != IncidentSubject::Kind::P2P) {
-      across = graph.follow(groupName, subj.seq, missing);
-    } else if (poster != nullptr) {
-      // From the poster's send/recv (a pipeline stage waiting for its peer).
-      auto site = graph.siteOf(poster->globalRank);
-      if (site && site->p2p() && site->group == groupName) across = graph.followFrom(std::move(*site), missing);
-    }
-  }
+  const WaitFinding across = followAcross(ranks, subj, p, poster, others);
   std::string head = os.str();
   os.str("");
   if (across.shape == WaitShape::Cycle) head = across.headline() + ": " + head;
   os << head << across.describe(nowNs);
-  for (const auto& kv : waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
-  if (subj.kind != IncidentSubject::Kind::P2P) os << streamStartLines(ranks, subj.seq);
-  std::vector<std::string> hints;  // of the labels of the op waited in, each once
-  if (!completed.empty()) os << "\n  completed it: " << formatRanks(completed);
-  for (const RankInput* r : notArrived) notArrivedLines(os, *r, nowNs, "");
-  for (const RankInput* r : gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
-  endedEarlyLines(os, ranks, gone);
-  if (subj.kind != IncidentSubject::Kind::P2P) os << metricSyncLines(ranks, subj.seq);
-  if (!notAsked.empty()) os << "\n  not asked (outside the live report's ranks): " << formatRanks(notAsked);
-  for (const auto& r : ranks) {
-    const GroupView* g = r.group();
-    const EntryView* e = (g && subj.kind != IncidentSubject::Kind::P2P) ? g->bySeq(subj.seq) : nullptr;
-    if (e && !e->label.hint.empty() && std::find(hints.begin(), hints.end(), e->label.hint) == hints.end()) {
-      hints.push_back(e->label.hint);
-    }
-  }
-  for (const auto& h : hints) os << "\n  hint: " << h;
+  positionLines(os, ranks, subj, p, nowNs);
   v.text = os.str();
-  std::vector<int64_t> sortedWaiting = waiting;
+
+  std::vector<int64_t> sortedWaiting = p.waiting;
   std::sort(sortedWaiting.begin(), sortedWaiting.end());
   v.reporter = !sortedWaiting.empty() ? sortedWaiting.front() : (poster ? poster->globalRank : 0);
   v.shape = across.shape;
@@ -703,12 +755,11 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   } else if (across.shape == WaitShape::Chain) {
     v.waitsFor = across.end;
   }
-
   v.waiting = sortedWaiting;
-  for (const RankInput* r : notArrived) v.notArrived.push_back(r->globalRank);
-  for (const RankInput* r : gone) v.gone.push_back(r->globalRank);
-  v.completed = completed;
-  v.op = opText;
+  for (const RankInput* r : p.notArrived) v.notArrived.push_back(r->globalRank);
+  for (const RankInput* r : p.gone) v.gone.push_back(r->globalRank);
+  v.completed = p.completed;
+  v.op = p.opText;
   return v;
 }
 

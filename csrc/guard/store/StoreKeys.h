@@ -139,7 +139,7 @@ inline std::string snapshot(const std::string& incidentId, int groupRank) {
 }
 
 // last/<rank>: a rank's last words (RankSnapshot JSON of this group), written
-// by that rank while something terminates its process (LastWords: gloo's
+// by that rank while something terminates its process (TerminateHandler: gloo's
 // abort on a byte-count difference), read by an analyst for a rank that did
 // not answer; deleted by the last rank to leave.
 inline std::string lastWords(int groupRank) {

@@ -86,7 +86,7 @@ class Watchdog final : public IncidentSink {
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
                             const std::string& error) override;
 
-  // A process being terminated (LastWords) that hosts `state`'s store: stays,
+  // A process being terminated (TerminateHandler) that hosts `state`'s store: stays,
   // bounded, until the peers have left, so that they can still read the
   // verdict its termination led to (lingerForPeers).
   void holdStoreForPeers(const std::shared_ptr<GroupState>& state);
