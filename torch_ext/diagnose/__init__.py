@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 from torch_ext._core import _C
+from torch_ext.diagnose._words import rank_list
 
 __all__ = ["Dump", "BadFile", "Analysis", "JobState", "load_dir", "analyze_dir", "format_text", "culprits",
            "group_sizes", "job_state"]
@@ -196,10 +197,10 @@ def format_text(a: Analysis, past: bool = False) -> str:
     """The text report; ``past``: the job recovered since the dumps, so each verdict is headed as history."""
     lines: list[str] = []
     world = max(group_sizes(a.dumps).values(), default=0)
-    lines.append(f"torch_ext diagnose: {len(a.dumps)} dump(s) from rank(s) {_ranks(a.ranks)}")
+    lines.append(f"torch_ext diagnose: {len(a.dumps)} dump(s) from rank(s) {rank_list(a.ranks)}")
     missing = [r for r in range(world) if r not in a.ranks]
     if missing:
-        lines.append(f"no dump from rank(s) {_ranks(missing)}: gone, frozen, or never reached a report")
+        lines.append(f"no dump from rank(s) {rank_list(missing)}: gone, frozen, or never reached a report")
     for b in a.bad:
         lines.append(f"bad file {b.path}: {b.reason}")
     told: set[tuple] = set()  # the deadlocks printed: every group on one finds the same loop
@@ -227,7 +228,3 @@ def _loop(verdict: dict[str, Any]) -> tuple | None:
     if verdict.get("wait_shape") != "cycle" or not verdict.get("wait_sites"):
         return None
     return tuple(sorted((s["group"], s["collective_seq_id"], tuple(s["waiters"])) for s in verdict["wait_sites"]))
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ",".join(str(r) for r in ranks) if ranks else "(none)"

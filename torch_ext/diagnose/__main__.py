@@ -12,6 +12,7 @@ import sys
 import time
 
 from torch_ext.diagnose import JobState, analyze_dir, format_text, group_sizes, job_state
+from torch_ext.diagnose._words import utc
 from torch_ext.diagnose.flight_recorder import DEFAULT_PREFIX, ExportError, export
 from torch_ext.diagnose.html import render
 from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_snapshots
@@ -59,11 +60,6 @@ def _written(analysis) -> tuple[int, float] | None:
     return newest, max(0.0, time.time() - newest / 1e9)
 
 
-def _utc(ns: int, date: bool = True) -> str:
-    fmt = "%Y-%m-%d %H:%M:%S UTC" if date else "%H:%M:%S UTC"
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime(fmt)
-
-
 def _ago(age_s: float) -> str:
     if age_s < 120:
         return f"{age_s:.0f} s"
@@ -76,7 +72,7 @@ def _ago(age_s: float) -> str:
 
 def _age_line(written_ns: int, age_s: float, job: JobState | None = None) -> str:
     """Old dumps must not read like a live hang: say when they were written (issue 25)."""
-    head = f"dumps written {_utc(written_ns)} ({_ago(age_s)} ago)"
+    head = f"dumps written {utc(written_ns)} ({_ago(age_s)} ago)"
     if job is None or job.state is None:  # dumps of a torch_ext that wrote no state
         return head + ": they show the job at that moment; a job that recovered or ended since then is not in them"
     return head + " at " + ", ".join(job.written_at)
@@ -85,7 +81,7 @@ def _age_line(written_ns: int, age_s: float, job: JobState | None = None) -> str
 def _state_line(job: JobState, written_ns: int) -> str:
     """The job's state as the dumps' states tell it, in plain words."""
     def after(ns: int | None) -> str:
-        return f"{_utc(ns, date=False)}, {max(0.0, (ns - written_ns) / 1e9):.1f} s after the dumps" if ns else "?"
+        return f"{utc(ns, date=False)}, {max(0.0, (ns - written_ns) / 1e9):.1f} s after the dumps" if ns else "?"
 
     def ranks_in(state: str) -> str:
         return ",".join(str(r) for r, s in job.ranks.items() if s["state"] == state)

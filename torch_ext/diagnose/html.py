@@ -26,18 +26,12 @@ import os
 from typing import Any
 
 from torch_ext.diagnose import Analysis, Dump, _loop, culprits, group_sizes
+from torch_ext.diagnose._words import global_rank, where
 from torch_ext.diagnose.stragglers import MIN_COLLECTIVES, stragglers_from_snapshots
 
 __all__ = ["render", "page_model"]
 
 _STATES = {"completed": 0, "scheduled": 1, "failed": 2}
-
-
-def _where(frames: list[dict[str, Any]]) -> str:
-    if not frames:
-        return "(unknown call site)"
-    f = frames[0]
-    return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
 
 
 def _labelled(where: str, label: dict[str, Any] | None, site: list[dict[str, Any]] | None = None) -> str:
@@ -49,7 +43,7 @@ def _labelled(where: str, label: dict[str, Any] | None, site: list[dict[str, Any
     origin = label.get("origin")
     same = bool(origin and site and (origin[0]["filename"], origin[0]["line"]) == (site[0]["filename"], site[0]["line"]))
     if origin and not same:
-        text += f" (asked for at {_where(origin)})"
+        text += f" (asked for at {where(origin)})"
     return text
 
 
@@ -152,11 +146,11 @@ def page_model(a: Analysis) -> dict[str, Any]:
         for d, g, placed in lanes_raw:
             cells = []
             for key, e, is_stuck in placed:
-                desc = (e.get("fingerprint", e["op"]), _labelled(_where(e.get("frames", [])), e.get("label"), e.get("frames")), json.dumps(e["input_sizes"]),
+                desc = (e.get("fingerprint", e["op"]), _labelled(where(e.get("frames", [])), e.get("label"), e.get("frames")), json.dumps(e["input_sizes"]),
                         ",".join(e["input_dtypes"]))
                 if desc not in op_index:
                     op_index[desc] = len(ops)
-                    short = e["op"] if not e["is_p2p"] else f"{e['op']} r{_global(g, int(e.get('peer', -1)))}"
+                    short = e["op"] if not e["is_p2p"] else f"{e['op']} r{global_rank(g, int(e.get('peer', -1)))}"
                     ops.append([short, *desc])
                 start = int(e["time_created_ns"]) - (t0 or 0)
                 done = e.get("time_discovered_completed_ns")
@@ -212,11 +206,6 @@ def _ranges(ranks: list[int]) -> str:
             out.append(str(r))
         last = r
     return ", ".join(out) or "(none)"
-
-
-def _global(g: dict[str, Any], group_rank: int) -> int:
-    ranks = g.get("ranks", [])
-    return int(ranks[group_rank]) if 0 <= group_rank < len(ranks) else group_rank
 
 
 _CSS = """

@@ -18,7 +18,6 @@ are named, with their last status in the store (heartbeat age, "exited",
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ from datetime import timedelta
 from typing import Any
 
 from torch_ext._core import _C
+from torch_ext.diagnose._words import rank_list, utc
 from torch_ext.diagnose.stragglers import format_stragglers, stragglers_from_snapshots
 
 __all__ = ["LiveError", "LiveReport", "RankLive", "parse_ranks", "live_report", "ask", "format_text"]
@@ -269,10 +269,6 @@ def ask(address: str, *, timeout: float | None = None, ranks: list[int] | None =
     return _build(address, c, elapsed, store_note)
 
 
-def _utc(ns: int) -> str:
-    return datetime.datetime.fromtimestamp(ns / 1e9, datetime.timezone.utc).strftime("%H:%M:%S UTC")
-
-
 def _secs(ns: int) -> str:
     return f"{max(0, ns) / 1e9:.1f} s"
 
@@ -322,7 +318,7 @@ def _rank_of(c: _Collect, r: int, snap: dict[str, Any] | None, now_ns: int) -> R
             lines.append(f"in collective #{pend['collective_seq_id']} {pend['op']} on group \"{g['label']}\" for "
                          f"{g['pending_s']:.1f} s at {pend['where'] or '(unknown call site)'}{beyond}; {after}")
         elif g["last_completed_ns"]:
-            lines.append(f"computing since {_utc(int(g['last_completed_ns']))} "
+            lines.append(f"computing since {utc(int(g['last_completed_ns']), date=False)} "
                          f"({_secs(now_ns - int(g['last_completed_ns']))}) "
                          f"after #{done} on group \"{g['label']}\"")
         else:
@@ -376,12 +372,8 @@ def _stack_lines(frames: list[dict[str, Any]], max_frames: int) -> list[str]:
     return lines
 
 
-def _ranks(rs: list[int]) -> str:
-    return ",".join(map(str, rs)) if rs else "(none)"
-
-
 def format_text(rep: LiveReport, max_frames: int = 24) -> str:
-    asked = datetime.datetime.fromtimestamp(rep.asked_ns / 1e9, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    asked = utc(rep.asked_ns)
     n_asked = len(rep.ranks)
     out = [f"torch_ext live report of the job at {rep.address} ({rep.world_size} ranks), asked {asked}; "
            f"{len(rep.answered)} of {n_asked}{'' if n_asked == rep.world_size else ' asked'} answered within "
@@ -403,7 +395,7 @@ def format_text(rep: LiveReport, max_frames: int = 24) -> str:
             out.append(f"  thread {t.get('name') or '(unnamed)'} ({t.get('id', 0):#x}):")
             out.extend(f"    {line}" for line in _stack_lines(list(t.get("frames", [])), max_frames))
     if rep.not_answered:
-        out.append(f"\nnot answering: rank(s) {_ranks(rep.not_answered)}")
+        out.append(f"\nnot answering: rank(s) {rank_list(rep.not_answered)}")
     for v in rep.verdicts:
         label = v.get("group", v.get("group_name", "?"))
         out.append("")

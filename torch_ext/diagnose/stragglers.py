@@ -13,21 +13,15 @@ odd collective does not make a straggler), over ``MIN_COLLECTIVES`` or more.
 """
 from __future__ import annotations
 
-import os
 import statistics
 from typing import Any
+
+from torch_ext.diagnose._words import where
 
 __all__ = ["stragglers_from_snapshots", "format_stragglers", "MIN_COLLECTIVES", "LOST_SHARE"]
 
 MIN_COLLECTIVES = 8  # fewer common collectives (a hang's dumps, often): no verdict
 LOST_SHARE = 0.05  # the others' extra wait, as a share of the span, that names a straggler
-
-
-def _where(frames: list[dict[str, Any]]) -> str:
-    if not frames:
-        return "(unknown call site)"
-    f = frames[0]
-    return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
 
 
 def _completed(g: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -84,8 +78,8 @@ def _group(name: str, ranks: dict[int, tuple[dict[str, Any], dict[int, dict[str,
     for r, (_, done) in ranks.items():
         if r != late:
             for i, s in enumerate(common):
-                where = _where(done[s].get("frames", []))
-                sites[where] = sites.get(where, 0.0) + waits[r][i] - waits[late][i]
+                site = where(done[s].get("frames", []))
+                sites[site] = sites.get(site, 0.0) + waits[r][i] - waits[late][i]
     out["straggler"] = {"rank": late, "lost_s": round(lost, 6), "extra_s_per_collective": round(lost / len(common), 6),
                         "share": round(lost / span, 4), "site": max(sites, key=sites.get)}
     return out

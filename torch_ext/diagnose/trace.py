@@ -16,10 +16,10 @@ ui.perfetto.dev and chrome://tracing and can sit next to a profiler trace:
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from torch_ext.diagnose import Analysis, culprits, group_sizes
+from torch_ext.diagnose._words import global_rank, where
 
 __all__ = ["render_trace"]
 
@@ -30,28 +30,16 @@ def _us(ns: int, base: int) -> float:
     return round((ns - base) / 1000.0, 3)
 
 
-def _where(frames: list[dict[str, Any]]) -> str:
-    if not frames:
-        return "(unknown call site)"
-    f = frames[0]
-    return f"{os.path.basename(f['filename'])}:{f['line']} in {f['name']}"
-
-
 def _label_args(label: dict[str, Any] | None) -> dict[str, Any]:
     """A ``torch_ext.label``'s text, fields and origin as trace event args."""
     if not label:
         return {}
     args: dict[str, Any] = {"label": label.get("text", "")}
     if label.get("origin"):
-        args["label origin"] = _where(label["origin"])
+        args["label origin"] = where(label["origin"])
     for k, v in (label.get("fields") or {}).items():
         args[f"label.{k}"] = v
     return args
-
-
-def _global(g: dict[str, Any], group_rank: int) -> int:
-    ranks = g.get("ranks", [])
-    return int(ranks[group_rank]) if 0 <= group_rank < len(ranks) else group_rank
 
 
 def _stack(frames: list[dict[str, Any]]) -> list[str]:
@@ -87,11 +75,11 @@ def render_trace(a: Analysis) -> dict[str, Any]:
                 stop = e.get("time_discovered_completed_ns") or dump_ns
                 args = {
                     "seq": e["collective_seq_id"] if not e["is_p2p"] else None,
-                    "p2p": f"#{e['p2p_seq_id']} with rank {_global(g, e.get('peer', -1))}" if e["is_p2p"] else None,
+                    "p2p": f"#{e['p2p_seq_id']} with rank {global_rank(g, e.get('peer', -1))}" if e["is_p2p"] else None,
                     "op": e.get("fingerprint", e["op"]),
                     "shapes": e["input_sizes"],
                     "dtypes": e["input_dtypes"],
-                    "call site": _where(e.get("frames", [])),
+                    "call site": where(e.get("frames", [])),
                     "state": e["state"],
                     "record_id": e["record_id"],
                     "group": label,
