@@ -6,7 +6,7 @@
 
 #include "guard/Errors.h"
 #include "guard/watchdog/Watchdog.h"
-#include "store_testing.h"
+#include "testkit.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -21,27 +21,12 @@ using std::chrono::milliseconds;
 namespace {
 
 // An inner work completed by the test.
-class ManualWork : public c10d::Work {
+class ManualWork : public testkit::FutureWork {
  public:
-  ManualWork()
-      : c10d::Work(0, c10d::OpType::ALLREDUCE),
-        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
-  bool isCompleted() override {
-    return future_->completed();
-  }
-  bool wait(std::chrono::milliseconds) override {
-    future_->wait();
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    return future_;
-  }
+  ManualWork() : FutureWork(c10d::OpType::ALLREDUCE) {}
   void finish() {
     future_->markCompleted(c10::IValue(std::vector<at::Tensor>{}));
   }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
 // An inner backend whose collectives complete only when the test finishes them.
