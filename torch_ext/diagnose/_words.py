@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 
-def where(frames: list[dict[str, Any]]) -> str:
+def call_site(frames: list[dict[str, Any]]) -> str:
     """The innermost frame as a call site: "train.py:40 in step"."""
     if not frames:
         return "(unknown call site)"

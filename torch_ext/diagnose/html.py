@@ -26,7 +26,7 @@ import os
 from typing import Any
 
 from torch_ext.diagnose import Analysis, Dump, _loop, culprits, group_sizes
-from torch_ext.diagnose._words import global_rank, where
+from torch_ext.diagnose._words import call_site, global_rank
 from torch_ext.diagnose.stragglers import MIN_COLLECTIVES, stragglers_from_snapshots
 
 __all__ = ["render", "page_model"]
@@ -43,7 +43,7 @@ def _labelled(where: str, label: dict[str, Any] | None, site: list[dict[str, Any
     origin = label.get("origin")
     same = bool(origin and site and (origin[0]["filename"], origin[0]["line"]) == (site[0]["filename"], site[0]["line"]))
     if origin and not same:
-        text += f" (asked for at {where(origin)})"
+        text += f" (asked for at {call_site(origin)})"
     return text
 
 
@@ -146,7 +146,7 @@ def page_model(a: Analysis) -> dict[str, Any]:
         for d, g, placed in lanes_raw:
             cells = []
             for key, e, is_stuck in placed:
-                desc = (e.get("fingerprint", e["op"]), _labelled(where(e.get("frames", [])), e.get("label"), e.get("frames")), json.dumps(e["input_sizes"]),
+                desc = (e.get("fingerprint", e["op"]), _labelled(call_site(e.get("frames", [])), e.get("label"), e.get("frames")), json.dumps(e["input_sizes"]),
                         ",".join(e["input_dtypes"]))
                 if desc not in op_index:
                     op_index[desc] = len(ops)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from torch_ext.diagnose._words import where
+from torch_ext.diagnose._words import call_site
 
 __all__ = ["stragglers_from_snapshots", "format_stragglers", "MIN_COLLECTIVES", "LOST_SHARE"]
 
@@ -78,7 +78,7 @@ def _group(name: str, ranks: dict[int, tuple[dict[str, Any], dict[int, dict[str,
     for r, (_, done) in ranks.items():
         if r != late:
             for i, s in enumerate(common):
-                site = where(done[s].get("frames", []))
+                site = call_site(done[s].get("frames", []))
                 sites[site] = sites.get(site, 0.0) + waits[r][i] - waits[late][i]
     out["straggler"] = {"rank": late, "lost_s": round(lost, 6), "extra_s_per_collective": round(lost / len(common), 6),
                         "share": round(lost / span, 4), "site": max(sites, key=sites.get)}

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch_ext.diagnose import Analysis, culprits, group_sizes
-from torch_ext.diagnose._words import global_rank, where
+from torch_ext.diagnose._words import call_site, global_rank
 
 __all__ = ["render_trace"]
 
@@ -36,7 +36,7 @@ def _label_args(label: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     args: dict[str, Any] = {"label": label.get("text", "")}
     if label.get("origin"):
-        args["label origin"] = where(label["origin"])
+        args["label origin"] = call_site(label["origin"])
     for k, v in (label.get("fields") or {}).items():
         args[f"label.{k}"] = v
     return args
@@ -79,7 +79,7 @@ def render_trace(a: Analysis) -> dict[str, Any]:
                     "op": e.get("fingerprint", e["op"]),
                     "shapes": e["input_sizes"],
                     "dtypes": e["input_dtypes"],
-                    "call site": where(e.get("frames", [])),
+                    "call site": call_site(e.get("frames", [])),
                     "state": e["state"],
                     "record_id": e["record_id"],
                     "group": label,
