@@ -15,6 +15,7 @@
 #include "guard/device/CudaGate.h"
 #include "guard/device/StreamGate.h"
 #include "guard/report/DumpAnalysis.h"
+#include "guard/report/DumpStragglers.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
 #include "guard/store/StoreKeys.h"
@@ -219,6 +220,7 @@ void bindNcclSim(py::module& m) {
 }
 
 // A guard group looked at from Python: its inners, config, ledger, verifier and stream gate.
+// Long: a list of bindings.
 void bindGroups(py::module& m) {
   m.def(
       "_await_verdicts",
@@ -340,6 +342,7 @@ void bindGroups(py::module& m) {
 }
 
 // Failures, dumps, reports and the watchdog's counters.
+// Long: a list of bindings.
 void bindWatchdog(py::module& m) {
   m.def("_failure", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
     auto f = asGuard(b).state()->failure();
@@ -414,6 +417,21 @@ void bindWatchdog(py::module& m) {
       "Cross-rank analysis of dump texts (already validated); one verdict JSON per group. `statuses`: the "
       "last status record (st/<rank> in the store) of global ranks without a dump, when known (a live report); "
       "`not_asked`: global ranks a narrowed live report did not ask.");
+  m.def(
+      "_stragglers_from_dumps",
+      [](const std::vector<std::string>& texts) {
+        std::vector<torch_ext::RankSnapshot> snaps;
+        for (size_t i = 0; i < texts.size(); ++i) {
+          snaps.push_back(torch_ext::readDump({"dump " + std::to_string(i), texts[i]}));
+        }
+        std::vector<std::string> out;
+        const double threshold = torch_ext::Config::resolve().stragglerThreshold;
+        for (const auto& j : torch_ext::stragglersFromSnapshots(snaps, threshold)) out.push_back(j.dump());
+        return out;
+      },
+      py::arg("texts"),
+      "The watchdog's straggler rule (StragglerBoard) over the wait windows of dump texts (already validated); "
+      "one JSON object per group.");
   m.def(
       "_decode_status",
       [](const std::string& text) -> py::object {

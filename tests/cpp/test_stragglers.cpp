@@ -1,11 +1,15 @@
 // WaitWindows (a rank's collective waits by windows of seqs, as its status
-// record carries them) and StragglerBoard (rank 0's analysis of every rank's).
+// record carries them), StragglerBoard (rank 0's analysis of every rank's)
+// and DumpStragglers (the same rule on the windows dumps carry).
 #include "guard/collective/WaitWindows.h"
+#include "guard/report/DumpStragglers.h"
+#include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
 #include "guard/report/StragglerBoard.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -260,4 +264,103 @@ TEST(StragglerBoard, TheWarningSaysWhoHowMuchWhereAndWhatToDo) {
   EXPECT_NE(text.find("TORCH_EXT_STRAGGLER=off"), std::string::npos) << text;
   const Json j = stragglersJson(board, board.named(), 4, ctx);
   EXPECT_EQ(j.dump().find("\"rank\":5") != std::string::npos, true) << j.dump();
+}
+
+// --- the same rule on dumps (DumpStragglers) ---------------------------------
+
+namespace {
+
+// Rank `rank`'s snapshot of a 4-rank group after `windows` level-0 windows of
+// 4 collectives (each `spanMs` long); rank `late` waited `lateWaitMs` per
+// window, the others `waitMs`. Goes through the dump's JSON both ways.
+RankSnapshot dumped(int rank, uint64_t windows, int late, int64_t waitMs, int64_t lateWaitMs, int64_t spanMs = 200) {
+  RankSnapshot s;
+  s.rank = rank;
+  s.hostname = "host" + std::to_string(rank);
+  GroupView g;
+  g.name = "0";
+  g.desc = "default_pg";
+  g.rank = rank;
+  g.size = 4;
+  g.globalRanks = {0, 1, 2, 3};
+  for (uint64_t i = 0; i < windows; ++i) {
+    g.waitWindows.push_back(window(i, rank == late ? lateWaitMs : waitMs, spanMs, kTrainSite));
+  }
+  g.waitSites[kTrainSite] = "train.py:40 in step";
+  s.groups.push_back(g);
+  return snapshotFromJson(Json::parse(toJson(s).dump()));
+}
+
+}  // namespace
+
+TEST(WaitWindows, KeepsAStragglerBoardsHistoryForDumpsAndPublishesThree) {
+  WaitWindows w;
+  int64_t clock = 0;
+  run(w, 1, 40 * 4, 20, 5, &clock);  // 40 windows of level 0
+  auto level0 = [](const std::vector<WaitWindow>& v) {
+    return std::count_if(v.begin(), v.end(), [](const WaitWindow& x) { return x.level == 0; });
+  };
+  EXPECT_EQ(level0(w.closed()), static_cast<long>(WaitWindows::kKept));
+  const auto dump = w.closed(WaitWindows::kHistory);
+  EXPECT_EQ(level0(dump), static_cast<long>(StragglerBoard::kHistory));
+  EXPECT_EQ(dump.front().index, 40u - StragglerBoard::kHistory);  // the newest, oldest first
+}
+
+TEST(DumpStragglers, TheWindowsRoundTripThroughTheDumpAndNameTheRankAsTheWatchdogWould) {
+  std::vector<RankSnapshot> snaps;
+  for (int r = 0; r < 4; ++r) snaps.push_back(dumped(r, 10, 2, 40, 2));
+  ASSERT_EQ(snaps[2].groups[0].waitWindows.size(), 10u);
+  EXPECT_EQ(snaps[2].groups[0].waitWindows[3].waitNs, 2 * kMs);
+  EXPECT_EQ(snaps[0].groups[0].waitSites.at(kTrainSite), "train.py:40 in step");
+
+  auto out = stragglersFromSnapshots(snaps, 0.05);
+  ASSERT_EQ(out.size(), 1u);
+  const Json& g = out[0];
+  EXPECT_EQ(g.at("group").asString(), "default_pg");
+  EXPECT_EQ(g.at("first_seq").asInt(), 1);
+  EXPECT_EQ(g.at("last_seq").asInt(), 40);
+  EXPECT_EQ(g.at("collectives").asInt(), 40);
+  const auto& named = g.at("stragglers").asArray();
+  ASSERT_EQ(named.size(), 1u);
+  EXPECT_EQ(named[0].at("rank").asInt(), 2);
+  EXPECT_EQ(named[0].at("site").asString(), "train.py:40 in step");
+  EXPECT_NEAR(named[0].at("lost_s").asDouble(), 10 * 0.038, 1e-9);
+  EXPECT_NE(named[0].at("text").asString().find("rank 2 (host host2) is the straggler"), std::string::npos);
+  const auto& ranks = g.at("ranks").asArray();
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_NEAR(ranks[2].at("wait_share").asDouble(), 2.0 / 200.0, 1e-9);
+  EXPECT_NEAR(ranks[0].at("wait_s").asDouble(), 10 * 0.040, 1e-9);
+
+  // The live rule, window by window, says the same.
+  StragglerBoard board(0.05);
+  std::vector<std::optional<RankWaits>> ranksWaits;
+  for (const auto& s : snaps) ranksWaits.push_back(RankWaits{s.hostname, s.groups[0].waitWindows});
+  board.look(ranksWaits);
+  ASSERT_EQ(board.named().size(), 1u);
+  EXPECT_EQ(board.named()[0].lostNs, static_cast<int64_t>(named[0].at("lost_s").asDouble() * 1e9 + 0.5));
+}
+
+TEST(DumpStragglers, TwoWindowsOrAMissingRankOrOldDumpsNameNobody) {
+  std::vector<RankSnapshot> two;
+  for (int r = 0; r < 4; ++r) two.push_back(dumped(r, 2, 2, 40, 2));
+  auto out = stragglersFromSnapshots(two, 0.05);
+  EXPECT_TRUE(out[0].at("stragglers").asArray().empty());  // as the board: three windows at least
+  EXPECT_EQ(out[0].at("collectives").asInt(), 8);
+
+  std::vector<RankSnapshot> three;  // rank 3's dump is missing: no window is every rank's
+  for (int r = 0; r < 3; ++r) three.push_back(dumped(r, 10, 2, 40, 2));
+  out = stragglersFromSnapshots(three, 0.05);
+  EXPECT_TRUE(out[0].at("stragglers").asArray().empty());
+  EXPECT_EQ(out[0].at("collectives").asInt(), 0);
+  EXPECT_TRUE(out[0].at("first_seq").isNull());
+  EXPECT_TRUE(out[0].at("ranks").asArray().empty());
+
+  std::vector<RankSnapshot> old;  // dumps without windows (torch_ext before they were carried)
+  for (int r = 0; r < 4; ++r) {
+    old.push_back(dumped(r, 10, 2, 40, 2));
+    old.back().groups[0].waitWindows.clear();
+  }
+  EXPECT_EQ(stragglersFromSnapshots(old, 0.05)[0].at("collectives").asInt(), 0);
+  // TORCH_EXT_STRAGGLER=off: nothing analysed.
+  EXPECT_EQ(stragglersFromSnapshots(std::vector<RankSnapshot>(three.begin(), three.end()), 0.0).size(), 1u);
 }

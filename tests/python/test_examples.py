@@ -239,9 +239,9 @@ def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_p
     out = _source("straggler", tmp_path)
     run, post = out.split("$ python -m torch_ext.diagnose")
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "0") for r in range(4)], run
-    m = re.search(r'rank 2 is the straggler on group "default_pg" over collectives 1-40: the other ranks waited on '
-                  r"average ([\d.]+) ms per collective for it \(\d+% of the time\), "
-                  r"most at straggler.py:\d+ in train", post)
+    m = re.search(r'straggler on group "default_pg": rank 2 \(host [^)]+\) is the straggler: the other 3 ranks waited '
+                  r"on average [\d.]+ ms per step \(([\d.]+) ms per collective\) for it over collectives \d+-40 "
+                  r"\(about \d+% of their time\), most at straggler.py:\d+ in train;", post)
     assert m and 7.5 <= float(m.group(1)) <= 12.5, post  # rank 2 loads 10 ms longer per step
     assert (tmp_path / "trace.json").stat().st_size > 0
     doc_samples.check_source("straggler", out)

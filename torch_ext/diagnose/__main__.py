@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     written = _written(analysis)
     job = job_state(analysis.dumps)
-    stragglers = stragglers_from_snapshots([d.data for d in analysis.dumps])
+    stragglers = stragglers_from_snapshots([d.text for d in analysis.dumps])
     if args.json:
         print(json.dumps({
             "ranks": analysis.ranks,

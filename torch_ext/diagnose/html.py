@@ -27,7 +27,7 @@ from typing import Any
 
 from torch_ext.diagnose import Analysis, Dump, _loop, culprits, group_sizes
 from torch_ext.diagnose._words import call_site, global_rank
-from torch_ext.diagnose.stragglers import MIN_COLLECTIVES, stragglers_from_snapshots
+from torch_ext.diagnose.stragglers import stragglers_from_snapshots
 
 __all__ = ["render", "page_model"]
 
@@ -451,16 +451,13 @@ def _waits_tables(a: Analysis) -> list[str]:
     """Per group with enough common collectives: each rank's share of the time waiting in them, the
     straggler's row highlighted (stragglers.py)."""
     out = []
-    for g in stragglers_from_snapshots([d.data for d in a.dumps]):
-        if g["collectives"] < MIN_COLLECTIVES:
+    for g in stragglers_from_snapshots([d.text for d in a.dumps]):
+        if not g["collectives"]:
             continue
-        s = g["straggler"]
-        late = s["rank"] if s else None
-        said = (f"rank {late} is the straggler: the other ranks waited on average "
-                f"{s['extra_s_per_collective'] * 1e3:.1f} ms per collective for it ({s['share']:.0%} of the time), "
-                f"most at {s['site']}" if s else "no straggler")
+        late = {s["rank"] for s in g["stragglers"]}
+        said = " ".join(s["text"] for s in g["stragglers"]) or "no straggler"
         rows = "".join(
-            ("<tr class='straggler'>" if r["rank"] == late else "<tr>") + f"<td>rank {r['rank']}</td>"
+            ("<tr class='straggler'>" if r["rank"] in late else "<tr>") + f"<td>rank {r['rank']}</td>"
             f"<td>{r['wait_s']:.3f} s</td><td>{r['span_s']:.3f} s</td><td>{r['wait_share']:.0%} "
             f"<i class='share' style='width:{round(100 * min(1.0, r['wait_share']))}px'></i></td></tr>"
             for r in g["ranks"])

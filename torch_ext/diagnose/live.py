@@ -100,7 +100,7 @@ class LiveReport:
         return out
 
     def stragglers(self) -> list[dict[str, Any]]:
-        """Who the others wait for, over the collectives in every answering rank's ledger window (stragglers.py)."""
+        """Who the others wait for: the watchdog's rule on every answering rank's wait windows (stragglers.py)."""
         return stragglers_from_snapshots([r.snapshot for r in self.ranks if r.snapshot is not None])
 
 

@@ -1,101 +1,60 @@
-"""Who the others wait for: the straggler of each group, from the ledgers of dumps or live snapshots.
+"""Who the others wait for: the watchdog's straggler rule, on the wait windows of dumps or live snapshots.
 
-A rank's wait in a collective is its completion minus its issue time, on its
-own clock: only durations are compared, so the ranks' clocks need not agree.
-The rank that arrives last at a collective waits least; the others wait for it.
+Every rank's dump file and live snapshot carries its closed wait windows (for
+windows of 4, 32, 256 and 2,048 consecutive collectives: how long the rank had
+one of them pending, the window's span on its own clock, and the call site
+where it waited most), up to the last 32 of each size. The rule is the C++
+``StragglerBoard``'s, the one behind the running job's warning and
+:func:`torch_ext.stragglers` (``_C._stragglers_from_dumps``), so the live
+warning, ``stragglers()``, the post-mortem and the live report name the same
+ranks:
 
-Per group, over the completed collectives (seq > 0) that every rank's ledger
-holds, each rank's total wait and its share of the range's span (first issue
-to last completion, on its own clock). A rank is named the straggler when its
-wait is below the median of the others' by at least ``LOST_SHARE`` of the
-median span, and it waited least in at least half of the collectives (one
-odd collective does not make a straggler), over ``MIN_COLLECTIVES`` or more.
+- windows are compared at the finest size that every rank shows and that lasts
+  0.1 s or more (a few of DDP's overlapping buckets tell noise);
+- in a window, a rank is late when the median wait of the others exceeds its
+  own by the straggler threshold (``TORCH_EXT_STRAGGLER``, 5% by default) of
+  the window's span: it arrived last and they waited for it;
+- a rank is named when it was late in at least 3 windows, and in at least half
+  of the windows whose waits were heaviest at the same call site.
+
+Only durations are compared, so the ranks' clocks need not agree. Dumps of
+torch_ext before the windows were carried give no straggler section.
 """
 from __future__ import annotations
 
-import statistics
+import json
+from collections.abc import Iterable
 from typing import Any
 
-from torch_ext.diagnose._words import call_site
+from torch_ext._core import _C
 
-__all__ = ["stragglers_from_snapshots", "format_stragglers", "MIN_COLLECTIVES", "LOST_SHARE"]
-
-MIN_COLLECTIVES = 8  # fewer common collectives (a hang's dumps, often): no verdict
-LOST_SHARE = 0.05  # the others' extra wait, as a share of the span, that names a straggler
+__all__ = ["stragglers_from_snapshots", "format_stragglers"]
 
 
-def _completed(g: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """seq -> entry, for the group's completed collectives (no send/recv)."""
-    return {int(e["collective_seq_id"]): e for e in g.get("entries", [])
-            if not e.get("is_p2p") and int(e.get("collective_seq_id") or 0) > 0
-            and e.get("state") == "completed" and e.get("time_discovered_completed_ns")}
+def stragglers_from_snapshots(snapshots: Iterable[dict[str, Any] | str]) -> list[dict[str, Any]]:
+    """One dict per group, from dump or live-snapshot dicts (or their JSON texts)::
 
+        {"group": label, "group_name": name, "size", "threshold",
+         "first_seq", "last_seq", "collectives",       # the windows analysed (None, None, 0: none)
+         "collectives_per_step",                        # a step's collectives when one is named, else None
+         "ranks": [{"rank" (global), "wait_s", "span_s", "wait_share"}],   # over those windows
+         "stragglers": [{"rank", "site", "text", "lost_s", "extra_s_per_collective", "share", ...}],
+         "windows": [{"first_seq", "last_seq", "wait_s": [...], "span_s": [...], "site", "late": [...]}]}
 
-def _wait_s(e: dict[str, Any]) -> float:
-    return (int(e["time_discovered_completed_ns"]) - int(e["time_created_ns"])) / 1e9
-
-
-def stragglers_from_snapshots(snapshots: list[dict[str, Any]],
-                              min_collectives: int = MIN_COLLECTIVES) -> list[dict[str, Any]]:
-    """One dict per group (dump or live-snapshot dicts in; see the module's docstring)::
-
-        {"group": label, "group_name": name, "first_seq", "last_seq", "collectives", "median_wait_s",
-         "ranks": [{"rank" (global), "wait_s", "span_s", "wait_share"}],
-         "straggler": {"rank", "lost_s", "extra_s_per_collective", "share", "site"} or None}
+    The fields of ``stragglers`` and ``windows`` are those of :func:`torch_ext.stragglers`.
     """
-    groups: dict[str, dict[int, tuple[dict[str, Any], dict[int, dict[str, Any]]]]] = {}
-    for snap in sorted(snapshots, key=lambda s: int(s["rank"])):
-        for g in snap.get("groups", []):
-            groups.setdefault(g["name"], {})[int(snap["rank"])] = (g, _completed(g))
-    return [_group(name, ranks, min_collectives) for name, ranks in groups.items()]
-
-
-def _group(name: str, ranks: dict[int, tuple[dict[str, Any], dict[int, dict[str, Any]]]],
-           min_collectives: int) -> dict[str, Any]:
-    first_group = next(iter(ranks.values()))[0]
-    common = sorted(set.intersection(*(set(done) for _, done in ranks.values())))
-    out: dict[str, Any] = {"group": first_group.get("desc") or name, "group_name": name,
-                           "first_seq": common[0] if common else None, "last_seq": common[-1] if common else None,
-                           "collectives": len(common), "median_wait_s": None, "ranks": [], "straggler": None}
-    if not common:
-        return out
-    waits = {r: [_wait_s(done[s]) for s in common] for r, (_, done) in ranks.items()}
-    spans = {r: (int(done[common[-1]]["time_discovered_completed_ns"]) - int(done[common[0]]["time_created_ns"])) / 1e9
-             for r, (_, done) in ranks.items()}
-    total = {r: sum(w) for r, w in waits.items()}
-    out["median_wait_s"] = round(statistics.median(total.values()), 6)
-    out["ranks"] = [{"rank": r, "wait_s": round(total[r], 6), "span_s": round(spans[r], 6),
-                     "wait_share": round(total[r] / spans[r], 4) if spans[r] > 0 else 0.0} for r in sorted(ranks)]
-    if len(ranks) < 2 or len(common) < min_collectives:
-        return out
-    late = min(total, key=lambda r: (total[r], r))  # waits least: the others wait for it
-    lost = statistics.median(t for r, t in total.items() if r != late) - total[late]
-    span = statistics.median(spans.values())
-    least = sum(1 for i in range(len(common)) if min(waits, key=lambda r: (waits[r][i], r)) == late)
-    if span <= 0 or lost < LOST_SHARE * span or 2 * least < len(common):
-        return out
-    sites: dict[str, float] = {}  # where the others waited for it: call site -> their extra wait
-    for r, (_, done) in ranks.items():
-        if r != late:
-            for i, s in enumerate(common):
-                site = call_site(done[s].get("frames", []))
-                sites[site] = sites.get(site, 0.0) + waits[r][i] - waits[late][i]
-    out["straggler"] = {"rank": late, "lost_s": round(lost, 6), "extra_s_per_collective": round(lost / len(common), 6),
-                        "share": round(lost / span, 4), "site": max(sites, key=sites.get)}
-    return out
+    texts = [s if isinstance(s, str) else json.dumps(s) for s in snapshots]
+    return [json.loads(t) for t in _C._stragglers_from_dumps(texts)] if texts else []
 
 
 def format_stragglers(results: list[dict[str, Any]], prefix: str = "") -> list[str]:
-    """The text report's section: one line per group with a straggler, and its ranks' wait shares; [] if none."""
+    """The text report's section: each named straggler in the watchdog's words, then its group's wait
+    shares; [] if nobody is named."""
     lines: list[str] = []
     for g in results:
-        s = g["straggler"]
-        if not s:
+        if not g["stragglers"]:
             continue
-        lines.append(f'{prefix}rank {s["rank"]} is the straggler on group "{g["group"]}" over collectives '
-                     f'{g["first_seq"]}-{g["last_seq"]}: the other ranks waited on average '
-                     f'{s["extra_s_per_collective"] * 1e3:.1f} ms per collective for it ({s["share"]:.0%} of the '
-                     f'time), most at {s["site"]}')
-        lines.append("  time each rank waited in these collectives: " +
+        lines.extend(prefix + s["text"] for s in g["stragglers"])
+        lines.append(f'  time each rank waited in collectives {g["first_seq"]}-{g["last_seq"]}: ' +
                      ", ".join(f'rank {r["rank"]} {r["wait_share"]:.0%}' for r in g["ranks"]))
     return ["", "Stragglers:", *lines] if lines else []

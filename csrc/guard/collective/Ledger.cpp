@@ -285,9 +285,9 @@ std::vector<std::pair<uint64_t, std::string>> Ledger::takePolledFailures() {
   return out;
 }
 
-std::vector<WaitWindow> Ledger::waitWindows() const {
+std::vector<WaitWindow> Ledger::waitWindows(size_t perLevel) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return waits_.closed();
+  return waits_.closed(perLevel);
 }
 
 Progress Ledger::progress() {

@@ -135,8 +135,9 @@ class Ledger {
   void setTimeWaits(bool on) {
     timeWaits_ = on;
   }
-  // The closed wait windows of this rank (WaitWindows), for its status record.
-  std::vector<WaitWindow> waitWindows() const;
+  // The closed wait windows of this rank (WaitWindows), `perLevel` per level:
+  // the status record's few by default; dumps take WaitWindows::kHistory.
+  std::vector<WaitWindow> waitWindows(size_t perLevel = WaitWindows::kKept) const;
   // Record `id`, if the ring still holds it (or kept it as the oldest pending).
   std::optional<Entry> byId(uint64_t id) const;
   // The record of collective `seq`, if the ring still holds it.

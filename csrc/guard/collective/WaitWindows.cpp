@@ -70,7 +70,7 @@ void WaitWindows::close(uint8_t level, Open& w) {
       c.siteCount = s.count;
     }
   }
-  lv.closed[lv.closedCount % kKept] = c;
+  lv.closed[lv.closedCount % kHistory] = c;
   ++lv.closedCount;
   lv.hasLast = true;
   lv.lastIndex = w.index;
@@ -92,11 +92,11 @@ void WaitWindows::close(uint8_t level, Open& w) {
   w = Open{};
 }
 
-std::vector<WaitWindow> WaitWindows::closed() const {
+std::vector<WaitWindow> WaitWindows::closed(size_t perLevel) const {
   std::vector<WaitWindow> out;
   for (const Level& lv : levels_) {
-    const size_t n = std::min(lv.closedCount, kKept);
-    for (size_t i = lv.closedCount - n; i < lv.closedCount; ++i) out.push_back(lv.closed[i % kKept]);
+    const size_t n = std::min({lv.closedCount, perLevel, kHistory});
+    for (size_t i = lv.closedCount - n; i < lv.closedCount; ++i) out.push_back(lv.closed[i % kHistory]);
   }
   return out;
 }

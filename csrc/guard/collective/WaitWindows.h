@@ -36,14 +36,18 @@ namespace torch_ext {
 class WaitWindows {
  public:
   static constexpr const auto& kSizes = kWaitWindowSizes;
-  static constexpr size_t kKept = 3;       // closed windows kept per level
+  static constexpr size_t kKept = 3;  // closed windows published per level (the status record)
+  // Closed windows kept per level for dumps and live snapshots: as many as the
+  // watchdog's StragglerBoard remembers, so a post-mortem sees what it saw.
+  static constexpr size_t kHistory = 32;
   static constexpr size_t kSiteSlots = 4;  // call sites tracked per window (the heaviest win)
 
   // Collective `seq` (from 1), issued at `startNs` and completed at `endNs`
   // (steady clock), from call site `site`.
   void add(uint64_t seq, int64_t startNs, int64_t endNs, uint32_t site);
-  // The closed windows kept, level by level, oldest first.
-  std::vector<WaitWindow> closed() const;
+  // The last `perLevel` (at most kHistory) closed windows of each level,
+  // level by level, oldest first.
+  std::vector<WaitWindow> closed(size_t perLevel = kKept) const;
 
  private:
   struct Open {
@@ -62,7 +66,7 @@ class WaitWindows {
   };
   struct Level {
     std::array<Open, 2> open;  // by index % 2: completions may run a little out of order
-    std::array<WaitWindow, kKept> closed{};
+    std::array<WaitWindow, kHistory> closed{};
     size_t closedCount = 0;  // total closed so far (ring position)
     bool hasLast = false;
     uint64_t lastIndex = 0;  // the last closed window, for the next one's span

@@ -189,6 +189,24 @@ Json toJson(const GroupView& g) {
   Json entries = Json::array();
   for (const auto& e : g.entries) entries.push(toJson(e, g));
   j.set("entries", entries);
+  if (!g.waitWindows.empty()) {
+    Json windows = Json::array();
+    for (const auto& w : g.waitWindows) {
+      Json wj = Json::object();
+      wj.set("level", static_cast<int64_t>(w.level));
+      wj.set("index", w.index);
+      wj.set("wait_ns", w.waitNs);
+      wj.set("span_ns", w.spanNs);
+      wj.set("site", hex64(w.siteKey));
+      wj.set("site_wait_ns", w.siteWaitNs);
+      wj.set("site_count", static_cast<int64_t>(w.siteCount));
+      windows.push(wj);
+    }
+    j.set("wait_windows", windows);
+    Json sites = Json::object();
+    for (const auto& [key, text] : g.waitSites) sites.set(hex64(key), text);
+    j.set("wait_sites", sites);
+  }
   return j;
 }
 
@@ -271,6 +289,38 @@ Json toJson(const RankSnapshot& s) {
   return j;
 }
 
+namespace {
+
+// GroupView::waitWindows and waitSites (optional: dumps of an older
+// torch_ext, and incident snapshots, carry none).
+void waitWindowsFromJson(const Json& j, GroupView& g) {
+  if (const Json* windows = j.get("wait_windows")) {
+    for (const auto& wj : windows->asArray("wait_windows")) {
+      WaitWindow w;
+      const int64_t level = wj.at("level").asInt("wait window level");
+      if (level < 0 || static_cast<size_t>(level) >= kWaitWindowSizes.size()) {
+        throw JsonError("wait window level must be 0 to " + std::to_string(kWaitWindowSizes.size() - 1) + ", got " +
+                        std::to_string(level));
+      }
+      w.level = static_cast<uint8_t>(level);
+      w.index = static_cast<uint64_t>(wj.at("index").asInt("wait window index"));
+      w.waitNs = wj.at("wait_ns").asInt("wait_ns");
+      w.spanNs = wj.at("span_ns").asInt("span_ns");
+      w.siteKey = parseHex64(wj.at("site").asString("wait window site"), "wait window site");
+      w.siteWaitNs = optInt(wj, "site_wait_ns");
+      w.siteCount = static_cast<uint32_t>(optInt(wj, "site_count"));
+      g.waitWindows.push_back(w);
+    }
+  }
+  if (const Json* sites = j.get("wait_sites")) {
+    for (const auto& [key, text] : sites->asObject("wait_sites")) {
+      g.waitSites[parseHex64(key, "wait site key")] = text.asString("wait site");
+    }
+  }
+}
+
+}  // namespace
+
 GroupView groupFromJson(const Json& j) {
   GroupView g;
   g.name = j.at("name").asString("group name");
@@ -328,6 +378,7 @@ GroupView groupFromJson(const Json& j) {
     }
     g.entries.push_back(std::move(e));
   }
+  waitWindowsFromJson(j, g);
   return g;
 }
 

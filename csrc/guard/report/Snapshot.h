@@ -15,8 +15,10 @@
 #include "guard/report/Label.h"
 #include "guard/report/Op.h"
 #include "guard/report/WaitGraph.h"
+#include "guard/report/WaitRecord.h"
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -70,6 +72,12 @@ struct GroupView {
   uint64_t rolling = 0;
   int64_t timeoutMs = 0;
   std::vector<EntryView> entries;  // oldest first
+  // This rank's closed wait windows (WaitWindows, what its status record
+  // publishes) and the call sites they name, by stable key, so that a
+  // post-mortem or live report applies the watchdog's own straggler rule
+  // (StragglerBoard). Empty in dumps of torch_ext before they carried them.
+  std::vector<WaitWindow> waitWindows;
+  std::map<uint64_t, std::string> waitSites;
 
   int64_t globalRank(int groupRank) const {
     if (groupRank < 0 || static_cast<size_t>(groupRank) >= globalRanks.size()) return groupRank;

@@ -69,7 +69,7 @@ EntryView entryView(const Entry& e) {
   return v;
 }
 
-GroupView groupView(GroupState& state, size_t maxEntries) {
+GroupView groupView(GroupState& state, size_t maxEntries, WithWaitWindows windows) {
   GroupView g;
   const auto& id = state.id();
   g.name = id.name;
@@ -89,6 +89,13 @@ GroupView groupView(GroupState& state, size_t maxEntries) {
   for (const auto& e : state.ledger().entries(maxEntries)) {
     g.entries.push_back(entryView(e));
     if (e.state == EntryState::Scheduled) g.entries.back().streamStarted = state.ledger().streamStarted(e.id);
+  }
+  if (windows == WithWaitWindows::No) return g;
+  g.waitWindows = state.ledger().waitWindows(WaitWindows::kHistory);
+  auto& sites = CallSites::instance();
+  for (auto& w : g.waitWindows) {
+    w.siteKey = sites.stableKey(w.site);  // what the other ranks' windows name the same call site by
+    if (w.siteKey != 0 && !g.waitSites.count(w.siteKey)) g.waitSites[w.siteKey] = sites.describe(w.site);
   }
   return g;
 }
@@ -135,14 +142,15 @@ GroupWait groupWait(GroupState& state) {
 }
 
 RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shared_ptr<GroupState>>& states,
-                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf) {
+                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf,
+                          WithWaitWindows windows) {
   RankSnapshot s;
   s.pid = static_cast<int64_t>(getpid());
   s.hostname = hostname();
   s.timeNs = wallNs();
   s.incident = reason;
   for (const auto& st : states) {
-    s.groups.push_back(groupView(*st, maxEntries ? maxEntries : st->ledger().capacity()));
+    s.groups.push_back(groupView(*st, maxEntries ? maxEntries : st->ledger().capacity(), windows));
   }
   for (const auto& st : waitsOf.empty() ? states : waitsOf) s.waits.push_back(groupWait(*st));
   if (!states.empty()) {

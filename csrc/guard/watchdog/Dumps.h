@@ -22,8 +22,14 @@ namespace torch_ext {
 std::string hostname();
 
 EntryView entryView(const Entry& e);
+// Whether a snapshot carries each group's wait windows (GroupView::
+// waitWindows, up to WaitWindows::kHistory per level, a few KB): dump files
+// and live snapshots do, for their straggler section; an incident's
+// snapshots, exchanged by every rank through the store, do not.
+enum class WithWaitWindows : bool { No, Yes };
+
 // The most recent `maxEntries` records of a group, with its progress.
-GroupView groupView(GroupState& state, size_t maxEntries);
+GroupView groupView(GroupState& state, size_t maxEntries, WithWaitWindows windows = WithWaitWindows::No);
 
 // Where this rank stands in a group: the last collective issued and the
 // oldest pending operation (RankSnapshot::waits).
@@ -32,7 +38,8 @@ GroupWait groupWait(GroupState& state);
 // `maxEntries` 0: each group's whole ledger. `waitsOf`: the groups whose
 // positions go into `waits` (every group of the process; `states` when empty).
 RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shared_ptr<GroupState>>& states,
-                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf = {});
+                          size_t maxEntries, const std::vector<std::shared_ptr<GroupState>>& waitsOf = {},
+                          WithWaitWindows windows = WithWaitWindows::No);
 
 // Writes `snap` to <dir>/rank<r>.json atomically (temp file + rename); returns
 // the path, or "" with `*error` saying why.

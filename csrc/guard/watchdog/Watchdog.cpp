@@ -101,7 +101,7 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                            [&dog](const std::string& requestId) {
                              // Every group, a window of each: the asker analyses them all.
                              ++dog.liveAnswered_;
-                             RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow);
+                             RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow, WithWaitWindows::Yes);
                              snap.threads = Runtime::instance().threadStacks(std::chrono::milliseconds(200));
                              return toJson(snap).dump();
                            }}) {}
@@ -623,7 +623,8 @@ void Watchdog::exchange(GroupCtx& ctx) {
   ctx.open = ctx.protocol.open();
 }
 
-RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* only, size_t maxEntries) {
+RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* only, size_t maxEntries,
+                                WithWaitWindows windows) {
   std::vector<std::shared_ptr<GroupState>> states, all;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -635,7 +636,7 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   // Every group's position rides along (a few hundred bytes per group), so
   // the report can follow a rank that has not arrived into the group where it
   // waits, with no store traffic beyond the snapshot itself.
-  return takeSnapshot(reason, states, maxEntries, all);
+  return takeSnapshot(reason, states, maxEntries, all, windows);
 }
 
 std::vector<std::shared_ptr<GroupState>> Watchdog::groupStates() {
@@ -708,8 +709,8 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
     watches.push_back(std::move(w));
   }
   std::string error;
-  const std::string path =
-      dumpFile_.write(dir, takeSnapshot(reason, states, 0), cause, std::move(watches), failed, &error);
+  const std::string path = dumpFile_.write(dir, takeSnapshot(reason, states, 0, {}, WithWaitWindows::Yes), cause,
+                                           std::move(watches), failed, &error);
   if (path.empty() && !dumpWarned_.exchange(true)) {
     logMessage(LogLevel::Warning, "torch_ext: cannot write dumps to TORCH_EXT_DUMP_DIR='" + dir + "' (" + error +
                                       "); training goes on without dump files");

@@ -92,7 +92,8 @@ class Watchdog final : public IncidentSink {
   void holdStoreForPeers(const std::shared_ptr<GroupState>& state);
 
   // This process's view of all its groups (or one), with the main thread's stack.
-  RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0);
+  RankSnapshot snapshot(const std::string& reason, const GroupState* only = nullptr, size_t maxEntries = 0,
+                        WithWaitWindows windows = WithWaitWindows::No);
   // This process's position in each of its groups (WaitGraph).
   std::vector<GroupWait> positions();
   // The groups watched now.
