@@ -222,6 +222,8 @@ std::string innerText(const std::map<std::string, std::string>& inner) {
 
 }  // namespace
 
+// Long: the one table of settings (name, env var, parse, value, words), one
+// entry per setting; splitting it would scatter what the README table lists.
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = {
       {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl",

@@ -86,6 +86,53 @@ def test_no_source_is_longer_than_800_lines():
     assert not long, f"split these by concept: {long}"
 
 
+# A function definition at the top level of a file (clang-format's layout): a line at column 0
+# that is not a declaration of something else, up to its closing "}" at column 0.
+_NOT_A_FUNCTION = re.compile(r"^(namespace|struct|class|enum|union|using|template|extern|static_assert|#|//|\}|$)")
+
+
+def _long_functions(path: pathlib.Path, limit: int = 80) -> list[tuple[int, int, str]]:
+    """(line, length, first line) of each function of ``path`` over ``limit`` lines without a
+    ``// Long:`` comment (its reason) in the four lines above it."""
+    # Raw string literals are data (GateKernel.h's PTX text): blank them, keeping the line count.
+    text = re.sub(r'R"(\w*)\((.*?)\)\1"', lambda m: "\n" * m.group(0).count("\n"), path.read_text(), flags=re.S)
+    lines = text.splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i][:1].isspace() or _NOT_A_FUNCTION.match(lines[i]) or "(" not in lines[i]:
+            i += 1
+            continue
+        head = i
+        while i < len(lines) and not lines[i].rstrip().endswith("{") and not lines[i].rstrip().endswith(";"):
+            i += 1
+        if i >= len(lines) or lines[i].rstrip().endswith(";") or re.search(r"=\s*\{$", lines[i]):
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and not lines[end].startswith("}"):
+            end += 1
+        n = end - head + 1
+        if n > limit and not any(line.startswith("// Long:") for line in lines[max(0, head - 4):head]):
+            out.append((head + 1, n, lines[head]))
+        i = end + 1
+    return out
+
+
+def test_no_function_is_over_80_lines_without_its_reason():
+    long = {f"{p.relative_to(GUARD.parent)}:{line}": f"{n} lines: {text}" for p in _sources(GUARD.parent)
+            for line, n, text in _long_functions(p)}
+    assert not long, f"split these, or say why not in a '// Long:' comment just above: {long}"
+
+
+def test_the_long_function_check_sees_a_long_function(tmp_path):
+    body = "\n".join(f"  x += {i};" for i in range(85))
+    src = tmp_path / "a.cpp"
+    src.write_text(f"namespace t {{\n\nint f(int x,\n      int y) {{\n{body}\n  return x;\n}}\n\n}}\n")
+    assert [n for _, n, _ in _long_functions(src)] == [89]
+    src.write_text(f"// Long: a table.\nint f(int x) {{\n{body}\n  return x;\n}}\n")
+    assert _long_functions(src) == []
+
+
 def test_store_keys_are_spelled_only_in_store_keys_h():
     key = re.compile(r'"(guard|st|alert|once|snap|report|strict|p2p)/|"alerts"')
     offenders = []

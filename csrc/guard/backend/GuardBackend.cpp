@@ -56,6 +56,44 @@ std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
   return out;
 }
 
+// On failure: error every pending future, abort pending works and the inner
+// backends (NCCL aborts its communicators; gloo has no abort, so its pending
+// waits are released through the futures), and never destroy them.
+void abortGroup(const std::weak_ptr<GroupState>& weak, const std::weak_ptr<Verifier>& weakVerifier,
+                const std::vector<c10::intrusive_ptr<c10d::Backend>>& inners) {
+  auto state = weak.lock();
+  if (!state) return;
+  auto failure = state->failure();
+  if (!failure) return;
+  std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures, &works);
+  const std::exception_ptr err = surfaced(state->failureError());
+  // Held streams pass now, their unverified results overwritten (the report
+  // is written already; the inner backends are aborted below).
+  if (auto verifier = weakVerifier.lock(); verifier && state->streamGate()) {
+    state->streamGate()->poison(verifier->firstUnverifiable());
+  }
+  for (auto& f : futures) f->setErrorIfNeeded(err);
+  // Futures whose collective completed but awaited the check's release.
+  if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
+  for (auto& w : works) {
+    try {
+      w->abort();
+    } catch (const std::exception&) {
+      // Works that cannot abort are released by the inner backend's abort.
+    }
+  }
+  for (auto& b : inners) {
+    keepForever(b);
+    try {
+      b->abort();
+    } catch (const std::exception& e) {
+      logMessage(LogLevel::Warning, std::string("guard: abort() of an inner backend failed: ") + e.what());
+    }
+  }
+}
+
 }  // namespace
 
 GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress storeAddress, int rank, int size,
@@ -104,47 +142,13 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   }
   pg_uid_ = state_->id().name;
 
-  // On failure: error every pending future, abort pending works and the inner
-  // backends (NCCL aborts its communicators; gloo has no abort, so its pending
-  // waits are released through the futures), and never destroy them.
+  // On failure (abortGroup): the inner backends are aborted, never destroyed.
   std::vector<c10::intrusive_ptr<c10d::Backend>> inners;
   for (const auto& kv : inner_) inners.push_back(kv.second.backend);
   if (helper_) inners.push_back(helper_);
   std::weak_ptr<GroupState> weak = state_;
   std::weak_ptr<Verifier> weakVerifier = state_->verifierPtr();
-  state_->setAbortHook([weak, weakVerifier, inners]() {
-    auto state = weak.lock();
-    if (!state) return;
-    auto failure = state->failure();
-    if (!failure) return;
-    std::vector<c10::intrusive_ptr<c10::ivalue::Future>> futures;
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures, &works);
-    const std::exception_ptr err = surfaced(state->failureError());
-    // Held streams pass now, their unverified results overwritten (the report
-    // is written already; the inner backends are aborted below).
-    if (auto verifier = weakVerifier.lock(); verifier && state->streamGate()) {
-      state->streamGate()->poison(verifier->firstUnverifiable());
-    }
-    for (auto& f : futures) f->setErrorIfNeeded(err);
-    // Futures whose collective completed but awaited the check's release.
-    if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
-    for (auto& w : works) {
-      try {
-        w->abort();
-      } catch (const std::exception&) {
-        // Works that cannot abort are released by the inner backend's abort.
-      }
-    }
-    for (auto& b : inners) {
-      keepForever(b);
-      try {
-        b->abort();
-      } catch (const std::exception& e) {
-        logMessage(LogLevel::Warning, std::string("guard: abort() of an inner backend failed: ") + e.what());
-      }
-    }
-  });
+  state_->setAbortHook([weak, weakVerifier, inners]() { abortGroup(weak, weakVerifier, inners); });
   init();
   // Once per process: what a terminated process says (gloo's transport thread
   // terminates it on a byte-count difference).
@@ -213,6 +217,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   return surfacing([&] { return issue(std::move(builder), device, std::forward<Call>(call)); });
 }
 
+// Long: the per-collective path in one place (fingerprint, ledger record,
+// checks, inner call, its failures, the work): read top to bottom, it is the
+// order every collective takes; pieces split out would hide that order.
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
   Fingerprint fp = builder.finish();

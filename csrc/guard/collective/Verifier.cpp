@@ -326,6 +326,8 @@ void Verifier::differs(uint64_t upTo) {
          [self, from, last](const std::vector<int64_t>& all) { self->reportDifference(from, last, all); });
 }
 
+// Long: one gathered round read the same way on every rank (scan, release
+// the agreeing prefix, words, metrics, report); the steps share its locals.
 void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<int64_t>& all) {
   auto st = state_.lock();
   if (!st) return;

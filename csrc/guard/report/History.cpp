@@ -149,6 +149,8 @@ std::vector<HistoryRun> decodeHistory(const std::string& text) {
   return runs;
 }
 
+// Long: one text layout (runs of each rank side by side, elided where they
+// agree); its column arithmetic reads best in one body.
 std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq) {
   struct Line {
     std::vector<HistoryRun> runs;

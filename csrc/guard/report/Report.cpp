@@ -96,6 +96,8 @@ struct Found {
   std::string note;
 };
 
+// Long: the scan, the comparison and the "not reached" notes work on one
+// seq-ordered index; kept together so the rule reads as one.
 // First collective seq at which responding ranks disagree, within the windows
 // they sent. Ranks that have not reached it are listed as such.
 std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks) {

@@ -96,6 +96,8 @@ void say(const std::string& text) {
   }
 }
 
+// Long: the whole of a dying process's last second (words to stderr, stores,
+// lingering for peers), each step bounded; it runs once and must be read as one.
 [[noreturn]] void onTerminate() {
   if (!g_terminating.exchange(true)) {
     std::string what;

@@ -49,6 +49,8 @@ void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
   if (ctx.protocol.post(inc)) ++incidents_;
 }
 
+// Long: the verdict policy, one decision table (log, warn, abort, end a
+// cycle, fail every rank) over one verdict; split, its cases would hide each other.
 void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
   GroupState& st = *ctx.state;
   bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
