@@ -68,12 +68,7 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent",
     import threading
 
     store = _store_choice(store)
-    # Each rank is a fresh process (its own interpreter state, nothing shared
-    # with this launcher), forked from a server that imported torch and
-    # torch_ext once: under "spawn" every rank would import torch again, seconds
-    # of CPU each on a small machine.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch_ext"])
+    ctx = mp.get_context("spawn")
     server = None
     if store == "parent":
         server = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
