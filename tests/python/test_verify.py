@@ -375,3 +375,39 @@ def test_irecv_posted_before_isend_passes_in_every_mode(style, world, mode):
         assert f"check={mode})" in g["mode"], where
         assert g["from_prev"] == g["expect_prev"] and g["from_next"] == g["expect_next"], where
         assert g["total"] == world and g["failure"] is None, where
+
+
+# --- a send and a receive that do not pair (issue 40) -------------------------------
+
+def _short_message(rank: int, world: int, style: str) -> dict:
+    """Rank 0 sends 4 floats of 7; rank 1 receives into 6 zeros (gloo accepts the shorter message)."""
+    try:
+        if rank == 0:
+            if style == "blocking":
+                dist.send(torch.full((4,), 7.0), 1)
+            else:
+                dist.isend(torch.full((4,), 7.0), 1).wait()
+            dist.barrier()  # rank 1 never comes: the published verdict ends the wait
+            return {"error": None}
+        buf = torch.zeros(6)
+        if style == "blocking":
+            dist.recv(buf, 0)
+        else:
+            work = dist.irecv(buf, 0)
+            work.wait()
+        return {"error": None, "read": buf.tolist()}
+    except torch_ext.GuardError as e:
+        return {"error": type(e).__name__, "text": str(e)}
+
+
+@pytest.mark.parametrize("style", ["blocking", "async"])
+def test_a_receive_that_does_not_pair_with_its_send_reaches_no_user_code(style):
+    # Before: rank 1 read [7, 7, 7, 7, 0, 0] and both ranks went on (the async comparison excludes p2p).
+    results = run_ranks(_short_message, 2, style, timeout=60)
+    got = assert_all_ok(results)
+    for rank, g in enumerate(got):
+        where = f"{style}, rank {rank}: {g}\n{report(results)}"
+        assert g["error"] == "CollectiveMismatchError", where  # rank 1 from its recv, rank 0 from the barrier
+        assert "rank 0: send(float32[4], dst=1, tag=0) (#1) at a line only rank 0 ran" in g["text"], where
+        assert re.search(r"but rank 1 has recv\(float32\[6\], src=0, tag=0\) \(#1\) at test_verify.py:\d+ in "
+                         "_short_message", g["text"]), where

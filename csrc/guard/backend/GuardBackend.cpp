@@ -136,6 +136,7 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   // A lone rank cannot disagree with itself: no verifier at world size 1.
   if (state_->config().check == CheckMode::Verify && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
+    pairing_ = std::make_unique<P2PPairing>(state_, helper_);
     if (state_->streamOrdered() && state_->config().streamGate != StreamGateMode::Off) {
       state_->setStreamGate(std::make_shared<device::StreamGate>(state_->config().streamGate == StreamGateMode::On));
     }
@@ -248,6 +249,10 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv, hash = fp.hash;
   Fingerprint strictCopy;
   if (checks.beforeIssue()) strictCopy = fp;
+  // check="verify" pairs a send with its receive (P2PPairing) on CPU transports.
+  const bool paired = pairing_ && (op == Op::Send || op == Op::Recv) && !streamOrdered(device);
+  Fingerprint pairCopy;
+  if (paired) pairCopy = fp;
   uint64_t seq = 0, ordinal = 0, rolling = 0;
   const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling, label);
   if (seq > 0) {
@@ -301,6 +306,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     failWhileIssuing(id, e);
   }
   checks_->afterIssue(checks, splitSend, splitRecv);
+  if (paired && op == Op::Send && work) pairing_->sent(pairCopy, site);
   if (coalescing_ && nativeCoalescing_ != nullptr) {
     // Native coalescing: the block's work comes from endCoalescing().
     coalescedIds_.push_back(id);
@@ -310,7 +316,8 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     state_->ledger().complete(id, true);
     return work;
   }
-  auto wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device));
+  c10::intrusive_ptr<c10d::Work> wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device));
+  if (paired && op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), pairCopy, ordinal, site);
   if (coalescing_) coalescedWorks_.push_back(wrapped);
   return wrapped;
 }

@@ -24,6 +24,7 @@
 
 #include "guard/Config.h"
 #include "guard/collective/CollectiveChecks.h"
+#include "guard/collective/P2PPairing.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
 #include "guard/store/StoreChannel.h"
@@ -174,6 +175,8 @@ class GuardBackend : public c10d::Backend {
 
   // Strict checks and the split audit (CollectiveChecks.h).
   std::unique_ptr<CollectiveChecks> checks_;
+  // check="verify" on send/recv (null in other modes, alone, or stream-ordered).
+  std::unique_ptr<P2PPairing> pairing_;
 
   // Coalescing state (one block at a time per group, as in torch).
   bool coalescing_ = false;

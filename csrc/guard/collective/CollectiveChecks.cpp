@@ -141,26 +141,26 @@ void CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, u
     return;
   }
   const P2PPrint theirs = awaitP2PPrint(*state_, key, opName(fp.op));
-  compareP2P(theirs, fp, ordinal, src, where, /*raise=*/true);
+  p2pPairsOrFails(state_, theirs, fp, ordinal, src, where, /*raise=*/true);
 }
 
-bool CollectiveChecks::compareP2P(const P2PPrint& theirs, const Fingerprint& fp, uint64_t ordinal, int src,
-                                  const std::string& where, bool raise) {
+bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& theirs, const Fingerprint& fp,
+                     uint64_t ordinal, int src, const std::string& where, bool raise) {
   if (theirs.pair == fp.p2pPairHash()) return true;
-  const int me = state_->id().rank;
+  const int me = state->id().rank;
   std::ostringstream os;
-  os << messages::p2pDoNotPair(state_->label()) << "\n  rank " << state_->id().globalRank(src) << ": " << theirs.text
-     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state_->id().globalRank(me) << " has "
+  os << messages::p2pDoNotPair(state->label()) << "\n  rank " << state->id().globalRank(src) << ": " << theirs.text
+     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state->id().globalRank(me) << " has "
      << fp.describe() << " (#" << ordinal << ") at " << where;
   // Tell the sender and the others before raising here: they act on the
   // published verdict even if this process exits right after.
   Verdict v;
   v.kind = Verdict::Kind::Mismatch;
   v.text = os.str();
-  v.reporter = state_->id().globalRank(me);
-  state_->incidents().publishVerdict(state_, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
-  state_->fail(GuardErrorKind::Mismatch, v.text);
-  if (raise) state_->throwFailure("");
+  v.reporter = state->id().globalRank(me);
+  state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
+  state->fail(GuardErrorKind::Mismatch, v.text);
+  if (raise) state->throwFailure("");
   return false;
 }
 
@@ -272,7 +272,7 @@ bool CollectiveChecks::receiveReady(const Fingerprint& fp, uint64_t ordinal, uin
   const std::string key = keys::p2pPrint(src, state_->id().rank, fp.tag, ordinal);
   auto theirs = takeP2PPrintIfThere(*state_, key, opName(fp.op));
   if (!theirs) return false;
-  compareP2P(*theirs, fp, ordinal, src, describeSite(callSite), /*raise=*/true);
+  p2pPairsOrFails(state_, *theirs, fp, ordinal, src, describeSite(callSite), /*raise=*/true);
   return true;
 }
 
@@ -330,7 +330,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
             continue;
           }
           // A mismatch fails the group (the wait raises it), it is not raised here.
-          if (!checks->compareP2P(*theirs, front->fp, front->ordinal, front->src, front->where, /*raise=*/false)) {
+          if (!p2pPairsOrFails(checks->state_, *theirs, front->fp, front->ordinal, front->src, front->where,
+                               /*raise=*/false)) {
             cancelAll();
             return;
           }

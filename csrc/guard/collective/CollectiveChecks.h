@@ -24,11 +24,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 namespace torch_ext {
 
 struct P2PPrint;
 struct DeferredReceives;
+
+// True when `theirs` (the sender's print) pairs with receive `fp`; else the
+// difference is published to every rank as a verdict, fails the group, and
+// with `raise` is thrown here too (strict receives, P2PPairing).
+bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& theirs, const Fingerprint& fp,
+                     uint64_t ordinal, int src, const std::string& where, bool raise);
 
 class CollectiveChecks {
  public:
@@ -66,10 +73,6 @@ class CollectiveChecks {
  private:
   void strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t callSite);
   void strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite);
-  // False when `theirs` does not pair with `fp`: the mismatch is published to
-  // every rank and fails the group, and with `raise` is thrown here too.
-  bool compareP2P(const P2PPrint& theirs, const Fingerprint& fp, uint64_t ordinal, int src, const std::string& where,
-                  bool raise);
   void auditSplits(uint64_t splitSend, uint64_t splitRecv);
   // Waits for a work of the helper backend, or throws the group's failure.
   void waitForHelper(const c10::intrusive_ptr<c10d::Work>& work);
