@@ -644,7 +644,8 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
-  checks_.reset();  // holds the helper too; run() refuses every op from here on
+  checks_.reset();   // holds the helper too; run() refuses every op from here on
+  pairing_.reset();  // so does the send/recv pairing, and its words still in flight
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
   WorkRetirement::instance().sweepAll();

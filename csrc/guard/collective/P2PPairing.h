@@ -43,8 +43,8 @@ class P2PPairing {
   void sent(const Fingerprint& fp, uint32_t callSite);
   // After the data of receive `fp` was posted as `data`: posts the receive of
   // its words and returns the work that releases the result once they pair.
-  c10::intrusive_ptr<c10d::Work> received(c10::intrusive_ptr<c10d::Work> data, const Fingerprint& fp,
-                                          uint64_t ordinal, uint32_t callSite);
+  c10::intrusive_ptr<c10d::Work> received(c10::intrusive_ptr<c10d::Work> data, const Fingerprint& fp, uint64_t ordinal,
+                                          uint32_t callSite);
 
   // How long a receive whose data came waits for its sender's words before
   // it fails, naming the likely cause (that rank does not pair: another
