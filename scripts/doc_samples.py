@@ -179,6 +179,9 @@ _MASKS = [
     # A silent rank's last status may have been published just before or just after it issued
     # its next collective (rank0-dies: "issued #3" or "#4" on the rank that was waiting).
     (re.compile(r"(last heartbeat <n> s ago, issued #)\d+"), r"\1<n>"),
+    # ... and so may its last completion (rank0-dies-stop read "completed #2" for "#3" under the
+    # load of four tests at a time).
+    (re.compile(r"(last heartbeat <n> s ago, issued #<n>, completed #)\d+"), r"\1<n>"),
     # Which of a rank's store calls meets the dead store first (the exchange's read of its ring
     # neighbours, or raising the incident) is a race too, and so is how the socket says it:
     # "connection reset during multi_get", "connection closed during compare_set", "broken pipe
