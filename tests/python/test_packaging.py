@@ -35,7 +35,8 @@ import torch_ext
 from harness import ROOT, run_script
 
 # xdist_group: under pytest -n the module's builds and environments (module fixtures) are made once, on one worker.
-pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging")]
+# slow: the group's builds take minutes; started first, it does not end the run alone (conftest.py).
+pytestmark = [pytest.mark.packaging, pytest.mark.xdist_group("packaging"), pytest.mark.slow]
 
 BUILD_TIMEOUT = 1200  # one full compile is ~3 min on 2 idle cores; CI machines are shared
 

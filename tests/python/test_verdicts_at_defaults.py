@@ -23,7 +23,8 @@ import pytest
 from harness import launch_script
 
 # One worker runs the module: its scenarios start once, side by side (the fixture below).
-pytestmark = pytest.mark.xdist_group("verdicts_at_defaults")
+# slow: its fixture runs nine jobs (a minute); started first, it does not end the run alone (conftest.py).
+pytestmark = [pytest.mark.xdist_group("verdicts_at_defaults"), pytest.mark.slow]
 
 # A confirmed hang ends within 10 s of the look that confirms it (at warn_after,
 # 10 s); an unconfirmed one is named within 15 s. Slack for a loaded 2-core machine.
