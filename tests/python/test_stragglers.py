@@ -17,7 +17,9 @@ import torch
 import torch_ext
 from harness import ROOT, run_script
 
-pytestmark = pytest.mark.serial
+# The tests that time ranks against each other run alone (pytest -m serial, scripts/test.sh): each
+# carries the mark; the ones that only parse settings or turn the analysis off run with the rest.
+serial = pytest.mark.serial
 
 EXAMPLE = os.path.join(ROOT, "examples", "straggler_ddp.py")
 INJECTED_S = 0.008  # 20% of the 40 ms step
@@ -57,6 +59,7 @@ def _assert_names_rank_2_with_its_extra_time(result: dict, out: str, site: str) 
     assert "straggler_ddp.py:" in warned[0] and "TORCH_EXT_STRAGGLER=off" in warned[0], warned
 
 
+@serial
 def test_a_rank_20_percent_slower_is_named_within_30_steps_with_its_extra_time(tmp_path):
     result, out = _run(tmp_path, "step")
     _assert_names_rank_2_with_its_extra_time(result, out, "in train")
@@ -64,12 +67,14 @@ def test_a_rank_20_percent_slower_is_named_within_30_steps_with_its_extra_time(t
     assert sorted(re.findall(r"\[rank(\d)\] torch_ext.stragglers\(\) here names rank 2", out)) == ["1", "2", "3"], out
 
 
+@serial
 def test_a_rank_slow_only_in_backward_under_ddp_is_named(tmp_path):
     # DDP overlaps the gradient all_reduce with backward: the others' waits see it.
     result, out = _run(tmp_path, "backward")
     _assert_names_rank_2_with_its_extra_time(result, out, "in train")
 
 
+@serial
 def test_on_the_device_path_from_the_streams_own_timing(tmp_path):
     # nccl_sim: NCCL's host semantics on CPU. Completions are noticed by the watchdog's poll, so a
     # collective's wait is its time on the stream (Work.getDuration(); on NCCL, CUDA events).
@@ -80,12 +85,14 @@ def test_on_the_device_path_from_the_streams_own_timing(tmp_path):
     _assert_names_rank_2_with_its_extra_time(_result(proc.stdout, out), out, "in train")
 
 
+@serial
 def test_under_torchrun_too(tmp_path):
     # The store lives in torchrun's agent here; the example's own launcher puts it in rank 0.
     result, out = _run(tmp_path, "step", nproc=4)
     _assert_names_rank_2_with_its_extra_time(result, out, "in train")
 
 
+@serial
 def test_a_rank_slow_only_in_validation_is_named_with_the_phase(tmp_path):
     result, out = _run(tmp_path, "validation")
     assert result["first_named_at_step"] is not None, result
@@ -96,6 +103,7 @@ def test_a_rank_slow_only_in_validation_is_named_with_the_phase(tmp_path):
     assert any("in validate" in w for w in _warnings(out)), out[-4000:]
 
 
+@serial
 def test_a_balanced_run_of_several_hundred_steps_names_nobody(tmp_path):
     result, out = _run(tmp_path, "balanced", "--steps", "300", timeout=180)
     assert result["analysed_up_to"] >= 250, result  # it did look, all along
@@ -154,6 +162,7 @@ def _fit_with_a_slow_rank(rank: int, world: int, tmp: str) -> dict:
     return {k: float(v) for k, v in trainer.logged_metrics.items() if k.startswith("straggler/")}
 
 
+@serial
 def test_lightning_logs_straggler_metrics_when_asked(tmp_path):
     pytest.importorskip("lightning")
     from harness import assert_all_ok, run_ranks

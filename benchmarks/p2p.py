@@ -1,0 +1,98 @@
+"""A send/recv ping-pong under each check mode, against plain gloo (issue 40's pairing).
+
+    python benchmarks/p2p.py                       # 1 and 1024 float32, 7 rounds of 300
+    python benchmarks/p2p.py --sizes 16 --iters 1000 --rounds 9
+
+Two ranks; rank 0 sends and then receives, rank 1 receives and then sends back,
+every result waited for at once: what a pipeline stage's activations and
+gradients do each micro-batch, with nothing to overlap. Every rank creates a
+plain ``gloo`` group and ``guard`` groups wrapping gloo in ``verify`` (the
+default: each receive is released once its sender's pairing words came and
+pair, collective/P2PPairing), ``async`` (no pairing) and ``strict`` (each
+sender's fingerprint through the store before the receive); a round times
+``--iters`` round trips on each group in turn (shuffled order, after a
+barrier), and the ratio to gloo is taken per round. Prints the median
+[quartiles] over rounds of microseconds per round trip and of each mode's ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _ranks  # noqa: E402
+
+MODES = ("gloo", "verify", "async", "strict")
+
+
+def _round_trips(rank: int, t: torch.Tensor, group, n: int) -> None:
+    for _ in range(n):
+        if rank == 0:
+            dist.send(t, 1, group=group)
+            dist.recv(t, 1, group=group)
+        else:
+            dist.recv(t, 0, group=group)
+            dist.send(t, 0, group=group)
+
+
+def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int) -> dict:
+    import torch_ext
+
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    groups = {"gloo": dist.new_group(backend="gloo")}
+    for mode in MODES[1:]:
+        groups[mode] = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=mode))
+    times: dict[str, list[float]] = {}
+    rng = random.Random(1234)  # the same order on every rank
+    for size in sizes:
+        t = torch.ones(size)
+        for g in groups.values():
+            _round_trips(rank, t, g, 50)
+        for _ in range(rounds):
+            order = list(MODES)
+            rng.shuffle(order)
+            for mode in order:
+                dist.barrier(group=groups["gloo"])
+                t0 = time.perf_counter()
+                _round_trips(rank, t, groups[mode], iters)
+                times.setdefault(f"{size}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    dist.destroy_process_group()
+    return {"times": times}
+
+
+def _q(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return statistics.median(xs), q[0], q[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 1024], help="float32 elements")
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args()
+    times = _ranks.run(_body, 2, args.sizes, args.iters, args.rounds)[0]["times"]
+    print(f"world 2: {args.rounds} rounds of {args.iters} send/recv round trips per mode "
+          "(median [quartiles] over rounds)")
+    print(f"  {'float32':>8} | " + " | ".join(f"{m:>22}" for m in MODES))
+    for size in args.sizes:
+        base = times[f"{size}/gloo"]
+        cells = []
+        for mode in MODES:
+            us = _q(times[f"{size}/{mode}"])
+            if mode == "gloo":
+                cells.append(f"{us[0]:7.0f} us [{us[1]:.0f}, {us[2]:.0f}]")
+            else:
+                r = _q([a / b for a, b in zip(times[f"{size}/{mode}"], base)])
+                cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+        print(f"  {size:>8} | " + " | ".join(f"{c:>22}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
