@@ -7,12 +7,12 @@
 # - the GoogleTest binary links the core objects that setup.sh's extension build
 #   compiled, instead of compiling the core a second time; it builds at low
 #   priority (nice) and runs while pytest runs, in the CPU time the tests leave idle;
-# - pytest runs four tests at a time (pytest-xdist; the packaging tests among
+# - pytest runs three tests at a time (pytest-xdist; the packaging tests among
 #   them, on one worker): most tests wait on deadlines, sleeps and other
 #   processes part of the time, so two left a quarter of the two cores idle
 #   (docs/testing.md, "CI time"); then the tests marked `serial`, whose
 #   assertions time the guard against the clock, one at a time.
-# PYTEST_WORKERS=N: N tests at a time (default 4; 0: one at a time, in one process).
+# PYTEST_WORKERS=N: N tests at a time (default 3; 0: one at a time, in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh test  # everything the tests need, not only what the demo uses
@@ -46,8 +46,8 @@ pytest_pass() {
 
 # -m replaces pyproject.toml's "not packaging": the packaging tests (sdist -> wheel,
 # lowest setuptools, installed outside the tree) run in this pass, on one worker.
-echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-4} at a time), packaging tests included"
-pytest_pass -n "${PYTEST_WORKERS:-4}" --dist loadgroup -m "not serial" "$@"
+echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-3} at a time), packaging tests included"
+pytest_pass -n "${PYTEST_WORKERS:-3}" --dist loadgroup -m "not serial" "$@"
 
 echo "== C++ (GoogleTest): build and ctest output"
 cpp_rc=0

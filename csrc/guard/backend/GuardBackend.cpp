@@ -17,6 +17,7 @@
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
+#include <optional>
 #include <sstream>
 
 namespace torch_ext {
@@ -251,7 +252,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   if (checks.beforeIssue()) strictCopy = fp;
   // check="verify" pairs a send with its receive (P2PPairing) on CPU transports.
   const bool paired = pairing_ && (op == Op::Send || op == Op::Recv) && !streamOrdered(device);
-  Fingerprint pairCopy;
+  std::optional<Fingerprint> pairCopy;  // constructed only for a paired send/recv
   if (paired) pairCopy = fp;
   uint64_t seq = 0, ordinal = 0, rolling = 0;
   const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling, label);
@@ -306,7 +307,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     failWhileIssuing(id, e);
   }
   checks_->afterIssue(checks, splitSend, splitRecv);
-  if (paired && op == Op::Send && work) pairing_->sent(pairCopy, site);
+  if (paired && op == Op::Send && work) pairing_->sent(*pairCopy, site);
   if (coalescing_ && nativeCoalescing_ != nullptr) {
     // Native coalescing: the block's work comes from endCoalescing().
     coalescedIds_.push_back(id);
@@ -317,7 +318,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     return work;
   }
   c10::intrusive_ptr<c10d::Work> wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device));
-  if (paired && op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), pairCopy, ordinal, site);
+  if (paired && op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), *pairCopy, ordinal, site);
   if (coalescing_) coalescedWorks_.push_back(wrapped);
   return wrapped;
 }

@@ -51,7 +51,10 @@ class PairedReceiveWork : public c10d::Work {
     return true;
   }
   bool isCompleted() override {
-    if (!data_->isCompleted() || !words_->isCompleted()) return false;
+    // gloo marks a receive complete only in its wait(): the words are waited
+    // for here once the data came (they follow it at once), not polled.
+    if (!data_->isCompleted()) return false;
+    if (state_->failed()) return true;  // as GuardWork: wait() raises the failure
     surfacing([this] { checkWords(); });
     return true;
   }
@@ -88,6 +91,7 @@ class PairedReceiveWork : public c10d::Work {
   void checkWords() {
     std::lock_guard<std::mutex> lock(mu_);
     if (checked_) return;
+    if (state_->failed()) state_->throwFailure("recv");  // a peer gone or a verdict: no words to wait for
     const int src = fp_.root;
     try {
       words_->wait(P2PPairing::kWordsWithin);
