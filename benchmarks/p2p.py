@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 
@@ -26,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _modes  # noqa: E402
 import _ranks  # noqa: E402
 
 MODES = ("gloo", "verify", "async", "strict")
@@ -66,11 +66,6 @@ def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: in
     return {"times": times}
 
 
-def _q(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return statistics.median(xs), q[0], q[2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 1024], help="float32 elements")
@@ -80,18 +75,7 @@ def main() -> None:
     times = _ranks.run(_body, 2, args.sizes, args.iters, args.rounds)[0]["times"]
     print(f"world 2: {args.rounds} rounds of {args.iters} send/recv round trips per mode "
           "(median [quartiles] over rounds)")
-    print(f"  {'float32':>8} | " + " | ".join(f"{m:>22}" for m in MODES))
-    for size in args.sizes:
-        base = times[f"{size}/gloo"]
-        cells = []
-        for mode in MODES:
-            us = _q(times[f"{size}/{mode}"])
-            if mode == "gloo":
-                cells.append(f"{us[0]:7.0f} us [{us[1]:.0f}, {us[2]:.0f}]")
-            else:
-                r = _q([a / b for a, b in zip(times[f"{size}/{mode}"], base)])
-                cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
-        print(f"  {size:>8} | " + " | ".join(f"{c:>22}" for c in cells))
+    _modes.print_table(times, args.sizes, MODES)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import sys
 import time
 
@@ -28,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _modes  # noqa: E402
 import _ranks  # noqa: E402
 
 MODES = ("gloo", "verify", "async", "strict")
@@ -62,11 +62,6 @@ def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: in
     return {"times": times, "rounds": stats["rounds"], "issued": stats["issued_seq"]}
 
 
-def _q(xs: list[float]) -> tuple[float, float, float]:
-    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
-    return statistics.median(xs), q[0], q[2]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -82,18 +77,7 @@ def main() -> None:
         print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous all_reduces per mode "
               f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
               f"for {res['issued']} collectives")
-        print(f"  {'float32':>8} | " + " | ".join(f"{m:>22}" for m in MODES))
-        for size in args.sizes:
-            base = times[f"{size}/gloo"]
-            cells = []
-            for mode in MODES:
-                us = _q(times[f"{size}/{mode}"])
-                if mode == "gloo":
-                    cells.append(f"{us[0]:7.0f} us [{us[1]:.0f}, {us[2]:.0f}]")
-                else:
-                    r = _q([a / b for a, b in zip(times[f"{size}/{mode}"], base)])
-                    cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
-            print(f"  {size:>8} | " + " | ".join(f"{c:>22}" for c in cells))
+        _modes.print_table(times, args.sizes, MODES)
 
 
 if __name__ == "__main__":
