@@ -167,7 +167,7 @@ const CodeInfo& codeInfo(PyCodeObject* code) {
   return g_codes->emplace(code, std::move(info)).first->second;
 }
 
-int frameLasti(PyFrameObject* frame) {
+[[maybe_unused]] int frameLasti(PyFrameObject* frame) {  // used where the frame walk is the public API
 #if PY_VERSION_HEX >= 0x030B0000
   return PyFrame_GetLasti(frame);
 #else

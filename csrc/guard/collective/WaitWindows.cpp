@@ -76,7 +76,7 @@ void WaitWindows::close(uint8_t level, Open& w) {
   lv.lastIndex = w.index;
   lv.lastEndNs = w.lastEndNs;
   // The next level's window is made of this level's consecutive windows.
-  if (level + 1 < kSizes.size()) {
+  if (static_cast<size_t>(level) + 1 < kSizes.size()) {
     const uint8_t up = static_cast<uint8_t>(level + 1);
     if (Open* p = slotFor(levels_[up], w.index / (kSizes[up] / kSizes[level]))) {
       p->n += w.n;

@@ -11,10 +11,6 @@ namespace torch_ext {
 
 namespace {
 
-// The group's first collectives are set-up (DDP's broadcasts), not steps; as
-// the watchdog counts them (WatchdogStragglers.cpp).
-constexpr uint64_t kSetupCollectives = 8;
-
 struct GroupInput {
   const GroupView* first = nullptr;
   std::vector<std::optional<RankWaits>> ranks;  // by group rank

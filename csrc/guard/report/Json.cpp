@@ -348,6 +348,16 @@ const Json* Json::get(const std::string& key) const {
   return nullptr;
 }
 
+std::string Json::stringOr(const char* key, std::string dflt) const {
+  const Json* v = get(key);
+  return (v && v->isString()) ? v->asString() : std::move(dflt);
+}
+
+int64_t Json::intOr(const char* key, int64_t dflt) const {
+  const Json* v = get(key);
+  return (v && v->isNumber()) ? v->asInt(key) : dflt;
+}
+
 const Json& Json::at(const std::string& key) const {
   if (type_ != Type::Object) throw JsonError("expected an object holding '" + key + "'");
   const Json* v = get(key);

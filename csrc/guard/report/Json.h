@@ -81,6 +81,10 @@ class Json {
 
   // Object helpers. get() returns nullptr when absent; at() throws naming the key.
   const Json* get(const std::string& key) const;
+  // A member's value where it is there with that type, else `dflt` (old dumps
+  // and optional fields).
+  std::string stringOr(const char* key, std::string dflt = {}) const;
+  int64_t intOr(const char* key, int64_t dflt = 0) const;
   const Json& at(const std::string& key) const;
   Json& set(const std::string& key, Json value);  // appends or replaces
   void push(Json value);                          // arrays

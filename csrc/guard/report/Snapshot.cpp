@@ -86,16 +86,6 @@ std::vector<Frame> framesFrom(const Json& j, const char* what) {
   return out;
 }
 
-std::string optString(const Json& j, const char* key) {
-  const Json* v = j.get(key);
-  return (v && v->isString()) ? v->asString() : std::string();
-}
-
-int64_t optInt(const Json& j, const char* key, int64_t dflt = 0) {
-  const Json* v = j.get(key);
-  return (v && v->isNumber()) ? v->asInt(key) : dflt;
-}
-
 }  // namespace
 
 Json toJson(const Label& label) {
@@ -307,8 +297,8 @@ void waitWindowsFromJson(const Json& j, GroupView& g) {
       w.waitNs = wj.at("wait_ns").asInt("wait_ns");
       w.spanNs = wj.at("span_ns").asInt("span_ns");
       w.siteKey = parseHex64(wj.at("site").asString("wait window site"), "wait window site");
-      w.siteWaitNs = optInt(wj, "site_wait_ns");
-      w.siteCount = static_cast<uint32_t>(optInt(wj, "site_count"));
+      w.siteWaitNs = wj.intOr("site_wait_ns");
+      w.siteCount = static_cast<uint32_t>(wj.intOr("site_count"));
       g.waitWindows.push_back(w);
     }
   }
@@ -324,7 +314,7 @@ void waitWindowsFromJson(const Json& j, GroupView& g) {
 GroupView groupFromJson(const Json& j) {
   GroupView g;
   g.name = j.at("name").asString("group name");
-  g.desc = optString(j, "desc");
+  g.desc = j.stringOr("desc");
   g.rank = int32From(j.at("rank").asInt("group rank"), "group rank");
   g.size = int32From(j.at("size").asInt("group size"), "group size");
   if (g.size <= 0 || g.rank < 0 || g.rank >= g.size) {
@@ -334,9 +324,9 @@ GroupView groupFromJson(const Json& j) {
   for (const auto& r : j.at("ranks").asArray("group ranks")) g.globalRanks.push_back(r.asInt("group rank list"));
   g.lastSeq = static_cast<uint64_t>(j.at("last_seq").asInt("last_seq"));
   g.lastCompletedSeq = static_cast<uint64_t>(j.at("last_completed_seq").asInt("last_completed_seq"));
-  g.lastCompletedNs = optInt(j, "last_completed_ns");
+  g.lastCompletedNs = j.intOr("last_completed_ns");
   g.rolling = parseHex64(j.at("rolling_hash").asString("rolling_hash"), "rolling_hash");
-  g.timeoutMs = optInt(j, "timeout_ms");
+  g.timeoutMs = j.intOr("timeout_ms");
   for (const auto& ej : j.at("entries").asArray("entries")) {
     EntryView e;
     e.id = static_cast<uint64_t>(ej.at("record_id").asInt("record_id"));
@@ -346,12 +336,12 @@ GroupView groupFromJson(const Json& j) {
     const auto parsedOp = opFromName(op);
     if (!parsedOp) throw JsonError("unknown op '" + op + "'");
     e.op = *parsedOp;
-    e.device = optString(ej, "device");
+    e.device = ej.stringOr("device");
     e.text = ej.at("fingerprint").asString("fingerprint");
     e.isP2P = ej.at("is_p2p").asBool("is_p2p");
-    e.peer = int32From(optInt(ej, "peer", -1), "peer");
-    e.tag = int32From(optInt(ej, "tag", 0), "tag");
-    e.reduceOp = optString(ej, "reduce_op");
+    e.peer = int32From(ej.intOr("peer", -1), "peer");
+    e.tag = int32From(ej.intOr("tag", 0), "tag");
+    e.reduceOp = ej.stringOr("reduce_op");
     for (const auto& d : ej.at("input_dtypes").asArray("input_dtypes")) e.dtypes.push_back(d.asString("dtype"));
     for (const auto& s : ej.at("input_sizes").asArray("input_sizes")) {
       std::vector<int64_t> dims;
@@ -372,7 +362,7 @@ GroupView groupFromJson(const Json& j) {
     e.endNs = (done && done->isNumber()) ? done->asInt("time_discovered_completed_ns") : 0;
     e.frames = framesFrom(ej.at("frames"), "frames");
     if (const Json* label = ej.get("label")) e.label = labelFromJson(*label);
-    e.error = optString(ej, "error");
+    e.error = ej.stringOr("error");
     if (const Json* started = ej.get("stream_started"); started != nullptr && started->type() == Json::Type::Bool) {
       e.streamStarted = started->asBool("stream_started");
     }
@@ -394,20 +384,20 @@ RankSnapshot snapshotFromJson(const Json& j) {
     throw JsonError("version '" + s.version + "' is not " + kSnapshotVersion + " (written by another torch_ext?)");
   }
   s.rank = j.at("rank").asInt("rank");
-  s.pid = optInt(j, "pid");
-  s.hostname = optString(j, "hostname");
+  s.pid = j.intOr("pid");
+  s.hostname = j.stringOr("hostname");
   s.timeNs = j.at("time_ns").asInt("time_ns");
-  s.incident = optString(j, "incident");
-  s.config = optString(j, "config");
+  s.incident = j.stringOr("incident");
+  s.config = j.stringOr("config");
   const Json& main = j.at("main_thread");
   s.main.available = main.at("available").asBool("main_thread.available");
-  s.main.note = optString(main, "note");
+  s.main.note = main.stringOr("note");
   s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
   if (const Json* threads = j.get("threads")) {
     for (const auto& tj : threads->asArray("threads")) {
       ThreadStack t;
-      t.id = static_cast<uint64_t>(optInt(tj, "id"));
-      t.name = optString(tj, "name");
+      t.id = static_cast<uint64_t>(tj.intOr("id"));
+      t.name = tj.stringOr("name");
       t.frames = framesFrom(tj.at("frames"), "threads.frames");
       s.threads.push_back(std::move(t));
     }
@@ -432,14 +422,14 @@ RankSnapshot snapshotFromJson(const Json& j) {
       throw JsonError("state must be running, waiting, failed, recovered or finished, got '" + state + "'");
     }
     st.state = *parsedState;
-    st.stateNs = optInt(j, "state_ns");
-    st.recoveredNs = optInt(j, "recovered_ns");
+    st.stateNs = j.intOr("state_ns");
+    st.recoveredNs = j.intOr("recovered_ns");
     if (const Json* awaited = j.get("awaited")) {
       for (const auto& w : awaited->asArray("awaited")) {
         DumpAwaited a;
         a.group = w.at("group").asString("awaited group");
-        a.seq = static_cast<uint64_t>(optInt(w, "collective_seq_id"));
-        a.recordId = static_cast<uint64_t>(optInt(w, "record_id"));
+        a.seq = static_cast<uint64_t>(w.intOr("collective_seq_id"));
+        a.recordId = static_cast<uint64_t>(w.intOr("record_id"));
         st.awaited.push_back(std::move(a));
       }
     }

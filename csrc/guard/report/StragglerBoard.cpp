@@ -49,7 +49,7 @@ size_t StragglerBoard::look(const std::vector<std::optional<RankWaits>>& ranks) 
     // all_reduces) tell noise, not stragglers: take a coarser level.
     std::vector<int64_t> spans;
     for (const auto& r : ranks) spans.push_back(r->find(level, common.back())->spanNs);
-    if (level + 1 < kWaitWindowSizes.size() && median(spans) < kMinWindowNs) continue;
+    if (static_cast<size_t>(level) + 1 < kWaitWindowSizes.size() && median(spans) < kMinWindowNs) continue;
     for (uint64_t index : common) {
       std::vector<const WaitWindow*> windows;
       for (const auto& r : ranks) windows.push_back(r->find(level, index));

@@ -34,6 +34,11 @@
 
 namespace torch_ext {
 
+// A group's first collectives are set-up (DDP's broadcasts of parameters and
+// buffers), not steps: the straggler rule and the step pattern skip them, live
+// (WatchdogStragglers.cpp) and in dumps (DumpStragglers.cpp) alike.
+constexpr uint64_t kSetupCollectives = 8;
+
 // One window that every rank showed, as analysed.
 struct StragglerWindow {
   uint8_t level = 0;

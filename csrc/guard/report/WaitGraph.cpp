@@ -20,16 +20,6 @@ std::string secondsSince(int64_t startNs, int64_t nowNs) {
   return buf;
 }
 
-std::string optString(const Json& j, const char* key) {
-  const Json* v = j.get(key);
-  return (v && v->isString()) ? v->asString() : std::string();
-}
-
-int64_t optInt(const Json& j, const char* key) {
-  const Json* v = j.get(key);
-  return (v && v->isNumber()) ? v->asInt(key) : 0;
-}
-
 std::string siteName(const WaitSite& s) {
   if (s.p2p()) return s.what() + " on group \"" + s.label + "\"";
   return "#" + std::to_string(s.seq) + " on group \"" + s.label + "\"";
@@ -77,22 +67,22 @@ Json toJson(const GroupWait& w) {
 GroupWait groupWaitFromJson(const Json& j) {
   GroupWait w;
   w.group = j.at("group").asString("waits group");
-  w.label = optString(j, "desc");
+  w.label = j.stringOr("desc");
   if (w.label.empty()) w.label = w.group;
   for (const auto& r : j.at("ranks").asArray("waits ranks")) w.ranks.push_back(r.asInt("waits rank"));
   w.lastSeq = static_cast<uint64_t>(j.at("last_seq").asInt("waits last_seq"));
   if (const Json* p = j.get("pending"); p != nullptr && p->isObject()) {
     w.pending = true;
     w.seq = static_cast<uint64_t>(p->at("collective_seq_id").asInt("waits collective_seq_id"));
-    w.op = optString(*p, "op");
-    w.where = optString(*p, "where");
-    w.startNs = optInt(*p, "time_created_ns");
+    w.op = p->stringOr("op");
+    w.where = p->stringOr("where");
+    w.startNs = p->intOr("time_created_ns");
     if (const Json* b = p->get("blocked"); b != nullptr && b->type() == Json::Type::Bool)
       w.blocked = b->asBool("waits blocked");
     if (const Json* peer = p->get("peer"); peer != nullptr && peer->isNumber()) {
       w.peer = peer->asInt("waits peer");
-      w.recv = optString(*p, "direction") == "recv";
-      w.tag = static_cast<int32_t>(optInt(*p, "tag"));
+      w.recv = p->stringOr("direction") == "recv";
+      w.tag = static_cast<int32_t>(p->intOr("tag"));
     }
   }
   return w;
@@ -149,18 +139,18 @@ WaitSite waitSiteFromJson(const Json& j) {
   };
   WaitSite s;
   s.group = j.at("group").asString("site group");
-  s.label = optString(j, "desc");
+  s.label = j.stringOr("desc");
   s.seq = static_cast<uint64_t>(j.at("collective_seq_id").asInt("site collective_seq_id"));
-  s.where = optString(j, "where");
-  s.startNs = optInt(j, "time_created_ns");
+  s.where = j.stringOr("where");
+  s.startNs = j.intOr("time_created_ns");
   s.waiters = ranks("waiters");
   s.waitsFor = ranks("waits_for");
   if (const Json* peer = j.get("peer"); peer != nullptr && peer->isNumber()) {
     s.peer = peer->asInt("site peer");
-    s.recv = optString(j, "direction") == "recv";
+    s.recv = j.stringOr("direction") == "recv";
   }
   // what() of a collective is "collective #N <op>"; keep the op part.
-  std::string what = optString(j, "what");
+  std::string what = j.stringOr("what");
   const std::string prefix = "collective #" + std::to_string(s.seq) + " ";
   if (!s.p2p() && what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
   if (s.p2p()) {

@@ -13,8 +13,7 @@ namespace torch_ext {
 
 namespace {
 
-constexpr size_t kWindow = 64;  // the last collectives of the ledger the record carries
-constexpr auto kStoreBound = std::chrono::milliseconds(1500);
+constexpr size_t kLedgerWindow = 64;  // the last collectives of the ledger the record carries
 
 }  // namespace
 
@@ -26,8 +25,8 @@ void publishLastWords(GroupState& st, const LastWordsWhy& why) {
   snap.hostname = hostname();
   snap.timeNs = wallNs();
   snap.incident = why.encode();
-  snap.groups.push_back(groupView(st, kWindow));
-  st.store().set(keys::lastWords(st.id().rank), toJson(snap).dump(), kStoreBound);
+  snap.groups.push_back(groupView(st, kLedgerWindow));
+  st.store().set(keys::lastWords(st.id().rank), toJson(snap).dump(), kLastWordsStoreBound);
 }
 
 }  // namespace torch_ext

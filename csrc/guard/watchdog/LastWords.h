@@ -8,6 +8,8 @@
 
 #include "guard/report/Snapshot.h"
 
+#include <chrono>
+
 namespace torch_ext {
 
 class GroupState;
@@ -19,5 +21,9 @@ class GroupState;
 // analysing), and for every group when an uncaught exception ends the process
 // (the peers it leaves waiting say what it raised).
 void publishLastWords(GroupState& st, const LastWordsWhy& why);
+
+// The bound on each store write of the last words (the terminate handler
+// waits this long for them before the process ends anyway).
+constexpr auto kLastWordsStoreBound = std::chrono::milliseconds(1500);
 
 }  // namespace torch_ext

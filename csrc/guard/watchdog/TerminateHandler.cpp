@@ -29,7 +29,6 @@ std::atomic<bool> g_installed{false};
 std::atomic<bool> g_terminating{false};
 
 constexpr auto kReportBound = std::chrono::milliseconds(1000);
-constexpr auto kStoreBound = std::chrono::milliseconds(1500);
 constexpr auto kHostBound = std::chrono::milliseconds(15000);
 
 // gloo's words for a byte-count difference ("[enforce fail at .../pair.cc:456]
@@ -179,8 +178,8 @@ void say(const std::string& text) {
       }
       os << "\n";
       say(os.str());
-      // The writes are bounded by kStoreBound each; past that the process ends anyway.
-      box->cv.wait_for(lock, kStoreBound, [&] { return box->published; });
+      // The writes are bounded by kLastWordsStoreBound each; past that the process ends anyway.
+      box->cv.wait_for(lock, kLastWordsStoreBound, [&] { return box->published; });
       if (box->hosts) {
         // The verdict's round and the peers' leaving: bounded by their own
         // waits; this bound only keeps a stuck watchdog from holding the end.

@@ -23,7 +23,6 @@ constexpr int64_t kStragglerRewarnNs = 300'000'000'000;
 constexpr int64_t kStragglerRepublishNs = 10'000'000'000;
 // The last collectives whose pattern gives the collectives per training step.
 constexpr size_t kStepPatternEntries = 256;
-constexpr uint64_t kSetupCollectives = 8;
 // The last windows torch_ext.stragglers() shows.
 constexpr size_t kStragglerJsonWindows = 8;
 
