@@ -3,20 +3,25 @@
 # without building or installing anything: every csrc/**/*.cpp goes through
 # `g++ -fsyntax-only -std=c++20` with setup.py's include paths and defines.
 #
-#   bash scripts/check_torch_headers.sh 2.11.0          # a release: downloaded once (see below)
+#   bash scripts/check_torch_headers.sh 2.11.0          # a release: its headers fetched once (below)
 #   bash scripts/check_torch_headers.sh torch-2.11.0-cp312-....whl   # a wheel on disk
 #   bash scripts/check_torch_headers.sh /path/to/torch/include       # unpacked headers
 #   bash scripts/check_torch_headers.sh                 # the installed torch's headers
+#   bash scripts/check_torch_headers.sh --unity 2.15.0  # every file in one translation unit
 #
-# A release or a wheel is unpacked (its torch/include only, about 60 MB) into
-# ~/.cache/torch_ext/headers/<version>/ ($TORCH_EXT_HEADER_CACHE), once; a release
-# is first downloaded with pip (`pip download torch==<version> --no-deps`, the
-# linux x86_64 wheel for Python 3.12, what the GPU runners use: about 530 MB
-# for 2.11.0, deleted once unpacked). $PIP_CONSTRAINT is cleared for that download
-# (a constraint in a pip configuration file still applies: where one caps torch,
-# a newer release cannot be fetched). Override the wheel's tags with TORCH_EXT_WHEEL_PYTHON
-# (3.12) and TORCH_EXT_WHEEL_PLATFORM (manylinux_2_28_x86_64); pip's own variables
-# (PIP_INDEX_URL, ...) apply.
+# --unity: one translation unit that includes every source, so torch's headers
+# are parsed once, not once per file: about 15 CPU-s instead of 2 to 5 minutes
+# (what CI runs, scripts/test.sh). It needs names private to a file (anonymous
+# namespaces, statics) not to collide between files; a failure prints the
+# compiler's errors, and the per-file run (without --unity) says which file fails.
+# A wheel is unpacked (its torch/include only, about 60 MB) into
+# ~/.cache/torch_ext/headers/<version>/ ($TORCH_EXT_HEADER_CACHE), once. A release
+# is fetched there by scripts/fetch_torch_headers.py: only the ~10 MB of the
+# wheel that holds torch/include, by HTTP range requests to the package index
+# ($PIP_INDEX_URL or pypi.org), from the linux x86_64 wheel for Python 3.12
+# (what the GPU runners use); a second or two, where pip would download the
+# whole 530 MB wheel. Override the wheel's tags with TORCH_EXT_WHEEL_PYTHON (3.12)
+# and TORCH_EXT_WHEEL_PLATFORM (manylinux_2_28_x86_64).
 #
 # Prints one line per failing file (its first error; the full log is kept under
 # the log folder it names), then a summary. Exit status 1 if any file fails,
@@ -68,21 +73,8 @@ resolve() {
     INCLUDE=$CACHE/$version/torch/include
   elif [[ $arg =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?([a-z0-9.+]*)$ ]]; then
     if [[ ! -d $CACHE/$arg/torch/include ]]; then
-      mkdir -p "$CACHE"
-      local tmp start
-      tmp=$(mktemp -d "$CACHE/.download.XXXXXX")
-      start=$SECONDS
-      echo "check_torch_headers: downloading torch $arg (cp${WHEEL_PYTHON/./}, $WHEEL_PLATFORM) into $tmp"
-      if ! PIP_CONSTRAINT= "$PY" -m pip download "torch==$arg" --no-deps --only-binary=:all: \
-          --python-version "$WHEEL_PYTHON" --platform "$WHEEL_PLATFORM" -d "$tmp" --progress-bar off -q; then
-        rm -rf "$tmp"
-        die "pip could not download torch==$arg for Python $WHEEL_PYTHON on $WHEEL_PLATFORM (see 'pip index versions torch')"
-      fi
-      local wheel
-      wheel=$(ls "$tmp"/torch-*.whl)
-      echo "check_torch_headers: $(basename "$wheel"): $(( $(stat -c %s "$wheel") / 1000000 )) MB, downloaded in $((SECONDS - start)) s; unpacking torch/include into $CACHE/$arg"
-      unpack_wheel "$wheel" "$CACHE/$arg"
-      rm -rf "$tmp"
+      "$PY" "$ROOT/scripts/fetch_torch_headers.py" "$arg" "$CACHE/$arg" \
+        --python "$WHEEL_PYTHON" --platform "$WHEEL_PLATFORM" || exit 2
     fi
     INCLUDE=$CACHE/$arg/torch/include
   else
@@ -92,6 +84,8 @@ resolve() {
   [[ -d $INCLUDE/torch/csrc/api/include ]] || die "$INCLUDE is not a torch include folder (no torch/csrc/api/include)"
 }
 
+UNITY=""
+if [[ ${1:-} == --unity ]]; then UNITY=1; shift; fi
 [[ $# -le 1 ]] || usage
 resolve "${1:-}"
 VERSION=$(sed -n 's/^#define TORCH_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' \
@@ -111,10 +105,26 @@ done >"$WORK/flags"
 cd "$ROOT"
 mapfile -d '' SOURCES < <(find csrc -name '*.cpp' -print0 | sort -z)
 [[ ${#SOURCES[@]} -gt 0 ]] || die "no .cpp files under $ROOT/csrc"
-echo "check_torch_headers: ${#SOURCES[@]} files against torch ${VERSION:-?} ($INCLUDE), $JOBS at a time"
+how="$JOBS at a time"
+[[ -z $UNITY ]] || how="in one translation unit"
+echo "check_torch_headers: ${#SOURCES[@]} files against torch ${VERSION:-?} ($INCLUDE), $how"
 
 start=$SECONDS
 export WORK CXX=${CXX:-g++}
+if [[ -n $UNITY ]]; then
+  for src in "${SOURCES[@]}"; do printf '#include "%s"\n' "$ROOT/$src"; done >"$WORK/unity.cpp"
+  if ! "$CXX" @"$WORK/flags" "$WORK/unity.cpp" >"$WORK/unity.log" 2>&1; then
+    grep -E 'error' "$WORK/unity.log" | head -n 20 | sed "s|$ROOT/||"
+    echo "check_torch_headers: torch ${VERSION:-?}: the ${#SOURCES[@]} files in one translation unit FAILED" \
+      "in $((SECONDS - start)) s (first errors above; full log: $WORK/unity.log). Which file: run it without --unity." \
+      "A name defined in two files' anonymous namespaces collides here: share it or rename one."
+    exit 1
+  fi
+  rm -rf "$WORK"
+  echo "check_torch_headers: torch ${VERSION:-?}: all ${#SOURCES[@]} files compile (-fsyntax-only -std=c++20," \
+    "one translation unit) in $((SECONDS - start)) s"
+  exit 0
+fi
 # Each file: its log as $WORK/logs/<path with / as __>.log, and ok/ or failed/ marked.
 mkdir -p "$WORK/logs" "$WORK/ok" "$WORK/failed"
 printf '%s\0' "${SOURCES[@]}" | xargs -0 -n 1 -P "$JOBS" bash -c '

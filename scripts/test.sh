@@ -7,6 +7,8 @@
 # - the GoogleTest binary links the core objects that setup.sh's extension build
 #   compiled, instead of compiling the core a second time; it builds at low
 #   priority (nice) and runs while pytest runs, in the CPU time the tests leave idle;
+# - the sources are checked against the headers of torch 2.11 and 2.15 (the range's
+#   ends; CI builds and tests on 2.13) in the background too, as one translation unit;
 # - pytest runs three tests at a time (pytest-xdist; the packaging tests among
 #   them, on one worker): most tests wait on deadlines, sleeps and other
 #   processes part of the time, so two left a quarter of the two cores idle
@@ -35,7 +37,15 @@ cpp_log=$(mktemp)
 setsid bash -c 'nice -n 10 cmake --build tests/cpp/build -j "$1" && ctest --test-dir tests/cpp/build --output-on-failure' \
   _ "${MAX_JOBS:-2}" >"$cpp_log" 2>&1 &
 cpp_pid=$!
-trap 'kill -- -"$cpp_pid" 2>/dev/null || true' EXIT
+
+echo "== torch range (issue 41): csrc/ against the oldest and newest supported torch's headers, in the background"
+# Syntax only, every source in one translation unit (--unity: about 20 CPU-s a
+# release); the headers are fetched from the package index (about 10 MB each).
+range_log=$(mktemp)
+setsid bash -c 'for v in 2.11.0 2.15.0; do nice -n 10 bash scripts/check_torch_headers.sh --unity "$v" || exit 1; done' \
+  >"$range_log" 2>&1 &
+range_pid=$!
+trap 'kill -- -"$cpp_pid" -"$range_pid" 2>/dev/null || true' EXIT
 
 pytest_pass() {
   local rc=0
@@ -52,6 +62,8 @@ pytest_pass -n "${PYTEST_WORKERS:-3}" --dist loadgroup -m "not serial" "$@"
 echo "== C++ (GoogleTest): build and ctest output"
 cpp_rc=0
 wait "$cpp_pid" || cpp_rc=$?
+range_rc=0
+wait "$range_pid" || range_rc=$?
 trap - EXIT
 if [ "$cpp_rc" != 0 ]; then
   cat "$cpp_log"
@@ -61,6 +73,15 @@ fi
 # The build's own output only on failure (it is long); ctest's in full.
 sed -n '/^Test project/,$p' "$cpp_log"
 rm -f "$cpp_log"
+
+echo "== torch range: header check output"
+cat "$range_log"
+rm -f "$range_log"
+if [ "$range_rc" != 0 ]; then
+  echo "error: csrc/ does not compile against a supported torch's headers (exit $range_rc, output above;" \
+    "per file: bash scripts/check_torch_headers.sh VERSION)" >&2
+  exit 1
+fi
 
 echo "== Python (pytest -m serial): timing-sensitive, one at a time"
 pytest_pass -m serial "$@"
