@@ -35,6 +35,9 @@
 // Backend::setSequenceNumberForGroup() is a deprecated no-op that warns from
 // torch 2.15 on (sequence numbers start at 0 on every rank): not forwarded there.
 #define TORCH_EXT_SEQUENCE_NUMBERS_START_AT_ZERO TORCH_EXT_TORCH_AT_LEAST(2, 15)
+// Backend::supportsAbortHooks/registerAbortHook/unregisterAbortHook (c10d::AbortHook,
+// Hooks.hpp): torch 2.15 and newer; GuardBackend implements them there.
+#define TORCH_EXT_HAS_ABORT_HOOKS TORCH_EXT_TORCH_AT_LEAST(2, 15)
 
 namespace torch_ext::compat {
 

@@ -217,6 +217,39 @@ TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {
   EXPECT_EQ(logged[0], "aborting the inner backend failed: gloo abort unsupported");
 }
 
+// What GuardBackend's abort hooks (torch 2.15's registerAbortHook) run on.
+TEST(GroupState, FailureHooksRunOnceBeforeTheAbortHookAndAThrowingOneDoesNotStopTheOthers) {
+  std::vector<std::string> logged;
+  Runtime::instance().install(
+      nullptr,
+      [&](LogLevel level, const std::string& msg) {
+        if (level >= LogLevel::Warning) logged.push_back(msg);
+      },
+      nullptr);
+  auto st = makeGroup();
+  st->setDesc("dp");
+  std::vector<std::string> order;
+  st->setAbortHook([&] { order.push_back("abort"); });
+  st->addFailureHook(7, [&] { order.push_back("replaced"); });
+  st->addFailureHook(7, [&] {
+    order.push_back("7");
+    EXPECT_TRUE(st->failed());  // a hook sees the failure it reports
+  });
+  st->addFailureHook(3, [&] {
+    order.push_back("3");
+    throw std::runtime_error("dump failed");
+  });
+  st->addFailureHook(9, [&] { order.push_back("removed"); });
+  st->removeFailureHook(9);
+  st->removeFailureHook(42);  // never added: nothing
+  EXPECT_TRUE(st->fail(GuardErrorKind::Timeout, "collective #5 timed out"));
+  EXPECT_FALSE(st->fail(GuardErrorKind::Failure, "later"));
+  Runtime::instance().uninstall();
+  EXPECT_EQ(order, (std::vector<std::string>{"3", "7", "abort"}));
+  ASSERT_EQ(logged.size(), 1u);
+  EXPECT_EQ(logged[0], "abort hook 3 of group \"dp\" raised: dump failed (the group's other hooks still ran)");
+}
+
 TEST(GroupState, ThrowFailureThrowsTheKindsSubclass) {
   auto mismatch = makeGroup();
   mismatch->setDesc("tp");

@@ -586,6 +586,20 @@ void GuardBackend::abort() {
   stopWatchdog();
 }
 
+#if TORCH_EXT_HAS_ABORT_HOOKS
+bool GuardBackend::supportsAbortHooks() const {
+  return true;
+}
+
+void GuardBackend::registerAbortHook(int64_t hookId, c10d::AbortHook hook) {
+  state_->addFailureHook(hookId, std::move(hook));
+}
+
+void GuardBackend::unregisterAbortHook(int64_t hookId) {
+  state_->removeFailureHook(hookId);
+}
+#endif
+
 void GuardBackend::drainVerifier() {
   Verifier* verifier = state_->verifier();
   if (verifier == nullptr || state_->failed()) return;

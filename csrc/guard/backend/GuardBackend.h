@@ -23,6 +23,7 @@
 // the tensors.
 
 #include "guard/Config.h"
+#include "guard/TorchCompat.h"
 #include "guard/collective/CollectiveChecks.h"
 #include "guard/collective/P2PPairing.h"
 #include "guard/collective/Fingerprint.h"
@@ -143,6 +144,13 @@ class GuardBackend : public c10d::Backend {
   c10d::ErrorType getError() override;
   c10::intrusive_ptr<c10d::Backend::Options> getBackendOptions() override;
   void abort() override;
+#if TORCH_EXT_HAS_ABORT_HOOKS
+  // torch 2.15: hooks that run when the group fails (GroupState::addFailureHook),
+  // before its inner backends are aborted.
+  bool supportsAbortHooks() const override;
+  void registerAbortHook(int64_t hookId, c10d::AbortHook hook) override;
+  void unregisterAbortHook(int64_t hookId) override;
+#endif
   void shutdown() override;
 
  private:

@@ -36,14 +36,24 @@ void GroupState::setDesc(const std::string& desc) {
 
 bool GroupState::fail(GuardErrorKind kind, const std::string& report) {
   std::function<void()> hook;
+  std::map<int64_t, std::function<void()>> failureHooks;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) return false;
     failure_ = Failure{kind, report};
     failed_.store(true, std::memory_order_release);
     hook = abortHook_;
+    failureHooks = failureHooks_;
   }
   cv_.notify_all();
+  for (const auto& [id, failureHook] : failureHooks) {
+    try {
+      failureHook();
+    } catch (const std::exception& e) {
+      logMessage(LogLevel::Warning, "abort hook " + std::to_string(id) + " of group \"" + label() +
+                                        "\" raised: " + e.what() + " (the group's other hooks still ran)");
+    }
+  }
   if (hook) {
     try {
       hook();
@@ -81,6 +91,16 @@ std::exception_ptr GroupState::failureError(const std::string& op) const {
 void GroupState::setAbortHook(std::function<void()> hook) {
   std::lock_guard<std::mutex> lock(mu_);
   abortHook_ = std::move(hook);
+}
+
+void GroupState::addFailureHook(int64_t id, std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failureHooks_[id] = std::move(hook);
+}
+
+void GroupState::removeFailureHook(int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failureHooks_.erase(id);
 }
 
 void GroupState::notify() {

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -106,6 +107,12 @@ class GroupState {
     return failureSeen_->load(std::memory_order_acquire);
   }
   void setAbortHook(std::function<void()> hook);
+  // Callers' hooks, run once when the group fails, before the abort hook above
+  // (torch 2.15's Backend::registerAbortHook, through GuardBackend: upstream
+  // health checks and dumps learn of the guard's failures). By id: adding an id
+  // again replaces its hook. A hook that throws is logged; the others still run.
+  void addFailureHook(int64_t id, std::function<void()> hook);
+  void removeFailureHook(int64_t id);
 
   // Where this group's checks, verifier and works report what they find: the
   // watchdog once it watches the group (IncidentSink.h), a detached sink before.
@@ -166,6 +173,7 @@ class GroupState {
   SeenFlag failureSeen_ = std::make_shared<std::atomic<bool>>(false);
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
+  std::map<int64_t, std::function<void()>> failureHooks_;
   std::shared_ptr<Verifier> verifier_;
   std::shared_ptr<device::StreamGate> streamGate_;
   bool streamOrdered_ = false;
