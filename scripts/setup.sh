@@ -168,7 +168,7 @@ main() {
   fi
 
   # Against the installed torch, without build isolation (it would download a CUDA torch).
-  local what="building the C++ extension (about 2.5 min on 2 cores)"
+  local what="building the C++ extension (about 1 min on 2 cores)"
   if compgen -G "torch_ext/_C*.so" >/dev/null; then
     what="rebuilding the C++ extension (only what changed: seconds when nothing did)"
   fi
