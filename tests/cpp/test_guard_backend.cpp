@@ -5,6 +5,7 @@
 #include "guard/backend/GuardBackend.h"
 
 #include "guard/Errors.h"
+#include "guard/collective/StreamOrdered.h"
 #include "guard/watchdog/Watchdog.h"
 #include "testkit.h"
 
@@ -100,6 +101,14 @@ std::string waitThrows(const c10::intrusive_ptr<c10d::Work>& w, double* took) {
 }
 
 }  // namespace
+
+// Which inner backends complete on a stream (the device path): NCCL under each
+// of its names (torch 2.15 calls its default NCCL "nccl2"), never gloo.
+TEST(StreamOrdered, NcclUnderEveryNameIsStreamOrderedGlooIsNot) {
+  for (const char* name : {"nccl", "nccl2", "nccl-lazy", "xccl"}) EXPECT_TRUE(isStreamOrderedName(name)) << name;
+  for (const char* name : {"gloo", "mpi", "ucc", "fake", "nccl_sim", "NCCL"})
+    EXPECT_FALSE(isStreamOrderedName(name)) << name;
+}
 
 TEST(GuardBackend, ACollectiveCompletesThroughTheGuardAndIsLedgered) {
   Guarded g;

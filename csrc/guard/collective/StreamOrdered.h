@@ -37,11 +37,18 @@ class StreamStartAware {
   virtual bool streamStarted() const = 0;
 };
 
+// The names of stream-ordered backends that do not derive from StreamOrdered.
+// NCCL's: "nccl" (up to torch 2.14, and 2.15's nccl-legacy), "nccl2" and
+// "nccl-lazy" (torch 2.15's c10d::nccl2 backends: kBackendName in
+// nccl2/ProcessGroupNCCL*.hpp).
+inline bool isStreamOrderedName(const std::string& name) {
+  return name == "nccl" || name == "nccl2" || name == "nccl-lazy" || name == "xccl";
+}
+
 // True when `backend` completes its works on a stream (see above).
 inline bool isStreamOrdered(const c10d::Backend& backend) {
   if (dynamic_cast<const StreamOrdered*>(&backend) != nullptr) return true;
-  const std::string name = backend.getBackendName();
-  return name == "nccl" || name == "xccl";
+  return isStreamOrderedName(backend.getBackendName());
 }
 
 }  // namespace torch_ext
