@@ -178,7 +178,11 @@ def _make_inner(
         pg = dist.ProcessGroupGloo(store, rank, size, timeout)
         _compat.set_sequence_number(pg)
         return pg
-    if name == "nccl" and dist.is_nccl_available():
+    # From torch 2.15 on, torch registers its built-in backends in the registry,
+    # and "nccl" there is nccl2 (c10d::nccl2, unless TORCH_DIST_USE_NCCL2=0) while
+    # dist.ProcessGroupNCCL stays the legacy class: the registry's creator (the
+    # plugin path below) gives the guard the NCCL that plain "nccl" gives.
+    if name == "nccl" and dist.is_nccl_available() and _compat.backend_plugins().get("NCCL") is None:
         opts = dist.ProcessGroupNCCL.Options()
         opts.is_high_priority_stream = False
         _compat.set_nccl_timeout(opts, timeout)
