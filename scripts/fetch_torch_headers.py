@@ -6,7 +6,7 @@
 A torch wheel is a zip of about 530 MB; its headers are about 10 MB of it, stored
 together. This reads the wheel's file list from the package index (PEP 691 JSON, or
 the PEP 503 HTML page), then only the zip's central directory and the byte span
-that holds ``torch/include/`` (HTTP range requests, 3 to 4 in all), and unpacks
+that holds ``torch/include/`` (HTTP range requests, 3 or 4 in all), and unpacks
 that span into ``DEST/torch/include`` (atomically: a partial folder is renamed at
 the end). Every member's CRC-32 is checked as it is unpacked.
 
@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -135,9 +136,19 @@ def fetch(version: str, dest: str, python: str, platform: str, index: str) -> No
     started = time.monotonic()
     url, size = wheel_url(index, version, python, platform)
     remote = RangeFile(url, size)
-    # The central directory is in the last MBs: one request for the end of the file.
-    tail = min(remote.size, 4 << 20)
-    remote.load(remote.size - tail, remote.size)
+    # The zip's end record (the last 22 bytes, after a comment of up to 64 KiB)
+    # says where its central directory starts: then one request for all of it.
+    tail = remote.size - min(remote.size, (64 << 10) + 22)
+    remote.load(tail, remote.size)
+    end_record = remote.spans[-1][1]
+    at = end_record.rfind(b"PK\x05\x06")
+    if at < 0 or at + 22 > len(end_record):
+        fail(f"{url} is not a zip (no end of central directory record)")
+    directory = struct.unpack("<I", end_record[at + 16:at + 20])[0]
+    if directory == 0xFFFFFFFF:  # ZIP64: its own end record says; the last 4 MB hold it for any wheel
+        directory = max(0, remote.size - (4 << 20))
+    if directory < tail:
+        remote.load(directory, remote.size)
     archive = zipfile.ZipFile(io.BufferedReader(remote, buffer_size=1 << 16))
     members = sorted(archive.infolist(), key=lambda info: info.header_offset)
     headers = [i for i, info in enumerate(members) if info.filename.startswith(PREFIX)]
