@@ -92,6 +92,25 @@ def backend_plugins() -> dict[str, Any]:
     return dist.Backend._plugins
 
 
+def mark_flight_recorder_native(backend: str, inner: set[str]) -> bool:
+    """From torch 2.15: Flight Recorder's c10d hook leaves ``backend``'s groups alone, if ``inner`` record natively.
+
+    2.15 attaches a hook recording every op of a group to Flight Recorder unless
+    every backend of the group is in ``distributed_c10d._FR_SELF_RECORDING_BACKENDS``
+    (the ones that record their own ops: gloo, nccl-legacy, ...). For a guard
+    group that hook's entries stay "scheduled" for good (no completion reaches
+    it) and repeat what an inner backend that records natively has recorded,
+    with state and duration. Where an inner backend does not (2.15's nccl2), the
+    hook's entries are the only ones: kept. Before 2.15 the set does not exist.
+    Returns whether ``backend`` is marked.
+    """
+    native = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if not isinstance(native, set) or not inner <= native:
+        return False
+    native.add(backend)
+    return True
+
+
 def distributed_backend_options() -> Any:
     """Wraps ``distributed_c10d._DistributedBackendOptions()``: what creators registered with ``extended_api`` take."""
     return dist.distributed_c10d._DistributedBackendOptions()

@@ -305,6 +305,9 @@ def register() -> None:
     if BACKEND_NAME.upper() in _compat.backend_plugins():
         return
     Backend.register_backend(BACKEND_NAME, _create_guard, extended_api=True, devices=["cpu", "cuda"])
+    # torch 2.15: each guard collective once in Flight Recorder, as its default
+    # inner backends record it (gloo; NCCL only as nccl-legacy, TORCH_DIST_USE_NCCL2=0).
+    _compat.mark_flight_recorder_native(BACKEND_NAME, {"gloo", "nccl"} if torch.cuda.is_available() else {"gloo"})
 
 
 def _guard_backend(group: dist.ProcessGroup | None) -> Any:

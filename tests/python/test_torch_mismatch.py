@@ -125,3 +125,21 @@ def test_which_torch_releases_are_supported(running, supported):
         msg = _extension.unsupported_message("0.1.0", running)
         assert f"supports torch 2.11 to 2.15, but torch {running} is installed" in msg, msg
         assert "pip install 'torch>=2.11,<2.16'" in msg, msg
+
+
+def test_flight_recorders_hook_leaves_guard_groups_alone_only_where_the_inner_backends_record(monkeypatch):
+    # torch 2.15's distributed_c10d._FR_SELF_RECORDING_BACKENDS (gloo, nccl-legacy, ...): the
+    # backends whose groups its Flight Recorder hook skips. Absent before 2.15: nothing happens.
+    import torch.distributed as dist
+
+    from torch_ext import _compat
+
+    monkeypatch.delattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", raising=False)
+    assert _compat.mark_flight_recorder_native("guard", {"gloo"}) is False
+    native = {"gloo", "nccl-legacy", "fake"}
+    monkeypatch.setattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", native, raising=False)
+    # 2.15's default NCCL (nccl2) does not record itself: the hook's entries are the only ones.
+    assert _compat.mark_flight_recorder_native("guard", {"gloo", "nccl"}) is False
+    assert "guard" not in native
+    assert _compat.mark_flight_recorder_native("guard", {"gloo"}) is True
+    assert native == {"gloo", "nccl-legacy", "fake", "guard"}
