@@ -1,7 +1,52 @@
-"""The table waited.py and p2p.py print: per size, plain gloo's time and each guard mode's ratio to it."""
+"""What waited.py and p2p.py share: the groups, the interleaved timing, and the table they print.
+
+MODES: plain gloo (the baseline) and a guard group per check mode, over the same ranks.
+"""
 from __future__ import annotations
 
+import random
 import statistics
+import time
+from typing import Any, Callable
+
+MODES = ("gloo", "verify", "async", "strict")
+
+
+def groups() -> dict[str, Any]:
+    """A plain gloo group and a guard group per check mode (the default group is initialised)."""
+    import torch.distributed as dist
+
+    import torch_ext
+
+    out = {"gloo": dist.new_group(backend="gloo")}
+    for mode in MODES[1:]:
+        out[mode] = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=mode))
+    return out
+
+
+def time_modes(pgs: dict[str, Any], sizes: list[int], iters: int, rounds: int,
+               run: Callable[[Any, Any, int], None]) -> dict[str, list[float]]:
+    """``run(tensor, group, n)`` does n operations; per size, 50 warm-up each, then ``rounds`` rounds
+    timing ``iters`` on every group in a shuffled order (the same on every rank), after a barrier.
+    Returns ``times["<size>/<mode>"]``: microseconds per operation, one per round."""
+    import torch
+    import torch.distributed as dist
+
+    times: dict[str, list[float]] = {}
+    rng = random.Random(1234)  # the same order on every rank
+    for size in sizes:
+        t = torch.ones(size)
+        for g in pgs.values():
+            run(t, g, 50)
+        for _ in range(rounds):
+            order = list(MODES)
+            rng.shuffle(order)
+            for mode in order:
+                dist.barrier(group=pgs["gloo"])
+                t0 = time.perf_counter()
+                run(t, pgs[mode], iters)
+                times.setdefault(f"{size}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    return times
 
 
 def median_quartiles(xs: list[float]) -> tuple[float, float, float]:

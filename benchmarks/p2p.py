@@ -17,9 +17,7 @@ barrier), and the ratio to gloo is taken per round. Prints the median
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -28,7 +26,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _modes  # noqa: E402
 import _ranks  # noqa: E402
 
-MODES = ("gloo", "verify", "async", "strict")
+MODES = _modes.MODES
 
 
 def _round_trips(rank: int, t: torch.Tensor, group, n: int) -> None:
@@ -42,26 +40,9 @@ def _round_trips(rank: int, t: torch.Tensor, group, n: int) -> None:
 
 
 def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int) -> dict:
-    import torch_ext
-
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    groups = {"gloo": dist.new_group(backend="gloo")}
-    for mode in MODES[1:]:
-        groups[mode] = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=mode))
-    times: dict[str, list[float]] = {}
-    rng = random.Random(1234)  # the same order on every rank
-    for size in sizes:
-        t = torch.ones(size)
-        for g in groups.values():
-            _round_trips(rank, t, g, 50)
-        for _ in range(rounds):
-            order = list(MODES)
-            rng.shuffle(order)
-            for mode in order:
-                dist.barrier(group=groups["gloo"])
-                t0 = time.perf_counter()
-                _round_trips(rank, t, groups[mode], iters)
-                times.setdefault(f"{size}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    times = _modes.time_modes(_modes.groups(), sizes, iters, rounds,
+                              lambda t, group, n: _round_trips(rank, t, group, n))
     dist.destroy_process_group()
     return {"times": times}
 

@@ -19,9 +19,7 @@ on main.)
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -30,32 +28,20 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import _modes  # noqa: E402
 import _ranks  # noqa: E402
 
-MODES = ("gloo", "verify", "async", "strict")
+MODES = _modes.MODES
+
+
+def _all_reduces(t: torch.Tensor, group, n: int) -> None:
+    for _ in range(n):
+        dist.all_reduce(t, group=group)
 
 
 def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int) -> dict:
     import torch_ext
 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    groups = {"gloo": dist.new_group(backend="gloo")}
-    for mode in MODES[1:]:
-        groups[mode] = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=mode))
-    times: dict[str, list[float]] = {}
-    rng = random.Random(1234)  # the same order on every rank
-    for size in sizes:
-        t = torch.ones(size)
-        for g in groups.values():
-            for _ in range(50):
-                dist.all_reduce(t, group=g)
-        for _ in range(rounds):
-            order = list(MODES)
-            rng.shuffle(order)
-            for mode in order:
-                dist.barrier(group=groups["gloo"])
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    dist.all_reduce(t, group=groups[mode])
-                times.setdefault(f"{size}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    groups = _modes.groups()
+    times = _modes.time_modes(groups, sizes, iters, rounds, _all_reduces)
     be = groups["verify"]._get_backend(torch.device("cpu"))
     stats = torch_ext._C._verifier_stats(be)
     dist.destroy_process_group()

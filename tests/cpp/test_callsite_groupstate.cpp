@@ -176,6 +176,26 @@ TEST(GroupState, IdentityLabelAndDeadlines) {
   EXPECT_EQ(st->label(), "3");
 }
 
+namespace {
+
+// The warnings the core logs while it lives (Runtime's log sink, uninstalled at the end).
+struct Warnings {
+  std::vector<std::string> logged;
+  Warnings() {
+    Runtime::instance().install(
+        nullptr,
+        [this](LogLevel level, const std::string& msg) {
+          if (level >= LogLevel::Warning) logged.push_back(msg);
+        },
+        nullptr);
+  }
+  ~Warnings() {
+    Runtime::instance().uninstall();
+  }
+};
+
+}  // namespace
+
 TEST(GroupState, FailIsFirstWinsAndRunsTheAbortHookOnce) {
   auto st = makeGroup();
   int hookRuns = 0;
@@ -199,18 +219,12 @@ TEST(GroupState, FailIsFirstWinsAndRunsTheAbortHookOnce) {
 }
 
 TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {
-  std::vector<std::string> logged;
-  Runtime::instance().install(
-      nullptr,
-      [&](LogLevel level, const std::string& msg) {
-        if (level >= LogLevel::Warning) logged.push_back(msg);
-      },
-      nullptr);
+  Warnings warnings;
+  const std::vector<std::string>& logged = warnings.logged;
   auto st = makeGroup();
   st->setAbortHook([] { throw std::runtime_error("gloo abort unsupported"); });
   bool first = false;
   EXPECT_NO_THROW(first = st->fail(GuardErrorKind::Failure, "peer died"));
-  Runtime::instance().uninstall();
   EXPECT_TRUE(first);
   EXPECT_TRUE(st->failed());
   ASSERT_EQ(logged.size(), 1u);
@@ -219,13 +233,8 @@ TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {
 
 // What GuardBackend's abort hooks (torch 2.15's registerAbortHook) run on.
 TEST(GroupState, FailureHooksRunOnceBeforeTheAbortHookAndAThrowingOneDoesNotStopTheOthers) {
-  std::vector<std::string> logged;
-  Runtime::instance().install(
-      nullptr,
-      [&](LogLevel level, const std::string& msg) {
-        if (level >= LogLevel::Warning) logged.push_back(msg);
-      },
-      nullptr);
+  Warnings warnings;
+  const std::vector<std::string>& logged = warnings.logged;
   auto st = makeGroup();
   st->setDesc("dp");
   std::vector<std::string> order;
@@ -244,7 +253,6 @@ TEST(GroupState, FailureHooksRunOnceBeforeTheAbortHookAndAThrowingOneDoesNotStop
   st->removeFailureHook(42);  // never added: nothing
   EXPECT_TRUE(st->fail(GuardErrorKind::Timeout, "collective #5 timed out"));
   EXPECT_FALSE(st->fail(GuardErrorKind::Failure, "later"));
-  Runtime::instance().uninstall();
   EXPECT_EQ(order, (std::vector<std::string>{"3", "7", "abort"}));
   ASSERT_EQ(logged.size(), 1u);
   EXPECT_EQ(logged[0], "abort hook 3 of group \"dp\" raised: dump failed (the group's other hooks still ran)");
