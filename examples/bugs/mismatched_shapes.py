@@ -4,11 +4,10 @@
 
 Rank 1 builds its buffer from its own (different) config. Strict mode compares
 fingerprints before the collective runs, so no data moves and every rank raises
-the same CollectiveMismatchError. (In the default mode gloo itself terminates the
-rank that receives more bytes than it expects, before any check could run; that
-rank's stderr then says, ahead of gloo's words, that a collective mismatch kills
-it and in which collective, and the others' CollectiveMismatchError describes its
-call from the ledger it left in the store.)
+the same CollectiveMismatchError. (In the default mode gloo would terminate the
+rank that receives more bytes than it expects, from its transport thread; the
+guard stops that thread instead of the process, and every rank raises the same
+CollectiveMismatchError once the check has compared the ranks' collectives.)
 """
 import torch
 import torch.distributed as dist

@@ -129,53 +129,60 @@ def test_ddp_survivor_of_a_killed_peer_gets_collective_failure_naming_it(tmp_pat
 
 
 @pytest.mark.parametrize("store", ["rank0", "parent"])
-def test_a_rank_gloo_terminates_for_a_size_mismatch_says_why_and_the_others_describe_its_call(tmp_path, store):
-    # gloo terminates the rank that receives more bytes than it expects, from
-    # its transport thread, before any check of the default mode could run.
+def test_a_size_mismatch_that_gloo_would_terminate_a_rank_for_ends_typed_on_every_rank(tmp_path, store):
+    # gloo std::terminates, from its transport thread, the rank that receives
+    # more bytes than it expects, before any check of the default mode could
+    # run. The guard stops that thread instead of the process
+    # (watchdog/TerminateHandler.cpp): every rank, the store's host too, gets
+    # CollectiveMismatchError describing every rank's call and ends by itself.
     results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 3, store=store, timeout=90,
                             env={"OUT": str(tmp_path), **DEFAULTS})
-    killed = [r for r in results if r.returncode == -6]  # SIGABRT: std::terminate
-    assert killed and len(killed) < 3, _outputs(results)
-    for r in killed:
-        ours = r.output.find("torch_ext: this process")
-        assert ours >= 0, _outputs(results)
-        assert "a collective mismatch" in r.output, _outputs(results)
-        assert "collective #4 all_gather_into_tensor(float32[" in r.output[ours:], _outputs(results)
-        theirs = r.output.find("terminate called")  # the C++ runtime's words, then gloo's
-        assert theirs < 0 or ours < theirs, _outputs(results)
+    stopped = [r for r in results if "gloo's transport thread in this process" in r.output]
+    assert stopped, _outputs(results)
+    for r in stopped:
+        assert "(a collective mismatch: [enforce fail at" in r.output, _outputs(results)
+        assert "terminate called" not in r.output, _outputs(results)
     for r in results:
-        if r in killed:
-            continue
-        rec = json.loads((tmp_path / f"rank{r.rank}.json").read_text())
-        assert rec["type"] == "CollectiveMismatchError", _outputs(results)
-        # The terminated rank's call comes from its last words, not "did not answer".
-        assert "did not answer" not in rec["message"], rec["message"]
-        assert "all_gather_into_tensor(float32[6])" in rec["message"], rec["message"]
-        assert "all_gather_into_tensor(float32[4])" in rec["message"], rec["message"]
-
-
-@pytest.mark.parametrize("inner", ["gloo", "nccl_sim"])
-def test_a_size_mismatch_that_ends_the_store_host_still_gives_its_peer_the_verdict(tmp_path, inner):
-    # Two ranks, plain env://: rank 0 hosts the store and is the rank gloo
-    # terminates (it receives rank 1's 6 elements into room for 4). Ending at
-    # once took the store with it, and rank 1 raised StoreLostError (4 runs in
-    # 6 before the fix): nobody learnt it was a mismatch. Now the terminated
-    # host raises the failure itself and stays until its peer has left. On
-    # nccl_sim nobody is terminated (its stream hangs, as NCCL's would).
-    env = {"OUT": str(tmp_path), **DEFAULTS, **(INNERS[inner] if inner == "nccl_sim" else {})}
-    results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 2, store="rank0", timeout=90, env=env)
-    for r in results:
-        assert r.returncode != 0, _outputs(results)
-        if r.returncode == -6:  # SIGABRT: std::terminate
-            assert inner == "gloo" and r.rank == 0, _outputs(results)
-            assert "torch_ext: this process" in r.output and "a collective mismatch" in r.output, _outputs(results)
-            continue
+        assert r.returncode == 1, _outputs(results)  # the job's own exit status, after the error it caught
         rec = json.loads((tmp_path / f"rank{r.rank}.json").read_text())
         assert rec["type"] == "CollectiveMismatchError", _outputs(results)
         assert "did not answer" not in rec["message"], rec["message"]
         for n in (4, 6):
             assert f"all_gather_into_tensor(float32[{n}])  at size_mismatch_job.py:26" in rec["message"], rec["message"]
-    assert results[1].returncode == 1, _outputs(results)  # the survivor raised and exited by itself
+
+
+def test_with_the_check_off_the_rank_gloo_terminates_says_why(tmp_path):
+    # No check could report it, so the process ends as gloo has it, after
+    # torch_ext's words on its stderr: a collective mismatch, and which one.
+    results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 2, store="parent", timeout=90,
+                            env={"OUT": str(tmp_path), **DEFAULTS, "TORCH_EXT_CHECK": "off"})
+    killed = [r for r in results if r.returncode == -6]  # SIGABRT: std::terminate
+    assert [r.rank for r in killed] == [0], _outputs(results)  # rank 0 receives rank 1's 6 elements into room for 4
+    ours = killed[0].output.find("torch_ext: this process")
+    assert ours >= 0 and "a collective mismatch" in killed[0].output, _outputs(results)
+    assert "collective #4 all_gather_into_tensor(float32[4])" in killed[0].output[ours:], _outputs(results)
+    theirs = killed[0].output.find("terminate called")  # the C++ runtime's words, then gloo's
+    assert theirs < 0 or ours < theirs, _outputs(results)
+    assert results[1].returncode == 1, _outputs(results)  # the survivor ends by itself, typed
+    assert json.loads((tmp_path / "rank1.json").read_text())["type"] == "CollectiveFailureError", _outputs(results)
+
+
+@pytest.mark.parametrize("inner", ["gloo", "nccl_sim"])
+def test_a_size_mismatch_on_the_store_host_gives_every_rank_the_verdict(tmp_path, inner):
+    # Two ranks, plain env://: rank 0 hosts the store and is the rank gloo
+    # would terminate (it receives rank 1's 6 elements into room for 4).
+    # Ending it took the store with it, and rank 1 raised StoreLostError:
+    # nobody learnt it was a mismatch. Now no rank ends early (on nccl_sim
+    # nothing is terminated either: its stream hangs, as NCCL's would).
+    env = {"OUT": str(tmp_path), **DEFAULTS, **(INNERS[inner] if inner == "nccl_sim" else {})}
+    results = launch_script(["tests/python/jobs/size_mismatch_job.py"], 2, store="rank0", timeout=90, env=env)
+    for r in results:
+        assert r.returncode == 1, _outputs(results)  # raised, and ended by itself
+        rec = json.loads((tmp_path / f"rank{r.rank}.json").read_text())
+        assert rec["type"] == "CollectiveMismatchError", _outputs(results)
+        assert "did not answer" not in rec["message"], rec["message"]
+        for n in (4, 6):
+            assert f"all_gather_into_tensor(float32[{n}])  at size_mismatch_job.py:26" in rec["message"], rec["message"]
 
 
 def test_ddps_unfinished_reduction_is_followed_by_the_bucket_held_back_and_the_peer_names_it():

@@ -30,6 +30,9 @@ std::atomic<bool> g_terminating{false};
 
 constexpr auto kReportBound = std::chrono::milliseconds(1000);
 constexpr auto kHostBound = std::chrono::milliseconds(15000);
+// How long a transport thread stopped for a byte-count difference waits for a
+// guarded group to fail before the process is terminated after all.
+constexpr auto kParkBound = std::chrono::milliseconds(60000);
 
 // gloo's words for a byte-count difference ("[enforce fail at .../pair.cc:456]
 // op.preamble.length <= op.nbytes. 12 vs 8. Received data size doesn't match
@@ -37,6 +40,14 @@ constexpr auto kHostBound = std::chrono::milliseconds(15000);
 bool looksLikeSizeMismatch(const std::string& what) {
   return what.find("doesn't match expected size") != std::string::npos || what.find("nbytes") != std::string::npos ||
          what.find("Is there a distributed collective mismatch") != std::string::npos;
+}
+
+// gloo's transport thread ("[enforce fail at .../tcp/pair.cc] op.preamble.length
+// <= op.nbytes ... Received data size doesn't match expected size"): thrown
+// only by a device loop, for one group's pair, while it reads a message.
+bool isGlooLengthEnforce(const std::string& what) {
+  return what.find("op.preamble.length <= op.nbytes") != std::string::npos ||
+         what.find("Received data size doesn't match expected size") != std::string::npos;
 }
 
 // The entry `st`'s transport was in: the oldest pending one, else the last one
@@ -97,17 +108,21 @@ void say(const std::string& text) {
 
 // Long: the whole of a dying process's last second (words to stderr, stores,
 // lingering for peers), each step bounded; it runs once and must be read as one.
+// Returns only where the process is to end as before.
+void parkTransportThread(const std::string& what);
+
 [[noreturn]] void onTerminate() {
-  if (!g_terminating.exchange(true)) {
-    std::string what;
-    if (auto e = std::current_exception()) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        what = ex.what();
-      } catch (...) {
-      }
+  std::string what;
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      what = ex.what();
+    } catch (...) {
     }
+  }
+  if (isGlooLengthEnforce(what) && !g_terminating.load()) parkTransportThread(what);
+  if (!g_terminating.exchange(true)) {
     struct Box {
       std::mutex mu;
       std::condition_variable cv;
@@ -190,6 +205,62 @@ void say(const std::string& text) {
   }
   if (g_previous != nullptr) g_previous();
   std::abort();
+}
+
+// gloo's transport thread found a message longer than the receive posted for
+// it: the ranks are in different collectives. Ending the process here would
+// take this rank (and, under plain env://, the store it may host) with it
+// before any check could report. Instead this thread stays here: only its
+// device's pairs stop (each gloo group has its own device and loop thread),
+// while the helper group's rounds (verify) or the status ring (async) find
+// the difference and fail the group on every rank. Once a guarded group has
+// failed, the thread stays for good: the failed group's inner backend is never
+// destroyed, so nothing joins it, and the process ends when its program does.
+// If no group fails within kParkBound (the thread was a plain gloo group's,
+// or the check missed it), the process is terminated as before.
+bool someGroupChecks() {
+  for (const auto& st : Watchdog::instance().groupStates()) {
+    if (!st->failed() && st->id().size > 1 && st->config().check != CheckMode::Off) return true;
+  }
+  return false;
+}
+
+size_t failedGroups() {
+  size_t n = 0;
+  for (const auto& st : Watchdog::instance().groupStates()) n += st->failed() ? 1 : 0;
+  return n;
+}
+
+void parkTransportThread(const std::string& what) {
+  size_t before = 0;
+  try {
+    if (!someGroupChecks()) return;
+    before = failedGroups();
+  } catch (...) {
+    return;
+  }
+  std::ostringstream os;
+  os << "torch_ext: gloo's transport thread in this process (pid " << getpid()
+     << ") received more bytes than this rank's collective expects, so the ranks issued different collectives "
+        "(a collective mismatch: "
+     << what.substr(0, what.find('\n'))
+     << "). The thread is stopped instead of the process, and the check reports the mismatch "
+        "(CollectiveMismatchError).\n";
+  say(os.str());
+  const auto deadline = std::chrono::steady_clock::now() + kParkBound;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    bool failed = false;
+    try {
+      failed = failedGroups() > before;
+    } catch (...) {
+    }
+    if (failed) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+    }
+  }
+  say("torch_ext: no guarded group failed within " + std::to_string(kParkBound.count() / 1000) +
+      " s of gloo's transport thread stopping; ending the process.\n");
 }
 
 }  // namespace

@@ -7,7 +7,13 @@
 // send/recv whose sizes differ across ranks, an all_reduce of another dtype,
 // an extra DDP step whose buckets meet another rank's loss all_reduce): an
 // EnforceNotMet that nobody catches. No Python runs after it, and until now the
-// only words were gloo's. Installed with the first guarded group, the handler:
+// only words were gloo's. Installed with the first guarded group, the handler
+// first tells gloo's own case apart (its transport thread, a message longer
+// than the receive posted for it): while a guarded group with a check is
+// alive, it stops that thread instead of the process, and the check fails the
+// group on every rank with the mismatch report (the thread stays stopped once
+// a guarded group failed; after 60 s without one, the process ends as below).
+// Otherwise:
 //  - writes to stderr, ahead of the C++ runtime's own "terminate called after
 //    throwing ..." text, that torch_ext sees this process being terminated,
 //    with its pending collectives and their call sites, and what a byte-count
