@@ -301,6 +301,7 @@ void bindGroups(py::module& m) {
     d["mispredictions"] = s.mispredictions;
     d["verified_seq"] = s.verifiedSeq;
     d["issued_seq"] = s.issuedSeq;
+    d["in_band"] = s.inBand;
     return d;
   });
   // The stream gate's counters on a group (None where no gate holds streams).

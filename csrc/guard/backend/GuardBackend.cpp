@@ -4,6 +4,7 @@
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
+#include "guard/collective/InBandCheck.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
@@ -215,15 +216,17 @@ c10d::Backend& GuardBackend::innerOrThrow(c10::DeviceType device, Op op) {
 }
 
 template <typename Call>
-c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
-  return surfacing([&] { return issue(std::move(builder), device, std::forward<Call>(call)); });
+c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
+                                                 const InBandRequest* inBand) {
+  return surfacing([&] { return issue(std::move(builder), device, std::forward<Call>(call), inBand); });
 }
 
 // Long: the per-collective path in one place (fingerprint, ledger record,
 // checks, inner call, its failures, the work): read top to bottom, it is the
 // order every collective takes; pieces split out would hide that order.
 template <typename Call>
-c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call) {
+c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
+                                                   const InBandRequest* inBand) {
   Fingerprint fp = builder.finish();
   fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
   const Op op = fp.op;
@@ -256,9 +259,12 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   if (paired) pairCopy = fp;
   uint64_t seq = 0, ordinal = 0, rolling = 0;
   const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling, label);
-  if (seq > 0) {
-    if (Verifier* verifier = state_->verifier()) verifier->issued(seq, rolling, hash, splitSend, splitRecv);
-  }
+  // check="verify" carried by the collective itself (InBandCheck.h): decided
+  // from what every rank issuing the same collective has alike.
+  Verifier* verifier = seq > 0 ? state_->verifier() : nullptr;
+  const bool carries = inBand != nullptr && verifier != nullptr && !coalescing_ && !streamOrdered(device) &&
+      !checks.beforeIssue() && InBandCheck::words(*inBand->tensors, inBand->opts->reduceOp, getSize()) > 0;
+  if (verifier != nullptr) verifier->issued(seq, rolling, hash, splitSend, splitRecv, carries);
   bool deferReceive = false;  // strict: a receive whose sender has not published yet
   if (checks.beforeIssue()) {
     try {
@@ -286,6 +292,11 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
       // goes on (its isend may be what the sender is waiting for).
       work = checks_->deferReceive([call, target = innerFor(device)]() mutable { return call(*target); }, strictCopy,
                                    ordinal, site);
+    } else if (carries) {
+      std::weak_ptr<Verifier> weak = state_->verifierPtr();
+      work = InBandCheck::allreduce(inner, *inBand->tensors, *inBand->opts, rolling, getSize(), [weak, seq](bool agree) {
+        if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
+      });
     } else {
       work = call(inner);
     }
@@ -317,7 +328,8 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     state_->ledger().complete(id, true);
     return work;
   }
-  c10::intrusive_ptr<c10d::Work> wrapped = GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device));
+  c10::intrusive_ptr<c10d::Work> wrapped =
+      GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device), carries);
   if (paired && op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), *pairCopy, ordinal, site);
   if (coalescing_) coalescedWorks_.push_back(wrapped);
   return wrapped;
@@ -343,8 +355,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
+  const InBandRequest inBand{&tensors, &opts};
   return run(std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)), deviceOf(tensors),
-             [&](c10d::Backend& b) { return b.allreduce(tensors, opts); });
+             [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, &inBand);
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,

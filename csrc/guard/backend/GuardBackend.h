@@ -155,12 +155,19 @@ class GuardBackend : public c10d::Backend {
 
  private:
   // The one path every operation takes. `call` invokes the inner backend.
+  // An all_reduce that may carry its own check (InBandCheck.h).
+  struct InBandRequest {
+    std::vector<at::Tensor>* tensors;
+    const c10d::AllreduceOptions* opts;
+  };
   template <typename Call>
-  c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
+  c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
+                                     const InBandRequest* inBand = nullptr);
   // run()'s body: errors as the core throws them (run hands them out through
   // the error surface, Errors.h).
   template <typename Call>
-  c10::intrusive_ptr<c10d::Work> issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call);
+  c10::intrusive_ptr<c10d::Work> issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
+                                       const InBandRequest* inBand);
   c10d::Backend& innerOrThrow(c10::DeviceType device, Op op);
   [[noreturn]] void failWhileIssuing(uint64_t id, const std::exception& e);
   void stopWatchdog();

@@ -12,7 +12,7 @@ namespace torch_ext {
 
 c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>& state,
                                               c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
-                                              bool streamOrdered) {
+                                              bool streamOrdered, bool inBand) {
   WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
   if (streamOrdered) {
     state->ledger().pollLater(id, inner, /*reportFailure=*/true);
@@ -39,7 +39,9 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
       state->notify();
     });
   }
-  return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+  auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+  work->inBand_ = inBand;
+  return work;
 }
 
 void GuardWork::settle(const std::shared_ptr<GroupState>& state, uint64_t id, uint64_t seq,
@@ -144,7 +146,7 @@ bool GuardWork::completedOrThrow() {
   if (mode_ == Mode::Future) {
     if (innerFuture_->completed()) {
       if (released()) return true;
-      gate()->want(seq_);  // asked for: check it now
+      if (!inBand_) gate()->want(seq_);  // asked for: check it now (in band: its verdict is on its way)
     }
     // A result the check refused is never reported as done: a caller polling
     // is_completed() and then reading the tensor would read it. The failure
@@ -363,7 +365,8 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   if (scope.ledger != nullptr) scope.ledger->enterWait(id_);
   if (mode_ == Mode::Future) {
     Verifier* verifier = gate();
-    if (verifier != nullptr) verifier->want(seq_);  // asked for: check it now
+    // Asked for: check it now; a collective that carries its check brings its verdict itself.
+    if (verifier != nullptr && !inBand_) verifier->want(seq_);
     const bool done = state_->waitUntil(
         [this, verifier] {
           return innerFuture_->completed() && (verifier == nullptr || innerFuture_->hasError() ||

@@ -41,7 +41,7 @@ class GuardWork : public c10d::Work {
   // completion; `streamOrdered`: the inner backend completes works on a stream.
   static c10::intrusive_ptr<GuardWork> wrap(const std::shared_ptr<GroupState>& state,
                                             c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
-                                            bool streamOrdered);
+                                            bool streamOrdered, bool inBand = false);
 
   GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
             Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
@@ -124,6 +124,9 @@ class GuardWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // Mode::Future only
   std::once_flag futureOnce_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // ours: made by getFuture()
+  // The collective carries its own check (InBandCheck.h): its verdict comes
+  // with its data, so a wait does not ask the verifier for a round.
+  bool inBand_ = false;
 };
 
 // The work of an emulated coalescing block (inner backends without native

@@ -31,6 +31,8 @@ constexpr uint64_t kMaxScan = 4096;
 // are up to kWindow - 1 collectives apart (DDP's buckets, issued as backward
 // reaches them) agree in one gather instead of two.
 constexpr uint64_t kWindow = 4;
+// A round row: [target, verified, (rolling, send, recv) x kWindow].
+constexpr size_t kRow = 2 + 3 * kWindow;
 // Bytes of each rank's description of the differing collective.
 constexpr size_t kTextBytes = 2048;
 
@@ -79,11 +81,22 @@ Verifier::~Verifier() {
   stop();
 }
 
-void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv) {
+void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv,
+                      bool inBand) {
   bool start = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_[seq] = Issued{rolling, hash, splitSend, splitRecv};
+    if (inBand) {
+      lastCarried_.store(std::max(lastCarried_.load(std::memory_order_relaxed), seq), std::memory_order_relaxed);
+      // Its verdict comes with its data (inBandVerdict): no round for it. A
+      // round is started only where every rank starts one: from a verdict
+      // that does not agree (every rank reads the same words), or for the
+      // next collective that does not carry its check. One that never
+      // completes (its peers are in another collective, which gloo cannot
+      // pair) is found by the status ring (Watchdog::exchange).
+      return;
+    }
     switch (pacing_.issued(nowNs_())) {
       case BurstPacing::OnIssue::StartRound:
         // Started at issue, not only at completion: a mismatch can leave the
@@ -99,6 +112,26 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
     }
   }
   if (start) maybeStartRound();
+}
+
+void Verifier::inBandVerdict(uint64_t seq, bool agree) {
+  if (agree) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // All-to-all pairing sums are compared by rounds only: a range with an
+    // uneven all_to_all in it waits for one.
+    for (auto it = pending_.upper_bound(verifiedSeq_.load(std::memory_order_relaxed)); it != pending_.end() && it->first <= seq; ++it) {
+      if (it->second.splitSend != 0 || it->second.splitRecv != 0) {
+        agree = false;
+        break;
+      }
+    }
+  }
+  if (agree) {
+    inBandVerified_.fetch_add(1, std::memory_order_relaxed);
+    verifiedUpTo(seq, /*fromRound=*/false);
+  } else {
+    want(seq);  // the rounds decide, and report a difference
+  }
 }
 
 void Verifier::kick() {
@@ -163,17 +196,18 @@ uint64_t Verifier::contiguousTarget() const {
 }
 
 std::vector<int64_t> Verifier::valuesAt(uint64_t seq) const {
-  // [seq, then (rolling, send, recv) at seq, seq-1, ..., seq-kWindow+1]; the
-  // entries at or below the verified collective stay 0 (never compared).
-  std::vector<int64_t> out(1 + 3 * kWindow, 0);
+  // [seq, verified, then (rolling, send, recv) at seq, seq-1, ..., seq-kWindow+1];
+  // the entries at or below the verified collective stay 0 (never compared).
+  std::vector<int64_t> out(kRow, 0);
   out[0] = static_cast<int64_t>(seq);
+  out[1] = static_cast<int64_t>(verifiedSeq_.load(std::memory_order_relaxed));
   uint64_t send = baseSend_, recv = baseRecv_;
   for (const auto& [s, v] : pending_) {
     if (s > seq) break;
     send += v.splitSend;
     recv += v.splitRecv;
     if (seq - s < kWindow) {
-      int64_t* slot = out.data() + 1 + 3 * (seq - s);
+      int64_t* slot = out.data() + 2 + 3 * (seq - s);
       slot[0] = static_cast<int64_t>(v.rolling);
       slot[1] = static_cast<int64_t>(send);
       slot[2] = static_cast<int64_t>(recv);
@@ -236,12 +270,20 @@ void Verifier::gather(std::vector<int64_t> mine, std::function<void(const std::v
 }
 
 void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
-  const size_t stride = 1 + 3 * kWindow;
-  uint64_t low = UINT64_MAX, high = 0;
+  const size_t stride = kRow;
+  uint64_t low = UINT64_MAX, high = 0, maxVerified = 0;
   for (int r = 0; r < size_; ++r) {
     const auto target = static_cast<uint64_t>(all[stride * r]);
     low = std::min(low, target);
     high = std::max(high, target);
+    maxVerified = std::max(maxVerified, static_cast<uint64_t>(all[stride * r + 1]));
+  }
+  if (low <= maxVerified) {
+    // Some rank verified past `low` already (an in-band verdict, which every
+    // rank reads from the same reduced words, reaches them at different
+    // moments): verified here too, and a rank's zeros there are not compared.
+    verifiedUpTo(low, /*fromRound=*/true);
+    return;
   }
   if (high - low >= kWindow) {
     if (second) {
@@ -266,29 +308,34 @@ void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
   uint64_t send = 0, recv = 0;
   for (int r = 0; r < size_; ++r) {
     const int64_t* row = all.data() + stride * r;
-    const int64_t* v = row + 1 + 3 * (static_cast<uint64_t>(row[0]) - low);
+    const int64_t* v = row + 2 + 3 * (static_cast<uint64_t>(row[0]) - low);
     rollings.insert(static_cast<uint64_t>(v[0]));
     send += static_cast<uint64_t>(v[1]);
     recv += static_cast<uint64_t>(v[2]);
   }
   if (rollings.size() == 1 && send == recv) {
-    verifiedUpTo(low);
+    verifiedUpTo(low, /*fromRound=*/true);
   } else {
-    differs(low);
+    differs(low, maxVerified + 1);
   }
 }
 
-void Verifier::verifiedUpTo(uint64_t seq) {
+void Verifier::verifiedUpTo(uint64_t seq, bool fromRound) {
   std::vector<Parked> ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = pending_.begin(); it != pending_.end() && it->first <= seq;) {
-      baseSend_ += it->second.splitSend;
-      baseRecv_ += it->second.splitRecv;
-      it = pending_.erase(it);
+    if (fromRound) inFlight_ = false;
+    if (blockedFrom_ != 0 && seq >= blockedFrom_) seq = blockedFrom_ - 1;  // never past a difference
+    if (seq > verifiedSeq_.load(std::memory_order_relaxed)) {
+      for (auto it = pending_.begin(); it != pending_.end() && it->first <= seq;) {
+        baseSend_ += it->second.splitSend;
+        baseRecv_ += it->second.splitRecv;
+        it = pending_.erase(it);
+      }
+      verifiedSeq_.store(seq, std::memory_order_release);
     }
-    verifiedSeq_.store(seq, std::memory_order_release);
-    inFlight_ = false;
+    // (A round behind an in-band verdict releases nothing new.)
+    seq = verifiedSeq_.load(std::memory_order_relaxed);
     auto keep = std::partition(parked_.begin(), parked_.end(), [seq](const Parked& p) { return p.seq > seq; });
     ready.assign(std::make_move_iterator(keep), std::make_move_iterator(parked_.end()));
     parked_.erase(keep, parked_.end());
@@ -301,12 +348,13 @@ void Verifier::verifiedUpTo(uint64_t seq) {
   maybeStartRound();
 }
 
-void Verifier::differs(uint64_t upTo) {
-  uint64_t from = 0, last = 0;
+void Verifier::differs(uint64_t upTo, uint64_t from) {
+  uint64_t last = 0;
   std::vector<int64_t> perSeq;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    from = verifiedSeq_.load(std::memory_order_relaxed) + 1;
+    // `from`: one past what any rank verified, the same on every rank (a rank
+    // behind an in-band verdict still holds those collectives as pending).
     blockedFrom_ = from;
     inFlight_ = false;
     last = std::min(upTo, from + kMaxScan - 1);
@@ -523,6 +571,7 @@ Verifier::Stats Verifier::stats() const {
   s.quietMicros = static_cast<uint64_t>(pacing_.quietGapUs());
   s.verifiedSeq = verifiedSeq_.load();
   s.issuedSeq = pending_.empty() ? s.verifiedSeq : pending_.rbegin()->first;
+  s.inBand = inBandVerified_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -69,7 +69,21 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
 
   // Issue side: collective #seq was recorded (any order between threads).
   // Starts a round unless one is in flight or bursts are predicted (Pacing).
-  void issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv);
+  // `inBand`: the collective carries its own check (InBandCheck.h): no round
+  // for it.
+  void issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv,
+              bool inBand = false);
+  // An in-band collective #seq completed: every rank read the same reduced
+  // check words, and they say whether all ranks' rolling hashes at #seq agree.
+  // Agreeing verifies up to #seq here; otherwise a round decides (and reports).
+  void inBandVerdict(uint64_t seq, bool agree);
+  // Some collective that carries its check is not verified yet. Such a
+  // collective starts no round, so one whose peers are in another collective
+  // (which gloo cannot pair: it never completes) is found by the status ring
+  // while this holds (Watchdog::exchange), as in async mode.
+  bool carriedUnverified() const {
+    return lastCarried_.load(std::memory_order_relaxed) > verifiedSeq_.load(std::memory_order_relaxed);
+  }
   // A collective completed on this rank (the inner backend's callback):
   // start a round over what is issued, unless one is in flight or bursts are
   // predicted.
@@ -114,6 +128,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
     uint64_t gatherMicros = 0;  // summed time from a gather's start to its result
     uint64_t verifiedSeq = 0;
     uint64_t issuedSeq = 0;
+    uint64_t inBand = 0;           // in-band verdicts that verified (InBandCheck.h)
   };
   Stats stats() const;
 
@@ -138,8 +153,9 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   void pacerLoop();
   void gather(std::vector<int64_t> mine, std::function<void(const std::vector<int64_t>&)> then);
   void onRound(const std::vector<int64_t>& all, bool second);
-  void verifiedUpTo(uint64_t seq);
-  void differs(uint64_t seq);
+  // `fromRound`: a round's verdict (its in-flight flag is cleared).
+  void verifiedUpTo(uint64_t seq, bool fromRound);
+  void differs(uint64_t seq, uint64_t from);
   void reportDifference(uint64_t from, uint64_t upTo, const std::vector<int64_t>& perSeq);
   void helperFailed(const std::string& what);
   // A difference was found at `seq`: dumps, the report logged once, the group failed.
@@ -163,6 +179,8 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   bool pacerIdle_ = false;  // the pacer waits for an issue (nothing unwanted pending)
   std::thread pacer_;
   bool stopped_ = false;
+  std::atomic<uint64_t> inBandVerified_{0};
+  std::atomic<uint64_t> lastCarried_{0};  // the last collective issued that carries its check
   std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
   uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;

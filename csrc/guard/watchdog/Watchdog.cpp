@@ -576,8 +576,9 @@ void Watchdog::exchange(GroupCtx& ctx) {
     }
   }
 
-  // Ring neighbours: their last known state, and in async mode the ring check
-  // (rolling hashes compared at the lower of the two seqs).
+  // Ring neighbours: their last known state, and in async mode (in verify
+  // mode, while a carried check is pending) the ring check (rolling hashes
+  // compared at the lower of the two seqs).
   if (size > 1) {
     std::vector<int> neighbours{(rank + 1) % size};
     if (size > 2) neighbours.push_back((rank + size - 1) % size);
@@ -595,7 +596,12 @@ void Watchdog::exchange(GroupCtx& ctx) {
     if (!statusKeys.empty()) {
       auto values = store.multiGet(statusKeys);
       const int64_t readAt = steadyNs();
-      const bool ring = st.config().check == CheckMode::Async && !st.failed() && p.lastSeq > 0;
+      // verify: only while a collective that carries its check (and so starts
+      // no round) is unverified: the rounds cover the others.
+      const Verifier* verifier = st.verifier();
+      const bool ring = (st.config().check == CheckMode::Async ||
+                         (verifier != nullptr && verifier->carriedUnverified())) &&
+                        !st.failed() && p.lastSeq > 0;
       for (size_t i = 0; values.ok() && i < values.value.size(); ++i) {
         auto ns = StatusRecord::decode(values.value[i]);
         if (!ns) continue;

@@ -1,0 +1,60 @@
+// InBandCheck (issue 40): the check words a small all_reduce carries, and the
+// reading of their reduced values. The reduction is done here by hand, as the
+// inner backend would do it over W ranks.
+
+#include "guard/collective/InBandCheck.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+using torch_ext::InBandCheck;
+
+namespace {
+
+std::vector<double> reduce(const std::vector<std::vector<double>>& ranks, c10d::ReduceOp op) {
+  std::vector<double> out = ranks[0];
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (op == c10d::ReduceOp::SUM) out[i] += ranks[r][i];
+      if (op == c10d::ReduceOp::MAX) out[i] = std::max(out[i], ranks[r][i]);
+      if (op == c10d::ReduceOp::MIN) out[i] = std::min(out[i], ranks[r][i]);
+    }
+  }
+  return out;
+}
+
+} // namespace
+
+TEST(InBandCheck, AgreesExactlyWhenEveryRankHasTheSameHash) {
+  for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
+    for (int world : {2, 3, 8}) {
+      const uint64_t h = 0x9e3779b97f4a7c15ull;
+      std::vector<std::vector<double>> same(world, InBandCheck::encode(h, op));
+      EXPECT_TRUE(InBandCheck::agree(reduce(same, op), op, world));
+      // One rank one bit off, in the lowest and the highest bit alike.
+      for (uint64_t flip : {uint64_t{1}, uint64_t{1} << 63}) {
+        auto one = same;
+        one[world - 1] = InBandCheck::encode(h ^ flip, op);
+        EXPECT_FALSE(InBandCheck::agree(reduce(one, op), op, world)) << "op " << int(op) << " world " << world;
+      }
+      // Every rank different.
+      std::vector<std::vector<double>> all;
+      for (int r = 0; r < world; ++r) all.push_back(InBandCheck::encode(h + r, op));
+      EXPECT_FALSE(InBandCheck::agree(reduce(all, op), op, world));
+    }
+  }
+}
+
+TEST(InBandCheck, CarriedOnlyWhereTheWordsStayExactAndCheap) {
+  const auto sum = c10d::ReduceOp::SUM;
+  EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 2), 64);
+  EXPECT_EQ(InBandCheck::words({at::ones({4}, at::kLong)}, c10d::ReduceOp::MAX, 4), 128);
+  EXPECT_EQ(InBandCheck::words({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2), 0);
+  EXPECT_EQ(InBandCheck::words({at::ones({1}, at::kHalf)}, sum, 2), 0);    // sums of ones inexact soon
+  EXPECT_EQ(InBandCheck::words({at::ones({1 << 20})}, sum, 2), 0);         // 4 MB: the data dominates
+  EXPECT_EQ(InBandCheck::words({at::ones({4, 4}).t()}, sum, 2), 0);        // not contiguous
+  EXPECT_EQ(InBandCheck::words({at::ones({1}), at::ones({1})}, sum, 2), 0);  // two tensors
+  EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 1), 0);               // nobody to disagree with
+}

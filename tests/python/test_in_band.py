@@ -1,0 +1,64 @@
+"""check="verify": a small waited all_reduce carries its own check (collective/InBandCheck).
+
+Real processes launched as SLURM or mpirun would (plain env://, rank 0's
+process hosts the store), at the guard's default settings. A loop of waited
+small all_reduces is verified without check rounds; and a carried all_reduce
+that meets another collective (which gloo cannot pair, or would end a process
+for) still gives every rank CollectiveMismatchError within seconds, with both
+calls, and no rank reads its result.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import launch_script
+
+JOB = ["tests/python/jobs/in_band_job.py"]
+DEFAULTS = {"TORCH_EXT_WARN_AFTER": "", "TORCH_EXT_ABORT_AFTER": ""}  # "": the guard's defaults
+
+
+def _launch(tmp_path, kind: str) -> tuple[list, list[dict], str]:
+    results = launch_script(JOB, 2, store="rank0", timeout=90, env={"OUT": str(tmp_path), "KIND": kind, **DEFAULTS})
+    text = "\n".join(r.describe() for r in results)
+    records = []
+    for r in results:
+        path = tmp_path / f"rank{r.rank}.json"
+        assert path.exists(), text
+        records.append(json.loads(path.read_text()))
+    return results, records, text
+
+
+@pytest.mark.timeout(120)
+def test_a_loop_of_waited_small_all_reduces_is_verified_in_band_without_rounds(tmp_path):
+    results, records, text = _launch(tmp_path, "none")
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        assert rec["sums"] == [float(1 + 2 * i) for i in range(200)], text  # rank + i summed over ranks 0, 1
+        v = rec["verifier"]
+        assert v["in_band"] >= 190, (v, text)  # (the first may race the helper group's set-up)
+        assert v["rounds"] <= 10, (v, text)
+        assert v["verified_seq"] == v["issued_seq"] == 200, (v, text)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind,calls", [
+    ("order", ("all_reduce(float32[4], SUM)", "broadcast(float32[4], src=0)")),
+    ("big", ("all_reduce(float32[4], SUM)", "all_reduce(float32[40000], SUM)")),
+    ("count", ("all_reduce(float32[4], SUM)", "all_reduce(float32[6], SUM)")),
+    ("length", ("all_reduce(float32[4], SUM)", "all_reduce(float32[400], SUM)")),
+    ("op", ("all_reduce(float32[4], SUM)", "all_reduce(float32[4], MAX)")),
+    ("dtype", ("all_reduce(float32[4], SUM)", "all_reduce(float64[4], SUM)")),
+])
+def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
+    results, records, text = _launch(tmp_path, kind)
+    for r, rec in zip(results, records):
+        assert r.returncode == 1, text  # the job's own status: it caught the error
+        assert "read" not in rec, f"rank {r.rank} read the result of a differing collective: {rec}\n{text}"
+        assert rec.get("error") == "CollectiveMismatchError", text
+        assert rec["message"].startswith('collective #4 on group "default_pg" (2 ranks) differs across ranks'), text
+        assert all(c in rec["message"] for c in calls), rec["message"]
+        # Not the watchdog's hang path (warn_after, minutes at the defaults): the check's verdict.
+        assert rec["after_s"] < 15, text
+        assert "terminate called" not in r.output, text
