@@ -25,7 +25,7 @@ std::vector<double> reduce(const std::vector<std::vector<double>>& ranks, c10d::
   return out;
 }
 
-} // namespace
+}  // namespace
 
 TEST(InBandCheck, AgreesExactlyWhenEveryRankHasTheSameHash) {
   for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
@@ -52,9 +52,9 @@ TEST(InBandCheck, CarriedOnlyWhereTheWordsStayExactAndCheap) {
   EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 2), 64);
   EXPECT_EQ(InBandCheck::words({at::ones({4}, at::kLong)}, c10d::ReduceOp::MAX, 4), 128);
   EXPECT_EQ(InBandCheck::words({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2), 0);
-  EXPECT_EQ(InBandCheck::words({at::ones({1}, at::kHalf)}, sum, 2), 0);    // sums of ones inexact soon
-  EXPECT_EQ(InBandCheck::words({at::ones({1 << 20})}, sum, 2), 0);         // 4 MB: the data dominates
-  EXPECT_EQ(InBandCheck::words({at::ones({4, 4}).t()}, sum, 2), 0);        // not contiguous
+  EXPECT_EQ(InBandCheck::words({at::ones({1}, at::kHalf)}, sum, 2), 0);      // sums of ones inexact soon
+  EXPECT_EQ(InBandCheck::words({at::ones({1 << 20})}, sum, 2), 0);           // 4 MB: the data dominates
+  EXPECT_EQ(InBandCheck::words({at::ones({4, 4}).t()}, sum, 2), 0);          // not contiguous
   EXPECT_EQ(InBandCheck::words({at::ones({1}), at::ones({1})}, sum, 2), 0);  // two tensors
-  EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 1), 0);               // nobody to disagree with
+  EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 1), 0);                 // nobody to disagree with
 }

@@ -1,4 +1,4 @@
-"""The safety net holds when the store's host fails: rank 0 raising, killed or frozen (and the gloo mismatch that used to end it).
+"""The safety net holds when the store's host fails: rank 0 raising, killed, frozen, or in a gloo size mismatch.
 
 Launched as most clusters launch ranks (SLURM srun, mpirun, Kubernetes, one
 ``python train.py`` per rank): plain env://, so rank 0's own process hosts the

@@ -263,7 +263,8 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   // from what every rank issuing the same collective has alike.
   Verifier* verifier = seq > 0 ? state_->verifier() : nullptr;
   const bool carries = inBand != nullptr && verifier != nullptr && !coalescing_ && !streamOrdered(device) &&
-      !checks.beforeIssue() && InBandCheck::words(*inBand->tensors, inBand->opts->reduceOp, getSize()) > 0;
+                       !checks.beforeIssue() &&
+                       InBandCheck::words(*inBand->tensors, inBand->opts->reduceOp, getSize()) > 0;
   if (verifier != nullptr) verifier->issued(seq, rolling, hash, splitSend, splitRecv, carries);
   bool deferReceive = false;  // strict: a receive whose sender has not published yet
   if (checks.beforeIssue()) {
@@ -294,9 +295,10 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
                                    ordinal, site);
     } else if (carries) {
       std::weak_ptr<Verifier> weak = state_->verifierPtr();
-      work = InBandCheck::allreduce(inner, *inBand->tensors, *inBand->opts, rolling, getSize(), [weak, seq](bool agree) {
-        if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
-      });
+      work =
+          InBandCheck::allreduce(inner, *inBand->tensors, *inBand->opts, rolling, getSize(), [weak, seq](bool agree) {
+            if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
+          });
     } else {
       work = call(inner);
     }
@@ -356,8 +358,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
   const InBandRequest inBand{&tensors, &opts};
-  return run(std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)), deviceOf(tensors),
-             [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, &inBand);
+  return run(
+      std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)), deviceOf(tensors),
+      [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, &inBand);
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,

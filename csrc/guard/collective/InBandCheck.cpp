@@ -80,7 +80,7 @@ class InBandWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
-} // namespace
+}  // namespace
 
 int64_t InBandCheck::words(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
   if (tensors.size() != 1 || worldSize < 2 || worldSize >= (1 << 24)) return 0;
@@ -172,4 +172,4 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   return c10::make_intrusive<InBandWork>(std::move(work), std::move(done), std::vector<at::Tensor>{user});
 }
 
-} // namespace torch_ext
+}  // namespace torch_ext

@@ -56,8 +56,8 @@ class InBandCheck {
   // work it returns completes (its future too) once `verdict(agree)` was called
   // and the data is back in tensors[0]; an inner failure is its failure.
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
-                                                  const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                  int worldSize, std::function<void(bool)> verdict);
+                                                  const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,
+                                                  std::function<void(bool)> verdict);
 
   // Pure, for tests: the words of `rolling` under `op`, and whether reduced
   // words (as doubles) say that `worldSize` ranks agree.
@@ -65,4 +65,4 @@ class InBandCheck {
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
 };
 
-} // namespace torch_ext
+}  // namespace torch_ext

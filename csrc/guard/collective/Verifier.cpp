@@ -119,7 +119,8 @@ void Verifier::inBandVerdict(uint64_t seq, bool agree) {
     std::lock_guard<std::mutex> lock(mu_);
     // All-to-all pairing sums are compared by rounds only: a range with an
     // uneven all_to_all in it waits for one.
-    for (auto it = pending_.upper_bound(verifiedSeq_.load(std::memory_order_relaxed)); it != pending_.end() && it->first <= seq; ++it) {
+    for (auto it = pending_.upper_bound(verifiedSeq_.load(std::memory_order_relaxed));
+         it != pending_.end() && it->first <= seq; ++it) {
       if (it->second.splitSend != 0 || it->second.splitRecv != 0) {
         agree = false;
         break;

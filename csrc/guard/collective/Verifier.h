@@ -128,7 +128,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
     uint64_t gatherMicros = 0;  // summed time from a gather's start to its result
     uint64_t verifiedSeq = 0;
     uint64_t issuedSeq = 0;
-    uint64_t inBand = 0;           // in-band verdicts that verified (InBandCheck.h)
+    uint64_t inBand = 0;  // in-band verdicts that verified (InBandCheck.h)
   };
   Stats stats() const;
 
@@ -181,8 +181,8 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   bool stopped_ = false;
   std::atomic<uint64_t> inBandVerified_{0};
   std::atomic<uint64_t> lastCarried_{0};  // the last collective issued that carries its check
-  std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
-  uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
+  std::atomic<uint64_t> agreedSeq_{0};    // set by a difference's scan: the last collective that agrees
+  uint64_t blockedFrom_ = 0;              // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
   uint64_t rounds_ = 0;
   std::atomic<uint64_t> gatherMicros_{0};

@@ -599,9 +599,9 @@ void Watchdog::exchange(GroupCtx& ctx) {
       // verify: only while a collective that carries its check (and so starts
       // no round) is unverified: the rounds cover the others.
       const Verifier* verifier = st.verifier();
-      const bool ring = (st.config().check == CheckMode::Async ||
-                         (verifier != nullptr && verifier->carriedUnverified())) &&
-                        !st.failed() && p.lastSeq > 0;
+      const bool ring =
+          (st.config().check == CheckMode::Async || (verifier != nullptr && verifier->carriedUnverified())) &&
+          !st.failed() && p.lastSeq > 0;
       for (size_t i = 0; values.ok() && i < values.value.size(); ++i) {
         auto ns = StatusRecord::decode(values.value[i]);
         if (!ns) continue;
