@@ -58,3 +58,43 @@ TEST(InBandCheck, CarriedOnlyWhereTheWordsStayExactAndCheap) {
   EXPECT_EQ(InBandCheck::words({at::ones({1}), at::ones({1})}, sum, 2), 0);  // two tensors
   EXPECT_EQ(InBandCheck::words({at::ones({1})}, sum, 1), 0);                 // nobody to disagree with
 }
+
+TEST(InBandCheck, AvgAgreesWhenEveryBitsMeanIsZeroOrOne) {
+  const auto avg = c10d::ReduceOp::AVG;
+  for (int world : {2, 3, 8}) {
+    const uint64_t h = 0x0123456789abcdefull;
+    auto mean = [world](const std::vector<std::vector<double>>& ranks) {
+      std::vector<double> out = reduce(ranks, c10d::ReduceOp::SUM);
+      for (double& v : out) v /= world;
+      return out;
+    };
+    std::vector<std::vector<double>> same(world, InBandCheck::encode(h, avg));
+    EXPECT_TRUE(InBandCheck::agree(mean(same), avg, world));
+    auto one = same;
+    one[0] = InBandCheck::encode(h ^ 4, avg);
+    EXPECT_FALSE(InBandCheck::agree(mean(one), avg, world)) << "world " << world;
+  }
+}
+
+TEST(InBandCheck, FsdpsCollectivesCarryUpToTheCopyBound) {
+  const int64_t big = InBandCheck::kMaxCopyBytes / 4;  // float32 elements at the bound
+  // all_gather_into_tensor: any dtype (bytes), output W times the input, up to the bound.
+  EXPECT_TRUE(InBandCheck::carriesAllGather(at::zeros({6}), at::ones({3}), 2));
+  EXPECT_TRUE(InBandCheck::carriesAllGather(at::zeros({6}, at::kBFloat16), at::ones({3}, at::kBFloat16), 2));
+  EXPECT_TRUE(InBandCheck::carriesAllGather(at::zeros({big}), at::ones({big / 2}), 2));
+  EXPECT_FALSE(InBandCheck::carriesAllGather(at::zeros({big + 2}), at::ones({big / 2 + 1}), 2));
+  EXPECT_FALSE(InBandCheck::carriesAllGather(at::zeros({8}), at::ones({3}), 2));               // not W x input
+  EXPECT_FALSE(InBandCheck::carriesAllGather(at::zeros({6}, at::kDouble), at::ones({3}), 2));  // dtypes differ
+  EXPECT_FALSE(InBandCheck::carriesAllGather(at::zeros({3}), at::ones({3}), 1));
+  // reduce_scatter_tensor: the all_reduce's dtypes and ops, and AVG for floating types only.
+  const auto sum = c10d::ReduceOp::SUM, avg = c10d::ReduceOp::AVG;
+  EXPECT_TRUE(InBandCheck::carriesReduceScatter(at::zeros({2}), at::ones({4}), sum, 2));
+  EXPECT_TRUE(InBandCheck::carriesReduceScatter(at::zeros({2}), at::ones({4}), avg, 2));
+  EXPECT_TRUE(
+      InBandCheck::carriesReduceScatter(at::zeros({2}, at::kLong), at::ones({4}, at::kLong), c10d::ReduceOp::MAX, 2));
+  EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({2}, at::kLong), at::ones({4}, at::kLong), avg, 2));
+  EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({2}, at::kBFloat16), at::ones({4}, at::kBFloat16), sum, 2));
+  EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({2}), at::ones({4}), c10d::ReduceOp::PRODUCT, 2));
+  EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({big / 2 + 1}), at::ones({big + 2}), sum, 2));
+  EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({3}), at::ones({4}), sum, 2));  // not W x output
+}

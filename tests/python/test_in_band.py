@@ -43,6 +43,28 @@ def test_a_loop_of_waited_small_all_reduces_is_verified_in_band_without_rounds(t
 
 
 @pytest.mark.timeout(120)
+def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_values(tmp_path):
+    results, records, text = _launch(tmp_path, "fsdp")
+    want = []
+    for i in range(40):
+        gathered = [float(r + i) for r in (0, 1) for _ in range(3)]
+        want += [gathered, gathered]  # float32, then bfloat16 (small integers: exact)
+        # Rank r's input is arange(4) + r + i; this rank's chunk is elements [2 * rank, 2 * rank + 2).
+        for op in ("sum", "avg", "max"):
+            per_rank = [[float(j + r + i) for j in range(4)] for r in (0, 1)]
+            cols = list(zip(*per_rank))
+            reduced = [sum(c) if op == "sum" else sum(c) / 2 if op == "avg" else max(c) for c in cols]
+            want.append(reduced)
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        mine = [w[2 * r.rank:2 * r.rank + 2] if len(w) == 4 else w for w in want]
+        assert rec["fsdp"] == mine, text
+        v = rec["verifier"]
+        assert v["in_band"] >= 195, (v, text)  # of the 200 gathers and scatters and the 3 all_reduces
+        assert v["rounds"] <= 10, (v, text)
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind,calls", [
     ("order", ("all_reduce(float32[4], SUM)", "broadcast(float32[4], src=0)")),
     ("big", ("all_reduce(float32[4], SUM)", "all_reduce(float32[40000], SUM)")),
@@ -50,6 +72,8 @@ def test_a_loop_of_waited_small_all_reduces_is_verified_in_band_without_rounds(t
     ("length", ("all_reduce(float32[4], SUM)", "all_reduce(float32[400], SUM)")),
     ("op", ("all_reduce(float32[4], SUM)", "all_reduce(float32[4], MAX)")),
     ("dtype", ("all_reduce(float32[4], SUM)", "all_reduce(float64[4], SUM)")),
+    ("gather", ("all_gather_into_tensor(float32[4])", "all_gather_into_tensor(float32[6])")),
+    ("scatter", ("reduce_scatter_tensor(float32[2], SUM)", "reduce_scatter_tensor(float32[2], MAX)")),
 ])
 def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
     results, records, text = _launch(tmp_path, kind)

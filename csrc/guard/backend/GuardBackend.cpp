@@ -263,8 +263,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   // from what every rank issuing the same collective has alike.
   Verifier* verifier = seq > 0 ? state_->verifier() : nullptr;
   const bool carries = inBand != nullptr && verifier != nullptr && !coalescing_ && !streamOrdered(device) &&
-                       !checks.beforeIssue() &&
-                       InBandCheck::words(*inBand->tensors, inBand->opts->reduceOp, getSize()) > 0;
+                       !checks.beforeIssue() && inBand->carries(getSize());
   if (verifier != nullptr) verifier->issued(seq, rolling, hash, splitSend, splitRecv, carries);
   bool deferReceive = false;  // strict: a receive whose sender has not published yet
   if (checks.beforeIssue()) {
@@ -295,10 +294,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
                                    ordinal, site);
     } else if (carries) {
       std::weak_ptr<Verifier> weak = state_->verifierPtr();
-      work =
-          InBandCheck::allreduce(inner, *inBand->tensors, *inBand->opts, rolling, getSize(), [weak, seq](bool agree) {
-            if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
-          });
+      work = inBand->issue(inner, rolling, getSize(), [weak, seq](bool agree) {
+        if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
+      });
     } else {
       work = call(inner);
     }
@@ -357,7 +355,9 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::broadcast(std::vector<at::Tensor>& 
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                        const c10d::AllreduceOptions& opts) {
-  const InBandRequest inBand{&tensors, &opts};
+  InBandRequest inBand{InBandRequest::Kind::AllReduce};
+  inBand.tensors = &tensors;
+  inBand.allreduce = &opts;
   return run(
       std::move(FingerprintBuilder(Op::AllReduce).tensors(tensors).reduceOp(opts.reduceOp)), deviceOf(tensors),
       [&](c10d::Backend& b) { return b.allreduce(tensors, opts); }, &inBand);
@@ -392,8 +392,13 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::allgather(std::vector<std::vector<a
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
-  return run(std::move(FingerprintBuilder(Op::AllGatherIntoTensor).tensor(input)), input.device().type(),
-             [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); });
+  InBandRequest inBand{InBandRequest::Kind::AllGather};
+  inBand.output = &output;
+  inBand.input = &input;
+  inBand.allgather = &opts;
+  return run(
+      std::move(FingerprintBuilder(Op::AllGatherIntoTensor).tensor(input)), input.device().type(),
+      [&](c10d::Backend& b) { return b._allgather_base(output, input, opts); }, &inBand);
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -432,8 +437,13 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter(std::vector<at::Tens
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::ReduceScatterOptions& opts) {
-  return run(std::move(FingerprintBuilder(Op::ReduceScatterTensor).tensor(output).reduceOp(opts.reduceOp)),
-             output.device().type(), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); });
+  InBandRequest inBand{InBandRequest::Kind::ReduceScatter};
+  inBand.output = &output;
+  inBand.input = &input;
+  inBand.reduceScatter = &opts;
+  return run(
+      std::move(FingerprintBuilder(Op::ReduceScatterTensor).tensor(output).reduceOp(opts.reduceOp)),
+      output.device().type(), [&](c10d::Backend& b) { return b._reduce_scatter_base(output, input, opts); }, &inBand);
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,

@@ -41,6 +41,8 @@
 
 namespace torch_ext {
 
+struct InBandRequest;  // collective/InBandCheck.h
+
 struct InnerBackend {
   std::string name;  // "gloo", "nccl", ...
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -154,12 +156,8 @@ class GuardBackend : public c10d::Backend {
   void shutdown() override;
 
  private:
-  // The one path every operation takes. `call` invokes the inner backend.
-  // An all_reduce that may carry its own check (InBandCheck.h).
-  struct InBandRequest {
-    std::vector<at::Tensor>* tensors;
-    const c10d::AllreduceOptions* opts;
-  };
+  // The one path every operation takes. `call` invokes the inner backend;
+  // `inBand`: the collective may carry its own check (InBandCheck.h).
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
                                      const InBandRequest* inBand = nullptr);

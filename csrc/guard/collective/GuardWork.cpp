@@ -26,7 +26,9 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   if (!innerFuture) {
     state->ledger().pollLater(id, inner);
-    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
+    auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
+    work->inBand_ = inBand;
+    return work;
   }
   if (innerFuture->completed()) {
     // Done already (a synchronous inner backend): no callback to run later.
@@ -163,6 +165,9 @@ bool GuardWork::completedOrThrow() {
     return true;
   }
   if (!inner_->isCompleted()) return false;
+  if (Verifier* v = inBand_ && seq_ > 0 ? state_->verifier() : nullptr) {
+    return v->verified(seq_);  // not done until released (a difference fails the group: raised above)
+  }
   if (Verifier* v = hostGate()) {
     v->want(seq_);  // asked for: check it now; not done until released
     return false;
@@ -405,7 +410,13 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
   // rather than return as if the data had arrived.
   if (!result && state_->failed()) state_->throwFailure("");
-  if (Verifier* v = result ? hostGate() : nullptr) {
+  if (Verifier* v = result && inBand_ && seq_ > 0 ? state_->verifier() : nullptr) {
+    // A carried collective without a future (gloo's reduce_scatter): its
+    // verdict came in the inner wait() (InBandCheck.h), a disagreement's from
+    // the rounds it started.
+    state_->waitUntil([this, v] { return v->verified(seq_) || v->blocked(seq_); }, timeout);
+    if (!v->verified(seq_)) awaitVerdict(v, timeout);
+  } else if (Verifier* v = result ? hostGate() : nullptr) {
     // A stream backend whose wait() waited for the data (nccl_sim with
     // TORCH_EXT_NCCL_SIM_WAIT=data: on CPU the host is the compute stream):
     // released only once every rank is known to have issued the same

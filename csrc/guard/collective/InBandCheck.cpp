@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 namespace torch_ext {
@@ -36,27 +37,43 @@ void typed(const at::Tensor& t, Fn&& fn) {
   }
 }
 
+// The carried collective's work. Where the inner work has a future (gloo's
+// all_reduce and all_gather), `done` is chained on it and runs `then` (the
+// verdict, the copy back) on completion. Where it has none (gloo's
+// reduce_scatter), `then` runs once, on the first wait() or isCompleted()
+// (the user's or the watchdog's poll) to see the inner work done; the work
+// then has no future either, as the inner one.
 class InBandWork : public c10d::Work {
  public:
-  InBandWork(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> done,
-             std::vector<at::Tensor> outputs)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE),
+  InBandWork(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> done,
+             std::function<void()> then, std::vector<at::Tensor> outputs)
+      : c10d::Work(-1, type),
         inner_(std::move(inner)),
         done_(std::move(done)),
+        then_(std::move(then)),
         outputs_(std::move(outputs)) {}
 
   bool isCompleted() override {
-    return done_->completed();
+    if (done_) return done_->completed();
+    if (!inner_->isCompleted()) return false;
+    if (inner_->isSuccess()) finish();
+    return true;
   }
   bool isSuccess() const override {
-    return done_->completed() && !done_->hasError();
+    if (done_) return done_->completed() && !done_->hasError();
+    return inner_->isSuccess();
   }
   std::exception_ptr exception() const override {
-    return done_->completed() ? done_->exception_ptr() : nullptr;
+    if (done_) return done_->completed() ? done_->exception_ptr() : nullptr;
+    return inner_->exception();
   }
   bool wait(std::chrono::milliseconds timeout) override {
     const bool ok = inner_->wait(timeout);
     if (!ok) return false;
+    if (!done_) {
+      finish();
+      return true;
+    }
     done_->wait();
     if (done_->hasError()) std::rethrow_exception(done_->exception_ptr());
     return true;
@@ -71,31 +88,74 @@ class InBandWork : public c10d::Work {
     return outputs_;
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    if (!done_) return c10d::Work::getFuture();  // throws: none, as the inner work
     return done_;
   }
 
  private:
+  void finish() {
+    std::call_once(once_, [this] { then_(); });
+  }
+
   c10::intrusive_ptr<c10d::Work> inner_;
   c10::intrusive_ptr<c10::ivalue::Future> done_;
+  std::function<void()> then_;  // without a future only
+  std::once_flag once_;
   std::vector<at::Tensor> outputs_;
 };
+
+// The four dtypes whose sums of W ones stay exact in the words.
+bool reducible(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+    case at::kDouble:
+    case at::kInt:
+    case at::kLong:
+      return true;
+    default:
+      return false;
+  }
+}
+
+bool denseCpu(const at::Tensor& t) {
+  return t.defined() && t.is_cpu() && t.layout() == c10::kStrided && t.is_contiguous() && t.numel() > 0;
+}
+
+int64_t bytesOf(const at::Tensor& t) {
+  return t.numel() * static_cast<int64_t>(t.element_size());
+}
+
+// Hands out `inner`'s work as one that completes once `then` (which reads the
+// verdict and copies the data back) ran on the inner work's completion.
+c10::intrusive_ptr<c10d::Work> finishing(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, at::Tensor user,
+                                         std::function<void()> then) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = inner->getFuture();
+  } catch (const std::exception&) {
+    // gloo's reduce_scatter has none: `then` runs in wait() / isCompleted().
+  }
+  if (!future) {
+    return c10::make_intrusive<InBandWork>(type, std::move(inner), nullptr, std::move(then),
+                                           std::vector<at::Tensor>{user});
+  }
+  auto done = future->then(
+      [user, then = std::move(then)](c10::ivalue::Future& f) -> c10::IValue {
+        (void)f.value();  // rethrows the inner failure: no verdict, no copy
+        then();
+        return c10::IValue(std::vector<at::Tensor>{user});
+      },
+      c10::ListType::ofTensors());
+  return c10::make_intrusive<InBandWork>(type, std::move(inner), std::move(done), nullptr,
+                                         std::vector<at::Tensor>{user});
+}
 
 }  // namespace
 
 int64_t InBandCheck::words(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
   if (tensors.size() != 1 || worldSize < 2 || worldSize >= (1 << 24)) return 0;
   const at::Tensor& t = tensors[0];
-  if (!t.defined() || !t.is_cpu() || t.layout() != c10::kStrided || !t.is_contiguous() || t.numel() == 0) return 0;
-  switch (t.scalar_type()) {
-    case at::kFloat:
-    case at::kDouble:
-    case at::kInt:
-    case at::kLong:
-      break;
-    default:
-      return 0;
-  }
-  if (t.numel() * static_cast<int64_t>(t.element_size()) > kMaxBytes) return 0;
+  if (!denseCpu(t) || !reducible(t) || bytesOf(t) > kMaxBytes) return 0;
   // gloo reduces fewer elements than ranks on a cheaper path, which the carried
   // words would leave (world 4, one float32: 0.86 ms, carried 4.5 ms; a round
   // costs less); at world 2 carrying is cheaper even for one element.
@@ -131,15 +191,33 @@ bool InBandCheck::agree(const std::vector<double>& reduced, const c10d::ReduceOp
     return true;
   }
   if (reduced.size() != kBits) return false;
+  // SUM: W ranks' bits add up to 0 or W; AVG: their mean is 0 or 1.
+  const double all = op == c10d::ReduceOp::AVG ? 1.0 : static_cast<double>(worldSize);
   for (double v : reduced) {
-    if (v != 0.0 && v != static_cast<double>(worldSize)) return false;
+    if (v != 0.0 && v != all) return false;
   }
   return true;
 }
 
+bool InBandCheck::carriesAllGather(const at::Tensor& output, const at::Tensor& input, int worldSize) {
+  return worldSize >= 2 && denseCpu(input) && denseCpu(output) && output.scalar_type() == input.scalar_type() &&
+         output.numel() == worldSize * input.numel() && bytesOf(output) <= kMaxCopyBytes;
+}
+
+bool InBandCheck::carriesReduceScatter(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                                       int worldSize) {
+  if (worldSize < 2 || worldSize >= (1 << 24) || !denseCpu(input) || !denseCpu(output) || !reducible(output) ||
+      output.scalar_type() != input.scalar_type() || input.numel() != worldSize * output.numel() ||
+      bytesOf(input) > kMaxCopyBytes) {
+    return false;
+  }
+  if (op == c10d::ReduceOp::AVG) return at::isFloatingType(output.scalar_type());
+  return op == c10d::ReduceOp::SUM || pairEncoded(op);
+}
+
 c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                      int worldSize, std::function<void(bool)> verdict) {
+                                                      int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
   const auto k = static_cast<int64_t>(mine.size());
@@ -153,23 +231,105 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
     for (int64_t i = kWordSlots + n; i < buffer.numel(); ++i) p[i] = T(0);
   });
   std::vector<at::Tensor> carried{buffer};
-  c10::intrusive_ptr<c10d::Work> work = inner.allreduce(carried, opts);
   const c10d::ReduceOp op = opts.reduceOp;
-  auto done = work->getFuture()->then(
-      [buffer, user, k, n, op, worldSize, verdict = std::move(verdict)](c10::ivalue::Future& f) -> c10::IValue {
-        (void)f.value();  // rethrows the inner failure: no verdict, no copy
-        std::vector<double> words(k);
-        typed(buffer, [&](auto* p) {
-          using T = std::remove_pointer_t<decltype(p)>;
-          for (int64_t i = 0; i < k; ++i) words[i] = static_cast<double>(p[i]);
-          // The data first: whoever the verdict releases reads it.
-          std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
-        });
-        verdict(agree(words, op, worldSize));
-        return c10::IValue(std::vector<at::Tensor>{user});
-      },
-      c10::ListType::ofTensors());
-  return c10::make_intrusive<InBandWork>(std::move(work), std::move(done), std::vector<at::Tensor>{user});
+  return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
+                   [buffer, user, k, n, op, worldSize, verdict = std::move(verdict)] {
+                     std::vector<double> words(k);
+                     typed(buffer, [&](auto* p) {
+                       using T = std::remove_pointer_t<decltype(p)>;
+                       for (int64_t i = 0; i < k; ++i) words[i] = static_cast<double>(p[i]);
+                       // The data first: whoever the verdict releases reads it.
+                       std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
+                     });
+                     verdict(agree(words, op, worldSize));
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                      const c10d::AllgatherOptions& opts, uint64_t rolling,
+                                                      int worldSize, Verdict verdict) {
+  // As bytes: [rolling (8), input] from each rank, whatever the dtype.
+  constexpr int64_t kHead = sizeof(uint64_t);
+  const int64_t nb = bytesOf(input);
+  at::Tensor in = at::empty({kHead + nb}, input.options().dtype(at::kByte));
+  at::Tensor out = at::empty({worldSize * (kHead + nb)}, in.options());
+  auto* p = in.data_ptr<uint8_t>();
+  std::memcpy(p, &rolling, kHead);
+  std::memcpy(p + kHead, input.data_ptr(), nb);
+  at::Tensor user = output;
+  return finishing(c10d::OpType::_ALLGATHER_BASE, inner._allgather_base(out, in, opts), user,
+                   [out, user, nb, worldSize, rolling, verdict = std::move(verdict)] {
+                     const auto* q = out.data_ptr<uint8_t>();
+                     auto* dst = static_cast<uint8_t*>(user.data_ptr());
+                     bool same = true;
+                     for (int r = 0; r < worldSize; ++r) {
+                       const uint8_t* block = q + r * (kHead + nb);
+                       uint64_t theirs = 0;
+                       std::memcpy(&theirs, block, kHead);
+                       same = same && theirs == rolling;
+                       std::memcpy(dst + r * nb, block + kHead, nb);
+                     }
+                     verdict(same);
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                          const c10d::ReduceScatterOptions& opts, uint64_t rolling,
+                                                          int worldSize, Verdict verdict) {
+  // Each rank's chunk gets the words in front: [words, chunk] x W, reduced to
+  // [words, this rank's chunk].
+  const std::vector<double> mine = encode(rolling, opts.reduceOp);
+  const auto k = static_cast<int64_t>(mine.size());
+  const int64_t n = output.numel();
+  at::Tensor in = at::empty({worldSize * (kWordSlots + n)}, input.options());
+  at::Tensor out = at::empty({kWordSlots + n}, output.options());
+  typed(in, [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    const auto* src = static_cast<const T*>(input.data_ptr());
+    for (int r = 0; r < worldSize; ++r) {
+      T* chunk = p + r * (kWordSlots + n);
+      for (int64_t i = 0; i < k; ++i) chunk[i] = static_cast<T>(mine[i]);
+      for (int64_t i = k; i < kWordSlots; ++i) chunk[i] = T(0);
+      std::memcpy(chunk + kWordSlots, src + r * n, n * sizeof(T));
+    }
+  });
+  at::Tensor user = output;
+  const c10d::ReduceOp op = opts.reduceOp;
+  return finishing(c10d::OpType::_REDUCE_SCATTER_BASE, inner._reduce_scatter_base(out, in, opts), user,
+                   [out, user, k, n, op, worldSize, verdict = std::move(verdict)] {
+                     std::vector<double> words(k);
+                     typed(out, [&](auto* p) {
+                       using T = std::remove_pointer_t<decltype(p)>;
+                       for (int64_t i = 0; i < k; ++i) words[i] = static_cast<double>(p[i]);
+                       std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
+                     });
+                     verdict(agree(words, op, worldSize));
+                   });
+}
+
+bool InBandRequest::carries(int worldSize) const {
+  switch (kind) {
+    case Kind::AllReduce:
+      return InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
+    case Kind::AllGather:
+      return InBandCheck::carriesAllGather(*output, *input, worldSize);
+    case Kind::ReduceScatter:
+      return InBandCheck::carriesReduceScatter(*output, *input, reduceScatter->reduceOp, worldSize);
+  }
+  return false;
+}
+
+c10::intrusive_ptr<c10d::Work> InBandRequest::issue(c10d::Backend& inner, uint64_t rolling, int worldSize,
+                                                    InBandCheck::Verdict verdict) const {
+  switch (kind) {
+    case Kind::AllReduce:
+      return InBandCheck::allreduce(inner, *tensors, *allreduce, rolling, worldSize, std::move(verdict));
+    case Kind::AllGather:
+      return InBandCheck::allgather(inner, *output, *input, *allgather, rolling, worldSize, std::move(verdict));
+    case Kind::ReduceScatter:
+      return InBandCheck::reduceScatter(inner, *output, *input, *reduceScatter, rolling, worldSize, std::move(verdict));
+  }
+  return {};
 }
 
 }  // namespace torch_ext

@@ -1,7 +1,7 @@
 #pragma once
 
-// InBandCheck: check="verify" for a small all_reduce, carried by the
-// all_reduce itself (issue 40). A waited small collective (a loss or metric
+// InBandCheck: check="verify" for a small all_reduce, all_gather_into_tensor
+// or reduce_scatter_tensor, carried by the collective itself (issue 40). A waited small collective (a loss or metric
 // all_reduce per step, a flag) would otherwise need a round of its own on the
 // helper backend before its result is released: a second collective, which
 // cost 5.4x gloo on a loop of synchronous 4 B all_reduces.
@@ -25,6 +25,17 @@
 // and at worlds above 2 at least one element per rank (words()).
 // The words go in front, so they line up across ranks whatever the length,
 // and the total is rounded up (carriedLength).
+//
+// The two collectives FSDP2 waits on at once (its parameters' all_gather, its
+// gradients' reduce_scatter) carry their check the same way, up to
+// kMaxCopyBytes (their data is copied into the carried buffer and back):
+//  - all_gather_into_tensor gathers [this rank's rolling hash (8 bytes), its
+//    input] from every rank, as bytes: every rank reads all W hashes, and
+//    they agree when they are equal;
+//  - reduce_scatter_tensor reduces [words, chunk] for each rank's chunk: each
+//    rank reads the reduced words in front of its own chunk, as an all_reduce
+//    does (AVG, for floating types: the bit's mean is 0 or 1 exactly when all
+//    ranks agree).
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -39,30 +50,64 @@ namespace torch_ext {
 class InBandCheck {
  public:
   static constexpr int64_t kMaxBytes = 64 * 1024;
+  // all_gather_into_tensor's output, reduce_scatter_tensor's input: copied in
+  // and out, which costs less than a round up to a few MB (FSDP2's layers).
+  static constexpr int64_t kMaxCopyBytes = 4 * 1024 * 1024;
   // Elements in front of the data, whatever the op (SUM's 64 words, padded).
   static constexpr int64_t kWordSlots = 128;
   // The carried all_reduce's length for `n` data elements: kWordSlots + n,
   // rounded up to a power of two (at least 256), so that ranks whose lengths
-  // differ a little (a mismatch) still send gloo the same number of bytes:
-  // gloo aborts the process on a message longer than it expects.
+  // differ a little (a mismatch) send gloo the same number of bytes and learn
+  // it from the words.
   static int64_t carriedLength(int64_t n);
 
   // The check words an all_reduce of `tensors` with `op` over `worldSize`
   // ranks carries (64 or 128), or 0 when it carries none. The same on every
   // rank that issues the same collective.
   static int64_t words(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize);
+  // Whether an all_gather_into_tensor / reduce_scatter_tensor of these
+  // tensors carries its check. The same on every rank that issues the same
+  // collective.
+  static bool carriesAllGather(const at::Tensor& output, const at::Tensor& input, int worldSize);
+  static bool carriesReduceScatter(const at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                                   int worldSize);
 
-  // Issues the all_reduce of [words of `rolling`, tensors[0]] on `inner`. The
-  // work it returns completes (its future too) once `verdict(agree)` was called
-  // and the data is back in tensors[0]; an inner failure is its failure.
+  // Each issues its collective carrying this rank's `rolling` hash on
+  // `inner`. The work returned completes (its future too) once
+  // `verdict(agree)` was called and the data is in the caller's output; an
+  // inner failure is its failure.
+  using Verdict = std::function<void(bool)>;
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,
-                                                  std::function<void(bool)> verdict);
+                                                  Verdict verdict);
+  static c10::intrusive_ptr<c10d::Work> allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                  const c10d::AllgatherOptions& opts, uint64_t rolling, int worldSize,
+                                                  Verdict verdict);
+  static c10::intrusive_ptr<c10d::Work> reduceScatter(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts, uint64_t rolling,
+                                                      int worldSize, Verdict verdict);
 
   // Pure, for tests: the words of `rolling` under `op`, and whether reduced
   // words (as doubles) say that `worldSize` ranks agree.
   static std::vector<double> encode(uint64_t rolling, const c10d::ReduceOp& op);
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
+};
+
+// One collective that may carry its check, as GuardBackend hands it over:
+// which kind, and pointers to the caller's arguments (valid during issue).
+struct InBandRequest {
+  enum class Kind : uint8_t { AllReduce, AllGather, ReduceScatter };
+  Kind kind;
+  std::vector<at::Tensor>* tensors = nullptr;  // AllReduce
+  at::Tensor* output = nullptr;                // AllGather, ReduceScatter
+  at::Tensor* input = nullptr;
+  const c10d::AllreduceOptions* allreduce = nullptr;
+  const c10d::AllgatherOptions* allgather = nullptr;
+  const c10d::ReduceScatterOptions* reduceScatter = nullptr;
+
+  bool carries(int worldSize) const;
+  c10::intrusive_ptr<c10d::Work> issue(c10d::Backend& inner, uint64_t rolling, int worldSize,
+                                       InBandCheck::Verdict verdict) const;
 };
 
 }  // namespace torch_ext

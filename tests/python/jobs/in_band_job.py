@@ -9,6 +9,10 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
   length   float32[4] against float32[400] (another carried length)
   op       SUM against MAX (the same carried length: the data mixes)
   dtype    float32 against float64
+  fsdp     no difference: 40 each of all_gather_into_tensor (float32, bfloat16) and
+           reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
+  gather   all_gather_into_tensor of float32[4] against float32[6]
+  scatter  reduce_scatter_tensor SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
 """
 import json
@@ -28,6 +32,20 @@ odd = rank == 1
 record = {"rank": rank}
 t0 = time.monotonic()
 try:
+    world = dist.get_world_size()
+    if kind == "fsdp":
+        got = record["fsdp"] = []
+        for i in range(40):
+            for dtype in (torch.float32, torch.bfloat16):
+                out = torch.zeros(3 * world, dtype=dtype)
+                dist.all_gather_into_tensor(out, torch.full((3,), float(rank + i), dtype=dtype))
+                got.append(out.float().tolist())
+            for op, dtype in ((dist.ReduceOp.SUM, torch.float32), (dist.ReduceOp.AVG, torch.float32),
+                              (dist.ReduceOp.MAX, torch.int64)):
+                out = torch.zeros(2, dtype=dtype)
+                inp = torch.arange(2 * world, dtype=dtype) + rank + i
+                dist.reduce_scatter_tensor(out, inp, op=op)
+                got.append(out.float().tolist())
     n = 200 if kind == "none" else 3
     for i in range(n):
         t = torch.full((4,), float(rank + i))
@@ -53,10 +71,15 @@ try:
         dist.all_reduce(a)
     elif kind == "op":
         dist.all_reduce(a, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    elif kind == "gather":
+        a = torch.ones(6 if odd else 4)
+        dist.all_gather_into_tensor(torch.zeros(a.numel() * 2), a)
+    elif kind == "scatter":
+        dist.reduce_scatter_tensor(a[:2], torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
     elif kind == "dtype":
         a = torch.ones(4, dtype=torch.float64 if odd else torch.float32)
         dist.all_reduce(a)
-    if kind != "none":
+    if kind not in ("none", "fsdp"):
         record["read"] = a.tolist()[:8]
     record["verifier"] = torch_ext.group_state()["verifier"]
 except torch_ext.GuardError as e:
