@@ -115,24 +115,28 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
 }
 
 void Verifier::inBandVerdict(uint64_t seq, bool agree) {
-  if (agree) {
+  if (!agree) {
+    want(seq);  // every rank read the same words: the rounds decide, and report a difference
+    return;
+  }
+  uint64_t upTo = seq;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    // All-to-all pairing sums are compared by rounds only: a range with an
-    // uneven all_to_all in it waits for one.
+    // All-to-all pairing sums are compared by rounds only: the agreement
+    // verifies up to the first uneven all_to_all, and past it once a round has
+    // verified that far (verifiedUpTo). Not a round of its own: whether a rank
+    // still holds that all_to_all unverified may differ between ranks.
     for (auto it = pending_.upper_bound(verifiedSeq_.load(std::memory_order_relaxed));
          it != pending_.end() && it->first <= seq; ++it) {
       if (it->second.splitSend != 0 || it->second.splitRecv != 0) {
-        agree = false;
+        upTo = it->first - 1;
+        agreedPastSplit_ = std::max(agreedPastSplit_, seq);
         break;
       }
     }
   }
-  if (agree) {
-    inBandVerified_.fetch_add(1, std::memory_order_relaxed);
-    verifiedUpTo(seq, /*fromRound=*/false);
-  } else {
-    want(seq);  // the rounds decide, and report a difference
-  }
+  inBandVerified_.fetch_add(1, std::memory_order_relaxed);
+  verifiedUpTo(upTo, /*fromRound=*/false);
 }
 
 void Verifier::kick() {
@@ -334,6 +338,20 @@ void Verifier::verifiedUpTo(uint64_t seq, bool fromRound) {
         it = pending_.erase(it);
       }
       verifiedSeq_.store(seq, std::memory_order_release);
+    }
+    // An in-band agreement held back by an uneven all_to_all (inBandVerdict)
+    // counts once the rounds have verified past every such all_to_all.
+    if (agreedPastSplit_ > verifiedSeq_.load(std::memory_order_relaxed)) {
+      uint64_t to = agreedPastSplit_;
+      if (blockedFrom_ != 0 && to >= blockedFrom_) to = blockedFrom_ - 1;
+      bool split = false;
+      for (auto it = pending_.begin(); it != pending_.end() && it->first <= to; ++it) {
+        split = split || it->second.splitSend != 0 || it->second.splitRecv != 0;
+      }
+      if (!split && to > verifiedSeq_.load(std::memory_order_relaxed)) {
+        pending_.erase(pending_.begin(), pending_.upper_bound(to));
+        verifiedSeq_.store(to, std::memory_order_release);
+      }
     }
     // (A round behind an in-band verdict releases nothing new.)
     seq = verifiedSeq_.load(std::memory_order_relaxed);

@@ -180,9 +180,11 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   std::thread pacer_;
   bool stopped_ = false;
   std::atomic<uint64_t> inBandVerified_{0};
-  std::atomic<uint64_t> lastCarried_{0};  // the last collective issued that carries its check
-  std::atomic<uint64_t> agreedSeq_{0};    // set by a difference's scan: the last collective that agrees
-  uint64_t blockedFrom_ = 0;              // 0: not blocked; else the first seq that cannot be released
+  std::atomic<uint64_t> lastCarried_{0};
+  uint64_t agreedPastSplit_ = 0;  // an in-band agreement waiting for a round past an uneven all_to_all  // the last
+                                  // collective issued that carries its check
+  std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
+  uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
   uint64_t rounds_ = 0;
   std::atomic<uint64_t> gatherMicros_{0};

@@ -11,6 +11,8 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
   dtype    float32 against float64
   fsdp     no difference: 40 each of all_gather_into_tensor (float32, bfloat16) and
            reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
+  alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
+           waited before it
   gather   all_gather_into_tensor of float32[4] against float32[6]
   scatter  reduce_scatter_tensor SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
@@ -46,6 +48,23 @@ try:
                 inp = torch.arange(2 * world, dtype=dtype) + rank + i
                 dist.reduce_scatter_tensor(out, inp, op=op)
                 got.append(out.float().tolist())
+    if kind == "alltoall":
+        got = record["alltoall"] = []
+        send = [1, 2] if rank == 0 else [3, 4]  # rank 0 sends 1 to itself and 2 to rank 1; rank 1 sends 3 and 4
+        recv = [1, 3] if rank == 0 else [2, 4]
+        for i in range(30):
+            # Not waited before the all_reduces: their in-band agreement covers it, and
+            # waits for a round to have compared its pairing.
+            out = torch.zeros(sum(recv))
+            work = dist.all_to_all_single(out, torch.full((sum(send),), float(10 * rank + i)),
+                                          output_split_sizes=recv, input_split_sizes=send, async_op=True)
+            sums = []
+            for _ in range(2):
+                t = torch.full((4,), float(rank + i))
+                dist.all_reduce(t)
+                sums.append(t.tolist())
+            work.wait()
+            got += [out.tolist()] + sums
     n = 200 if kind == "none" else 3
     for i in range(n):
         t = torch.full((4,), float(rank + i))
@@ -79,7 +98,7 @@ try:
     elif kind == "dtype":
         a = torch.ones(4, dtype=torch.float64 if odd else torch.float32)
         dist.all_reduce(a)
-    if kind not in ("none", "fsdp"):
+    if kind not in ("none", "fsdp", "alltoall"):
         record["read"] = a.tolist()[:8]
     record["verifier"] = torch_ext.group_state()["verifier"]
 except torch_ext.GuardError as e:
