@@ -343,7 +343,8 @@ def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) ->
     """The guard's view of ``group``: identity, progress and its ledger (a dict).
 
     Under ``check="verify"`` (world size > 1) it has ``"verifier"``: the check
-    rounds run so far (``rounds``), and the last collective verified and issued.
+    rounds run so far (``rounds``), the collectives verified by the check they
+    carried themselves (``in_band``), and the last collective verified and issued.
     """
     backend = _guard_backend(group)
     state = json.loads(_C._group_json(backend, max_entries))
