@@ -98,3 +98,17 @@ TEST(InBandCheck, FsdpsCollectivesCarryUpToTheCopyBound) {
   EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({big / 2 + 1}), at::ones({big + 2}), sum, 2));
   EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({3}), at::ones({4}), sum, 2));  // not W x output
 }
+
+TEST(InBandCheck, TheCompactWordSumsExactlyAndTellsTwoRanksApart) {
+  const uint64_t low = uint64_t{1} << 51, high = uint64_t{1} << 52;
+  for (uint64_t h : std::vector<uint64_t>{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull, uint64_t{1} << 12}) {
+    const uint64_t w = InBandCheck::compactWord(h);
+    EXPECT_GE(w, low);
+    EXPECT_LT(w, high);
+    // Two ranks' words add up exactly in a double (below 2^53): twice one's own
+    // exactly when the other's is the same.
+    EXPECT_EQ(static_cast<double>(w) + static_cast<double>(w), 2.0 * static_cast<double>(w));
+    const uint64_t other = InBandCheck::compactWord(h ^ (uint64_t{1} << 12));  // the lowest bit compared
+    EXPECT_NE(static_cast<double>(w) + static_cast<double>(other), 2.0 * static_cast<double>(w));
+  }
+}

@@ -65,6 +65,24 @@ def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_va
 
 
 @pytest.mark.timeout(120)
+def test_one_element_between_two_ranks_carries_one_word_and_sums_as_its_dtype(tmp_path):
+    import torch
+
+    results, records, text = _launch(tmp_path, "one")
+    want = []
+    for i in range(40):
+        for dtype in (torch.float32, torch.float64):
+            # The dtype's own sum: computed here the way the inner backend does.
+            want.append((torch.tensor([0.1 * i], dtype=dtype) + torch.tensor([0.1 * (1 + i)], dtype=dtype)).item())
+        want.append((2**31 - 1 + i + 2**31) % 2**32 - 2**31)  # (2^31 - 1) + i wraps as an int32 sum does
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        assert rec["one"] == want, text
+        v = rec["verifier"]
+        assert v["in_band"] >= 118 and v["rounds"] <= 10, (v, text)
+
+
+@pytest.mark.timeout(120)
 def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and_never_hang(tmp_path):
     # An uneven all_to_all's pairing sums are compared by rounds only; the
     # carried all_reduces after it are released once a round got past it.
@@ -89,6 +107,8 @@ def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and
     ("length", ("all_reduce(float32[4], SUM)", "all_reduce(float32[400], SUM)")),
     ("op", ("all_reduce(float32[4], SUM)", "all_reduce(float32[4], MAX)")),
     ("dtype", ("all_reduce(float32[4], SUM)", "all_reduce(float64[4], SUM)")),
+    ("onecount", ("all_reduce(float32[1], SUM)", "all_reduce(float32[2], SUM)")),
+    ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),
     ("gather", ("all_gather_into_tensor(float32[4])", "all_gather_into_tensor(float32[6])")),
     ("scatter", ("reduce_scatter_tensor(float32[2], SUM)", "reduce_scatter_tensor(float32[2], MAX)")),
 ])

@@ -87,10 +87,28 @@ class InBandCheck {
                                                       const c10d::ReduceScatterOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict);
 
+  // Between two ranks, a one-element SUM (a loss, a flag) carries one word
+  // instead: 52 bits of `rolling` with the top one set, in [2^51, 2^52), beside
+  // the element widened to 64 bits (double for floating types, int64 else).
+  // gloo's ring reduces two elements on the cheap path one element takes (most
+  // of its 2W segments stay empty: 350 us at world 2 where 256 elements take
+  // 816), and the two words sum exactly (below 2^53): each rank reads twice
+  // its own word exactly when the other's equals it. Widening keeps the result:
+  // two float32 added in double and rounded back are IEEE float32's own sum,
+  // and an int32 sum wraps as it would. (52 of the hash's 64 bits: two ranks
+  // that differ pass with probability 2^-52, and every later check compares
+  // again, the rolling hash carrying this collective on.)
+  static uint64_t compactWord(uint64_t rolling);
+
   // Pure, for tests: the words of `rolling` under `op`, and whether reduced
   // words (as doubles) say that `worldSize` ranks agree.
   static std::vector<double> encode(uint64_t rolling, const c10d::ReduceOp& op);
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
+
+ private:
+  static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
+                                                         const c10d::AllreduceOptions& opts, uint64_t rolling,
+                                                         Verdict verdict);
 };
 
 // One collective that may carry its check, as GuardBackend hands it over:

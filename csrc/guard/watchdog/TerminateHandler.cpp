@@ -106,11 +106,11 @@ void say(const std::string& text) {
   }
 }
 
-// Long: the whole of a dying process's last second (words to stderr, stores,
-// lingering for peers), each step bounded; it runs once and must be read as one.
 // Returns only where the process is to end as before.
 void parkTransportThread(const std::string& what);
 
+// Long: the whole of a dying process's last second (words to stderr, stores,
+// lingering for peers), each step bounded; it runs once and must be read as one.
 [[noreturn]] void onTerminate() {
   std::string what;
   if (auto e = std::current_exception()) {

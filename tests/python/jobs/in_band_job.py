@@ -13,6 +13,9 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
   alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
            waited before it
+  one      no difference: one-element all_reduces (float32, float64, int32 wrapping)
+  onecount float32[1] against float32[2]
+  onedtype float32[1] against float64[1]
   gather   all_gather_into_tensor of float32[4] against float32[6]
   scatter  reduce_scatter_tensor SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
@@ -65,6 +68,14 @@ try:
                 sums.append(t.tolist())
             work.wait()
             got += [out.tolist()] + sums
+    if kind == "one":
+        got = record["one"] = []
+        for i in range(40):
+            for dtype, value in ((torch.float32, 0.1 * (rank + i)), (torch.float64, 0.1 * (rank + i)),
+                                 (torch.int32, 2**31 - 1 if rank == 0 else i)):
+                t = torch.tensor([value], dtype=dtype)
+                dist.all_reduce(t)
+                got.append(t.item())
     n = 200 if kind == "none" else 3
     for i in range(n):
         t = torch.full((4,), float(rank + i))
@@ -90,6 +101,12 @@ try:
         dist.all_reduce(a)
     elif kind == "op":
         dist.all_reduce(a, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    elif kind == "onecount":
+        a = torch.ones(2 if odd else 1)
+        dist.all_reduce(a)
+    elif kind == "onedtype":
+        a = torch.ones(1, dtype=torch.float64 if odd else torch.float32)
+        dist.all_reduce(a)
     elif kind == "gather":
         a = torch.ones(6 if odd else 4)
         dist.all_gather_into_tensor(torch.zeros(a.numel() * 2), a)
@@ -98,7 +115,7 @@ try:
     elif kind == "dtype":
         a = torch.ones(4, dtype=torch.float64 if odd else torch.float32)
         dist.all_reduce(a)
-    if kind not in ("none", "fsdp", "alltoall"):
+    if kind not in ("none", "fsdp", "alltoall", "one"):
         record["read"] = a.tolist()[:8]
     record["verifier"] = torch_ext.group_state()["verifier"]
 except torch_ext.GuardError as e:
