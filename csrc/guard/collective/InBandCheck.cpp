@@ -104,6 +104,20 @@ class InBandWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
+// The words in front of a carried buffer: `mine`, then zeros up to kWordSlots.
+template <typename T>
+void putWords(T* p, const std::vector<double>& mine) {
+  const auto k = static_cast<int64_t>(mine.size());
+  for (int64_t i = 0; i < k; ++i) p[i] = static_cast<T>(mine[i]);
+  for (int64_t i = k; i < InBandCheck::kWordSlots; ++i) p[i] = T(0);
+}
+
+// The reduced words in front of a carried buffer, as doubles (`words` sized).
+template <typename T>
+void takeWords(const T* p, std::vector<double>* words) {
+  for (size_t i = 0; i < words->size(); ++i) (*words)[i] = static_cast<double>(p[i]);
+}
+
 // The four dtypes whose sums of W ones stay exact in the words.
 bool reducible(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -158,7 +172,8 @@ int64_t InBandCheck::words(const std::vector<at::Tensor>& tensors, const c10d::R
   if (!denseCpu(t) || !reducible(t) || bytesOf(t) > kMaxBytes) return 0;
   // gloo reduces fewer elements than ranks on a cheaper path, which the carried
   // words would leave (world 4, one float32: 0.86 ms, carried 4.5 ms; a round
-  // costs less); at world 2 carrying is cheaper even for one element.
+  // costs less). At world 2 one element under SUM carries one word instead
+  // (compactAllreduce), and under MAX/MIN the words still cost less than a round.
   if (worldSize > 2 && t.numel() < worldSize) return 0;
   if (op == c10d::ReduceOp::SUM) return kBits;
   if (pairEncoded(op)) return 2 * kBits;
@@ -228,8 +243,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   at::Tensor buffer = at::empty({carriedLength(n)}, user.options());
   typed(buffer, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
-    for (int64_t i = 0; i < k; ++i) p[i] = static_cast<T>(mine[i]);
-    for (int64_t i = k; i < kWordSlots; ++i) p[i] = T(0);
+    putWords(p, mine);
     std::memcpy(p + kWordSlots, user.data_ptr(), n * sizeof(T));
     for (int64_t i = kWordSlots + n; i < buffer.numel(); ++i) p[i] = T(0);
   });
@@ -240,7 +254,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                      std::vector<double> words(k);
                      typed(buffer, [&](auto* p) {
                        using T = std::remove_pointer_t<decltype(p)>;
-                       for (int64_t i = 0; i < k; ++i) words[i] = static_cast<double>(p[i]);
+                       takeWords(p, &words);
                        // The data first: whoever the verdict releases reads it.
                        std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
                      });
@@ -333,8 +347,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
     const auto* src = static_cast<const T*>(input.data_ptr());
     for (int r = 0; r < worldSize; ++r) {
       T* chunk = p + r * (kWordSlots + n);
-      for (int64_t i = 0; i < k; ++i) chunk[i] = static_cast<T>(mine[i]);
-      for (int64_t i = k; i < kWordSlots; ++i) chunk[i] = T(0);
+      putWords(chunk, mine);
       std::memcpy(chunk + kWordSlots, src + r * n, n * sizeof(T));
     }
   });
@@ -345,7 +358,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
                      std::vector<double> words(k);
                      typed(out, [&](auto* p) {
                        using T = std::remove_pointer_t<decltype(p)>;
-                       for (int64_t i = 0; i < k; ++i) words[i] = static_cast<double>(p[i]);
+                       takeWords(p, &words);
                        std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
                      });
                      verdict(agree(words, op, worldSize));
