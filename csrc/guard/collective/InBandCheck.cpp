@@ -118,6 +118,12 @@ void takeWords(const T* p, std::vector<double>* words) {
   for (size_t i = 0; i < words->size(); ++i) (*words)[i] = static_cast<double>(p[i]);
 }
 
+// A reduced carried buffer: its `n` data elements go back to `user` first
+// (whoever the verdict releases reads them), then its `k` words say whether
+// the ranks agree.
+bool readBack(const at::Tensor& carried, const at::Tensor& user, int64_t k, int64_t n, const c10d::ReduceOp& op,
+              int worldSize);
+
 // The four dtypes whose sums of W ones stay exact in the words.
 bool reducible(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -214,6 +220,21 @@ bool InBandCheck::agree(const std::vector<double>& reduced, const c10d::ReduceOp
   return true;
 }
 
+namespace {
+
+bool readBack(const at::Tensor& carried, const at::Tensor& user, int64_t k, int64_t n, const c10d::ReduceOp& op,
+              int worldSize) {
+  std::vector<double> words(k);
+  typed(carried, [&](auto* p) {
+    using T = std::remove_pointer_t<decltype(p)>;
+    std::memcpy(user.data_ptr(), p + InBandCheck::kWordSlots, n * sizeof(T));
+    takeWords(p, &words);
+  });
+  return InBandCheck::agree(words, op, worldSize);
+}
+
+}  // namespace
+
 bool InBandCheck::carriesAllGather(const at::Tensor& output, const at::Tensor& input, int worldSize) {
   return worldSize >= 2 && denseCpu(input) && denseCpu(output) && output.scalar_type() == input.scalar_type() &&
          output.numel() == worldSize * input.numel() && bytesOf(output) <= kMaxCopyBytes;
@@ -251,14 +272,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   const c10d::ReduceOp op = opts.reduceOp;
   return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
                    [buffer, user, k, n, op, worldSize, verdict = std::move(verdict)] {
-                     std::vector<double> words(k);
-                     typed(buffer, [&](auto* p) {
-                       using T = std::remove_pointer_t<decltype(p)>;
-                       takeWords(p, &words);
-                       // The data first: whoever the verdict releases reads it.
-                       std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
-                     });
-                     verdict(agree(words, op, worldSize));
+                     verdict(readBack(buffer, user, k, n, op, worldSize));
                    });
 }
 
@@ -355,13 +369,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
   const c10d::ReduceOp op = opts.reduceOp;
   return finishing(c10d::OpType::_REDUCE_SCATTER_BASE, inner._reduce_scatter_base(out, in, opts), user,
                    [out, user, k, n, op, worldSize, verdict = std::move(verdict)] {
-                     std::vector<double> words(k);
-                     typed(out, [&](auto* p) {
-                       using T = std::remove_pointer_t<decltype(p)>;
-                       takeWords(p, &words);
-                       std::memcpy(user.data_ptr(), p + kWordSlots, n * sizeof(T));
-                     });
-                     verdict(agree(words, op, worldSize));
+                     verdict(readBack(out, user, k, n, op, worldSize));
                    });
 }
 
