@@ -99,16 +99,41 @@ TEST(InBandCheck, FsdpsCollectivesCarryUpToTheCopyBound) {
   EXPECT_FALSE(InBandCheck::carriesReduceScatter(at::zeros({3}), at::ones({4}), sum, 2));  // not W x output
 }
 
-TEST(InBandCheck, TheCompactWordSumsExactlyAndTellsTwoRanksApart) {
-  const uint64_t low = uint64_t{1} << 51, high = uint64_t{1} << 52;
-  for (uint64_t h : std::vector<uint64_t>{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull, uint64_t{1} << 12}) {
-    const uint64_t w = InBandCheck::compactWord(h);
-    EXPECT_GE(w, low);
-    EXPECT_LT(w, high);
-    // Two ranks' words add up exactly in a double (below 2^53): twice one's own
-    // exactly when the other's is the same.
-    EXPECT_EQ(static_cast<double>(w) + static_cast<double>(w), 2.0 * static_cast<double>(w));
-    const uint64_t other = InBandCheck::compactWord(h ^ (uint64_t{1} << 12));  // the lowest bit compared
-    EXPECT_NE(static_cast<double>(w) + static_cast<double>(other), 2.0 * static_cast<double>(w));
+TEST(InBandCheck, TheCompactWordSumsExactlyAndTellsOneRankApart) {
+  for (int world : {2, 3, 4, 8, 1000, 1 << 20}) {
+    const int bits = InBandCheck::compactBits(world);
+    const uint64_t low = uint64_t{1} << (bits - 1), high = uint64_t{1} << bits;
+    EXPECT_LE(static_cast<double>(high) * world, 9007199254740992.0) << world;  // 2^53: W words sum exactly
+    for (uint64_t h : std::vector<uint64_t>{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull}) {
+      const uint64_t w = InBandCheck::compactWord(h, world);
+      EXPECT_GE(w, low);
+      EXPECT_LT(w, high);
+      // W ranks' words add up exactly in a double: W times one's own exactly
+      // when the others' sum to it. Here one rank differs in the lowest bit compared.
+      const uint64_t other = InBandCheck::compactWord(h ^ (uint64_t{1} << (64 - (bits - 1))), world);
+      EXPECT_NE(other, w);
+      double same = 0, one = 0;
+      int64_t sameInt = 0, oneInt = 0;
+      for (int r = 0; r < world; ++r) {
+        same += static_cast<double>(w);
+        one += static_cast<double>(r == world - 1 ? other : w);
+        sameInt += static_cast<int64_t>(w);
+        oneInt += static_cast<int64_t>(r == world - 1 ? other : w);
+      }
+      EXPECT_TRUE(InBandCheck::compactAgree(same, w, world)) << world;
+      EXPECT_FALSE(InBandCheck::compactAgree(one, w, world)) << world;
+      EXPECT_FALSE(InBandCheck::compactAgree(one, other, world)) << world;
+      EXPECT_TRUE(InBandCheck::compactAgree(sameInt, w, world)) << world;
+      EXPECT_FALSE(InBandCheck::compactAgree(oneInt, w, world)) << world;
+    }
   }
+  // Carried so: one dense element of the four dtypes under SUM, at any world up to 2^20.
+  const auto sum = c10d::ReduceOp::SUM;
+  EXPECT_TRUE(InBandCheck::compact({at::ones({1})}, sum, 4));
+  EXPECT_TRUE(InBandCheck::compact({at::ones({1}, at::kInt)}, sum, 2));
+  EXPECT_FALSE(InBandCheck::compact({at::ones({1})}, c10d::ReduceOp::MAX, 4));
+  EXPECT_FALSE(InBandCheck::compact({at::ones({2})}, sum, 4));
+  EXPECT_FALSE(InBandCheck::compact({at::ones({1}, at::kHalf)}, sum, 4));
+  EXPECT_FALSE(InBandCheck::compact({at::ones({1})}, sum, 1));
+  EXPECT_FALSE(InBandCheck::compact({at::ones({1})}, sum, (1 << 20) + 1));
 }

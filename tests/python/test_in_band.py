@@ -19,8 +19,9 @@ JOB = ["tests/python/jobs/in_band_job.py"]
 DEFAULTS = {"TORCH_EXT_WARN_AFTER": "", "TORCH_EXT_ABORT_AFTER": ""}  # "": the guard's defaults
 
 
-def _launch(tmp_path, kind: str) -> tuple[list, list[dict], str]:
-    results = launch_script(JOB, 2, store="rank0", timeout=90, env={"OUT": str(tmp_path), "KIND": kind, **DEFAULTS})
+def _launch(tmp_path, kind: str, world: int = 2) -> tuple[list, list[dict], str]:
+    results = launch_script(JOB, world, store="rank0", timeout=90,
+                            env={"OUT": str(tmp_path), "KIND": kind, **DEFAULTS})
     text = "\n".join(r.describe() for r in results)
     records = []
     for r in results:
@@ -83,6 +84,36 @@ def test_one_element_between_two_ranks_carries_one_word_and_sums_as_its_dtype(tm
 
 
 @pytest.mark.timeout(120)
+def test_an_all_reduce_read_through_its_future_or_only_polled_completes_with_its_sum(tmp_path):
+    # Between two ranks a small SUM is a pair exchange, whose work completes in
+    # wait(): read through get_future() (a comm hook) or polled with
+    # is_completed() (never waited), it completes all the same, once verified.
+    results, records, text = _launch(tmp_path, "future")
+    want = []
+    for i in range(20):
+        want += [2.0 * (1 + 2 * i), [float(1 + 2 * i)] * 3]
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        assert rec["future"] == want, text
+        v = rec["verifier"]
+        assert v["in_band"] >= 40 and v["verified_seq"] == v["issued_seq"], (v, text)
+
+
+@pytest.mark.timeout(150)
+def test_one_element_among_four_ranks_carries_one_word_without_rounds(tmp_path):
+    results, records, text = _launch(tmp_path, "one", world=4)
+    want = []
+    for i in range(40):
+        exact = sum(0.25 * (r + i) for r in range(4))  # representable: any order of additions gives it
+        want += [exact, exact, ((2**31 - 1) + 3 * i + 2**31) % 2**32 - 2**31]  # the int32 sum wraps
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        assert rec["one"] == want, text
+        v = rec["verifier"]
+        assert v["in_band"] >= 118 and v["rounds"] <= 10, (v, text)
+
+
+@pytest.mark.timeout(120)
 def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and_never_hang(tmp_path):
     # An uneven all_to_all's pairing sums are compared by rounds only; the
     # carried all_reduces after it are released once a round got past it.
@@ -113,12 +144,27 @@ def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and
     ("scatter", ("reduce_scatter_tensor(float32[2], SUM)", "reduce_scatter_tensor(float32[2], MAX)")),
 ])
 def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
-    results, records, text = _launch(tmp_path, kind)
+    _fails_every_rank_typed(tmp_path, kind, calls, 2)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind,calls", [
+    ("onecount", ("all_reduce(float32[1], SUM)", "all_reduce(float32[2], SUM)")),
+    ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),  # the same carried bytes
+])
+def test_a_one_word_carry_among_four_ranks_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
+    _fails_every_rank_typed(tmp_path, kind, calls, 4)
+
+
+def _fails_every_rank_typed(tmp_path, kind: str, calls: tuple[str, str], world: int) -> None:
+    results, records, text = _launch(tmp_path, kind, world)
+    assert len(results) == world, text
     for r, rec in zip(results, records):
         assert r.returncode == 1, text  # the job's own status: it caught the error
         assert "read" not in rec, f"rank {r.rank} read the result of a differing collective: {rec}\n{text}"
         assert rec.get("error") == "CollectiveMismatchError", text
-        assert rec["message"].startswith('collective #4 on group "default_pg" (2 ranks) differs across ranks'), text
+        head = f'collective #4 on group "default_pg" ({world} ranks) differs across ranks'
+        assert rec["message"].startswith(head), text
         assert all(c in rec["message"] for c in calls), rec["message"]
         # Not the watchdog's hang path (warn_after, minutes at the defaults): the check's verdict.
         assert rec["after_s"] < 15, text

@@ -263,7 +263,7 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
   // from what every rank issuing the same collective has alike.
   Verifier* verifier = seq > 0 ? state_->verifier() : nullptr;
   const bool carries = inBand != nullptr && verifier != nullptr && !coalescing_ && !streamOrdered(device) &&
-                       !checks.beforeIssue() && inBand->carries(getSize());
+                       !checks.beforeIssue() && inBand->carries(inner, getSize());
   if (verifier != nullptr) verifier->issued(seq, rolling, hash, splitSend, splitRecv, carries);
   bool deferReceive = false;  // strict: a receive whose sender has not published yet
   if (checks.beforeIssue()) {

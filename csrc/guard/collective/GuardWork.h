@@ -113,6 +113,8 @@ class GuardWork : public c10d::Work {
   static std::vector<at::Tensor> tensorsOf(const c10::IValue& value);
   // Device mode's getFuture(): the inner future's completion, with the
   // group's verdict as its error.
+  // Mode::Blocking's getFuture() for a pair exchange (InBandCheck.h).
+  c10::intrusive_ptr<c10::ivalue::Future> exchangeFuture();
   c10::intrusive_ptr<c10::ivalue::Future> deviceFuture();
 
   std::shared_ptr<GroupState> state_;

@@ -2,8 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <type_traits>
 
 namespace torch_ext {
@@ -104,6 +106,162 @@ class InBandWork : public c10d::Work {
   std::vector<at::Tensor> outputs_;
 };
 
+// The pair exchange's work (InBandCheck::exchange): its receive and send on
+// the inner backend, and `finish` (the sum, the verdict) once both are done.
+// gloo's send/recv works have no future and complete only in their wait(), so
+// exactly one thread waits on them: the caller's wait(), or, for a work
+// nobody waits on at once (isCompleted from the watchdog's poll, getFuture
+// from a comm hook), a thread of its own. A group failure's abort() releases
+// either (gloo's p2p waits return false).
+class ExchangeWork : public c10d::Work {
+ public:
+  ExchangeWork(c10::intrusive_ptr<c10d::Work> recv, c10::intrusive_ptr<c10d::Work> send, std::function<void()> finish,
+               at::Tensor user)
+      : c10d::Work(-1, c10d::OpType::ALLREDUCE),
+        recv_(std::move(recv)),
+        send_(std::move(send)),
+        finish_(std::move(finish)),
+        user_(std::move(user)) {}
+  ~ExchangeWork() override {
+    // gloo's buffer waits in its destructor until the transport thread lets
+    // go of it, which a thread stopped on a mismatch (TerminateHandler) never
+    // does: a receive that did not complete is left to the process.
+    if (state_ != State::Done || !ok_ || error_) {
+      (void)recv_.release();
+      (void)send_.release();
+    }
+  }
+
+  bool isCompleted() override {
+    drainInBackground();
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ == State::Done;
+  }
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return state_ == State::Done && ok_ && !error_;
+  }
+  std::exception_ptr exception() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool mine = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_ == State::Idle && timeout == kNoTimeout) {
+        state_ = State::Running;
+        mine = true;
+      }
+    }
+    if (mine) {
+      run();
+    } else {
+      drainInBackground();  // a deadline: gloo's own would close the connections on expiry
+      std::unique_lock<std::mutex> lock(mu_);
+      auto done = [this] { return state_ == State::Done; };
+      if (timeout == kNoTimeout) {
+        cv_.wait(lock, done);
+      } else if (!cv_.wait_for(lock, timeout, done)) {
+        TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: wait(timeout=", timeout.count(),
+                         " ms) expired before the pair exchange completed");
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    if (error_) std::rethrow_exception(error_);
+    return ok_;
+  }
+  void abort() override {
+    recv_->abort();
+    send_->abort();
+  }
+  std::vector<at::Tensor> result() override {
+    return {user_};
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    bool done = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!future_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
+      future = future_;
+      done = state_ == State::Done;
+    }
+    if (done) {
+      settle(future);
+    } else {
+      drainInBackground();
+    }
+    return future;
+  }
+
+ private:
+  enum class State : uint8_t { Idle, Running, Done };
+
+  // On the one thread that claimed the work.
+  void run() {
+    bool ok = false;
+    std::exception_ptr error;
+    try {
+      ok = recv_->wait(kNoTimeout);
+      ok = send_->wait(kNoTimeout) && ok;
+      if (ok) finish_();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ok_ = ok;
+      error_ = error;
+      state_ = State::Done;
+      future = future_;
+      cv_.notify_all();
+    }
+    if (future) settle(future);
+  }
+  void drainInBackground() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_ != State::Idle) return;
+      state_ = State::Running;
+    }
+    std::thread([self = c10::intrusive_ptr<ExchangeWork>::reclaim_copy(this)] { self->run(); }).detach();
+  }
+  // Once Done (ok_ and error_ final); by run() or getFuture(), whichever sees
+  // both the future and the end.
+  void settle(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+    std::call_once(settled_, [&] {
+      if (error_) {
+        future->setError(error_);
+      } else if (!ok_) {
+        future->setError(aborted());
+      } else {
+        future->markCompleted(c10::IValue(std::vector<at::Tensor>{user_}));
+      }
+    });
+  }
+  static std::exception_ptr aborted() {
+    try {
+      TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: the pair exchange was aborted (the group failed)");
+    } catch (...) {
+      return std::current_exception();
+    }
+    return nullptr;
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv_, send_;
+  std::function<void()> finish_;
+  at::Tensor user_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  State state_ = State::Idle;
+  bool ok_ = false;
+  std::exception_ptr error_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::once_flag settled_;
+};
+
 // The words in front of a carried buffer: `mine`, then zeros up to kWordSlots.
 template <typename T>
 void putWords(T* p, const std::vector<double>& mine) {
@@ -178,8 +336,8 @@ int64_t InBandCheck::words(const std::vector<at::Tensor>& tensors, const c10d::R
   if (!denseCpu(t) || !reducible(t) || bytesOf(t) > kMaxBytes) return 0;
   // gloo reduces fewer elements than ranks on a cheaper path, which the carried
   // words would leave (world 4, one float32: 0.86 ms, carried 4.5 ms; a round
-  // costs less). At world 2 one element under SUM carries one word instead
-  // (compactAllreduce), and under MAX/MIN the words still cost less than a round.
+  // costs less). One element under SUM carries one word instead (compact), and
+  // at world 2 under MAX/MIN the words still cost less than a round.
   if (worldSize > 2 && t.numel() < worldSize) return 0;
   if (op == c10d::ReduceOp::SUM) return kBits;
   if (pairEncoded(op)) return 2 * kBits;
@@ -255,8 +413,9 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
-  if (worldSize == 2 && user.numel() == 1 && opts.reduceOp == c10d::ReduceOp::SUM) {
-    return compactAllreduce(inner, user, opts, rolling, std::move(verdict));
+  if (exchanges(tensors, opts.reduceOp, worldSize, inner)) return exchange(inner, user, rolling, std::move(verdict));
+  if (compact(tensors, opts.reduceOp, worldSize)) {
+    return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
   }
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
   const auto k = static_cast<int64_t>(mine.size());
@@ -276,18 +435,89 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                    });
 }
 
-uint64_t InBandCheck::compactWord(uint64_t rolling) {
-  return (rolling >> 12) | (uint64_t{1} << 51);
+bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
+                            const c10d::Backend& inner) {
+  return worldSize == 2 && op == c10d::ReduceOp::SUM && tensors.size() == 1 && denseCpu(tensors[0]) &&
+         reducible(tensors[0]) && bytesOf(tensors[0]) <= kMaxBytes && inner.getBackendName() == "gloo";
+}
+
+bool InBandCheck::futureOnRequest(const c10d::Work& work) {
+  return dynamic_cast<const ExchangeWork*>(&work) != nullptr;
+}
+
+c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::Tensor user, uint64_t rolling,
+                                                     Verdict verdict) {
+  // [rolling, data bytes (8 each), data] each way, as bytes. The receive is
+  // posted for the longest message an exchange sends: a peer whose exchange
+  // differs in length is told apart by the header, where a message longer
+  // than the receive would stop gloo's transport thread (TerminateHandler)
+  // with the pair's lock held, and this thread with it at its next send.
+  constexpr int64_t kHead = 2 * sizeof(uint64_t);
+  const int64_t nb = bytesOf(user);
+  const int peer = 1 - inner.getRank();
+  at::Tensor mine = at::empty({kHead + nb}, user.options().dtype(at::kByte));
+  at::Tensor theirs = at::empty({kHead + kMaxBytes}, mine.options());
+  const uint64_t head[2] = {rolling, static_cast<uint64_t>(nb)};
+  std::memcpy(mine.data_ptr<uint8_t>(), head, kHead);
+  std::memcpy(mine.data_ptr<uint8_t>() + kHead, user.data_ptr(), nb);
+  std::vector<at::Tensor> in{theirs}, out{mine};
+  auto recv = inner.recv(in, peer, kExchangeTag);
+  auto send = inner.send(out, peer, kExchangeTag);
+  auto finish = [mine, theirs, user, head, verdict = std::move(verdict)] {
+    uint64_t other[2] = {0, 0};
+    std::memcpy(other, theirs.data_ptr<uint8_t>(), kHead);
+    const bool same = other[0] == head[0] && other[1] == head[1];
+    if (same) {
+      typed(user, [&](auto* u) {
+        using T = std::remove_pointer_t<decltype(u)>;
+        const T* a = reinterpret_cast<const T*>(mine.data_ptr<uint8_t>() + kHead);
+        const T* b = reinterpret_cast<const T*>(theirs.data_ptr<uint8_t>() + kHead);
+        const int64_t n = user.numel();
+        if constexpr (std::is_integral_v<T>) {
+          using U = std::make_unsigned_t<T>;  // wraps as the inner backend's sum does
+          for (int64_t i = 0; i < n; ++i) u[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i]));
+        } else {
+          for (int64_t i = 0; i < n; ++i) u[i] = a[i] + b[i];
+        }
+      });
+    }
+    verdict(same);
+  };
+  return c10::make_intrusive<ExchangeWork>(std::move(recv), std::move(send), std::move(finish), user);
+}
+
+bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
+  return tensors.size() == 1 && worldSize >= 2 && worldSize <= (1 << 20) && op == c10d::ReduceOp::SUM &&
+         denseCpu(tensors[0]) && reducible(tensors[0]) && tensors[0].numel() == 1;
+}
+
+int InBandCheck::compactBits(int worldSize) {
+  int log2W = 0;
+  while ((int64_t{1} << log2W) < worldSize) ++log2W;
+  return 53 - log2W;  // W words below 2^bits sum below 2^53
+}
+
+uint64_t InBandCheck::compactWord(uint64_t rolling, int worldSize) {
+  const int bits = compactBits(worldSize);
+  return (rolling >> (64 - (bits - 1))) | (uint64_t{1} << (bits - 1));
+}
+
+bool InBandCheck::compactAgree(double reduced, uint64_t word, int worldSize) {
+  return reduced == static_cast<double>(word * static_cast<uint64_t>(worldSize));  // both exact below 2^53
+}
+
+bool InBandCheck::compactAgree(int64_t reduced, uint64_t word, int worldSize) {
+  return static_cast<uint64_t>(reduced) == word * static_cast<uint64_t>(worldSize);
 }
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                              const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                             Verdict verdict) {
+                                                             int worldSize, Verdict verdict) {
   // [the element widened to 64 bits, compactWord]: two elements, gloo's cheap
   // path (InBandCheck.h).
   const bool floating = at::isFloatingType(user.scalar_type());
   at::Tensor buffer = at::empty({2}, user.options().dtype(floating ? at::kDouble : at::kLong));
-  const uint64_t word = compactWord(rolling);
+  const uint64_t word = compactWord(rolling, worldSize);
   typed(user, [&](auto* u) {
     if (floating) {
       buffer.data_ptr<double>()[0] = static_cast<double>(u[0]);
@@ -299,19 +529,19 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inne
   });
   std::vector<at::Tensor> carried{buffer};
   return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
-                   [buffer, user, word, floating, verdict = std::move(verdict)] {
+                   [buffer, user, word, floating, worldSize, verdict = std::move(verdict)] {
                      bool same = false;
                      typed(user, [&](auto* u) {
                        using T = std::remove_pointer_t<decltype(u)>;
                        if (floating) {
                          const double* p = buffer.data_ptr<double>();
                          u[0] = static_cast<T>(p[0]);
-                         same = p[1] == 2.0 * static_cast<double>(word);
+                         same = compactAgree(p[1], word, worldSize);
                        } else {
                          const int64_t* p = buffer.data_ptr<int64_t>();
                          // Wraps as the narrower type's own sum would.
                          u[0] = static_cast<T>(static_cast<uint64_t>(p[0]));
-                         same = static_cast<uint64_t>(p[1]) == 2 * word;
+                         same = compactAgree(p[1], word, worldSize);
                        }
                      });
                      verdict(same);
@@ -373,10 +603,12 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
                    });
 }
 
-bool InBandRequest::carries(int worldSize) const {
+bool InBandRequest::carries(const c10d::Backend& inner, int worldSize) const {
   switch (kind) {
     case Kind::AllReduce:
-      return InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
+      return InBandCheck::exchanges(*tensors, allreduce->reduceOp, worldSize, inner) ||
+             InBandCheck::compact(*tensors, allreduce->reduceOp, worldSize) ||
+             InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
     case Kind::AllGather:
       return InBandCheck::carriesAllGather(*output, *input, worldSize);
     case Kind::ReduceScatter:

@@ -22,7 +22,9 @@
 // Carried only where the words cost little next to the collective and stay
 // exact: one dense CPU tensor of float32/float64/int32/int64, at most
 // kMaxBytes, SUM/MAX/MIN, worlds below 2^24 (float32 sums of ones are exact),
-// and at worlds above 2 at least one element per rank (words()).
+// and at worlds above 2 at least one element per rank (words()); or, one
+// element under SUM, a single word beside it (compact). Between two ranks on
+// gloo a SUM is no all_reduce at all but a pair exchange (exchanges()).
 // The words go in front, so they line up across ranks whatever the length,
 // and the total is rounded up (carriedLength).
 //
@@ -87,18 +89,45 @@ class InBandCheck {
                                                       const c10d::ReduceScatterOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict);
 
-  // Between two ranks, a one-element SUM (a loss, a flag) carries one word
-  // instead: 52 bits of `rolling` with the top one set, in [2^51, 2^52), beside
-  // the element widened to 64 bits (double for floating types, int64 else).
-  // gloo's ring reduces two elements on the cheap path one element takes (most
-  // of its 2W segments stay empty: 350 us at world 2 where 256 elements take
-  // 816), and the two words sum exactly (below 2^53): each rank reads twice
-  // its own word exactly when the other's equals it. Widening keeps the result:
-  // two float32 added in double and rounded back are IEEE float32's own sum,
-  // and an int32 sum wraps as it would. (52 of the hash's 64 bits: two ranks
-  // that differ pass with probability 2^-52, and every later check compares
-  // again, the rolling hash carrying this collective on.)
-  static uint64_t compactWord(uint64_t rolling);
+  // Between two ranks on gloo, a SUM of one dense tensor of the four dtypes up
+  // to kMaxBytes (a loss, a flag, a metric vector) is not reduced by gloo's
+  // ring at all: each rank sends the other [its rolling hash, its data] and
+  // receives the other's (gloo's send/recv under kExchangeTag), then adds the
+  // two. One message each way, where the ring sends two in turn, one per
+  // non-empty segment (two elements cost twice one). The sum is gloo's: a + b
+  // is b + a in IEEE arithmetic, and integers wrap alike. Each rank compares
+  // the whole 64-bit hashes. Its work completes in wait() (gloo's send/recv
+  // have no future), or on a thread of its own when polled or asked for its
+  // future first (futureOnRequest).
+  static constexpr int kExchangeTag = 0x7E570000;
+  static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
+                        const c10d::Backend& inner);
+  // Whether `work` is a pair exchange's: its future is made on request only.
+  static bool futureOnRequest(const c10d::Work& work);
+
+  // A one-element SUM (a loss, a flag) carries one word instead: the element
+  // widened to 64 bits (double for floating types, int64 else) beside
+  // compactWord. gloo's ring reduces two elements on the cheap path one
+  // element takes (most of its 2W segments stay empty: at world 4, one or two
+  // elements take 0.7-1.0 ms where three or more take 2.4-4.8), and W words
+  // sum exactly (below 2^53): each rank reads W times its own word exactly when
+  // the others' sum to it. Widening keeps an integer sum (it wraps as the
+  // narrower type's would) and float64's; float32 is added in double and
+  // rounded once, which between two ranks is IEEE float32's own sum, and among
+  // more is at least as close to the exact sum as the ring's W - 1 roundings
+  // (the same value on every rank; it may differ from plain gloo's in the last
+  // bit). Every rank that issues the same collective carries it so (compact).
+  static bool compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize);
+  // The word: the top compactBits(W) - 1 bits of `rolling` with bit
+  // compactBits(W) - 1 set, so W words stay below 2^53 and none is 0. Ranks
+  // that differ pass with probability 2^-(bits - 1) (2^-51 at world 2, 2^-50
+  // at 4), and every later check compares again, the rolling hash carrying
+  // this collective on.
+  static int compactBits(int worldSize);
+  static uint64_t compactWord(uint64_t rolling, int worldSize);
+  // Whether the reduced word says that `worldSize` ranks carried `word`.
+  static bool compactAgree(double reduced, uint64_t word, int worldSize);
+  static bool compactAgree(int64_t reduced, uint64_t word, int worldSize);
 
   // Pure, for tests: the words of `rolling` under `op`, and whether reduced
   // words (as doubles) say that `worldSize` ranks agree.
@@ -106,9 +135,11 @@ class InBandCheck {
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
 
  private:
+  static c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& inner, at::Tensor user, uint64_t rolling,
+                                                 Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                         Verdict verdict);
+                                                         int worldSize, Verdict verdict);
 };
 
 // One collective that may carry its check, as GuardBackend hands it over:
@@ -123,7 +154,7 @@ struct InBandRequest {
   const c10d::AllgatherOptions* allgather = nullptr;
   const c10d::ReduceScatterOptions* reduceScatter = nullptr;
 
-  bool carries(int worldSize) const;
+  bool carries(const c10d::Backend& inner, int worldSize) const;
   c10::intrusive_ptr<c10d::Work> issue(c10d::Backend& inner, uint64_t rolling, int worldSize,
                                        InBandCheck::Verdict verdict) const;
 };

@@ -13,7 +13,9 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
   alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
            waited before it
-  one      no difference: one-element all_reduces (float32, float64, int32 wrapping)
+  one      no difference: one-element all_reduces (float32, float64, int32 wrapping), any world
+  future   no difference: async all_reduces read through get_future() (and then()), or only
+           polled with is_completed(), never waited
   onecount float32[1] against float32[2]
   onedtype float32[1] against float64[1]
   gather   all_gather_into_tensor of float32[4] against float32[6]
@@ -70,12 +72,26 @@ try:
             got += [out.tolist()] + sums
     if kind == "one":
         got = record["one"] = []
+        step = 0.1 if world == 2 else 0.25  # among more than two ranks: sums exact in any order
         for i in range(40):
-            for dtype, value in ((torch.float32, 0.1 * (rank + i)), (torch.float64, 0.1 * (rank + i)),
+            for dtype, value in ((torch.float32, step * (rank + i)), (torch.float64, step * (rank + i)),
                                  (torch.int32, 2**31 - 1 if rank == 0 else i)):
                 t = torch.tensor([value], dtype=dtype)
                 dist.all_reduce(t)
                 got.append(t.item())
+    if kind == "future":
+        got = record["future"] = []
+        for i in range(20):
+            t = torch.tensor([float(rank + i)])
+            fut = dist.all_reduce(t, async_op=True).get_future()
+            got.append(fut.then(lambda f: f.value()[0].item() * 2).wait())
+            u = torch.full((3,), float(rank + i))
+            work = dist.all_reduce(u, async_op=True)
+            deadline = time.monotonic() + 30
+            while not work.is_completed():  # polled only: completes without a wait()
+                assert time.monotonic() < deadline, "an all_reduce polled with is_completed() never completed"
+                time.sleep(0.001)
+            got.append(u.tolist())
     n = 200 if kind == "none" else 3
     for i in range(n):
         t = torch.full((4,), float(rank + i))
@@ -115,7 +131,7 @@ try:
     elif kind == "dtype":
         a = torch.ones(4, dtype=torch.float64 if odd else torch.float32)
         dist.all_reduce(a)
-    if kind not in ("none", "fsdp", "alltoall", "one"):
+    if kind not in ("none", "fsdp", "alltoall", "one", "future"):
         record["read"] = a.tolist()[:8]
     record["verifier"] = torch_ext.group_state()["verifier"]
 except torch_ext.GuardError as e:
