@@ -66,7 +66,7 @@ def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_va
 
 
 @pytest.mark.timeout(120)
-def test_one_element_between_two_ranks_carries_one_word_and_sums_as_its_dtype(tmp_path):
+def test_one_element_between_two_ranks_is_exchanged_and_reduced_as_its_dtype(tmp_path):
     import torch
 
     results, records, text = _launch(tmp_path, "one")
@@ -76,11 +76,12 @@ def test_one_element_between_two_ranks_carries_one_word_and_sums_as_its_dtype(tm
             # The dtype's own sum: computed here the way the inner backend does.
             want.append((torch.tensor([0.1 * i], dtype=dtype) + torch.tensor([0.1 * (1 + i)], dtype=dtype)).item())
         want.append((2**31 - 1 + i + 2**31) % 2**32 - 2**31)  # (2^31 - 1) + i wraps as an int32 sum does
+        want += [1000 + i, -1 - i]  # int64 MAX, int32 MIN
     for r, rec in zip(results, records):
         assert r.returncode == 0 and "error" not in rec, text
         assert rec["one"] == want, text
         v = rec["verifier"]
-        assert v["in_band"] >= 118 and v["rounds"] <= 10, (v, text)
+        assert v["in_band"] >= 198 and v["rounds"] <= 10, (v, text)
 
 
 @pytest.mark.timeout(120)

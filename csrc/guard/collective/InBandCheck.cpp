@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -413,7 +414,9 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
-  if (exchanges(tensors, opts.reduceOp, worldSize, inner)) return exchange(inner, user, rolling, std::move(verdict));
+  if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
+    return exchange(inner, user, opts.reduceOp, rolling, std::move(verdict));
+  }
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
   }
@@ -437,16 +440,21 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
 
 bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                             const c10d::Backend& inner) {
-  return worldSize == 2 && op == c10d::ReduceOp::SUM && tensors.size() == 1 && denseCpu(tensors[0]) &&
-         reducible(tensors[0]) && bytesOf(tensors[0]) <= kMaxBytes && inner.getBackendName() == "gloo";
+  if (worldSize != 2 || tensors.size() != 1 || !denseCpu(tensors[0]) || !reducible(tensors[0]) ||
+      bytesOf(tensors[0]) > kMaxBytes || inner.getBackendName() != "gloo") {
+    return false;
+  }
+  // MAX/MIN of integers too (an early-stop flag): of two, either order gives
+  // the same. Not of floating types, where a NaN makes the order matter.
+  return op == c10d::ReduceOp::SUM || (pairEncoded(op) && !at::isFloatingType(tensors[0].scalar_type()));
 }
 
 bool InBandCheck::futureOnRequest(const c10d::Work& work) {
   return dynamic_cast<const ExchangeWork*>(&work) != nullptr;
 }
 
-c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::Tensor user, uint64_t rolling,
-                                                     Verdict verdict) {
+c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::Tensor user, const c10d::ReduceOp& op,
+                                                     uint64_t rolling, Verdict verdict) {
   // [rolling, data bytes (8 each), data] each way, as bytes. The receive is
   // posted for the longest message an exchange sends: a peer whose exchange
   // differs in length is told apart by the header, where a message longer
@@ -463,7 +471,8 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::T
   std::vector<at::Tensor> in{theirs}, out{mine};
   auto recv = inner.recv(in, peer, kExchangeTag);
   auto send = inner.send(out, peer, kExchangeTag);
-  auto finish = [mine, theirs, user, head, verdict = std::move(verdict)] {
+  const int combine = op == c10d::ReduceOp::MAX ? 1 : op == c10d::ReduceOp::MIN ? -1 : 0;  // else SUM
+  auto finish = [mine, theirs, user, head, combine, verdict = std::move(verdict)] {
     uint64_t other[2] = {0, 0};
     std::memcpy(other, theirs.data_ptr<uint8_t>(), kHead);
     const bool same = other[0] == head[0] && other[1] == head[1];
@@ -475,7 +484,13 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::T
         const int64_t n = user.numel();
         if constexpr (std::is_integral_v<T>) {
           using U = std::make_unsigned_t<T>;  // wraps as the inner backend's sum does
-          for (int64_t i = 0; i < n; ++i) u[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i]));
+          if (combine > 0) {
+            for (int64_t i = 0; i < n; ++i) u[i] = std::max(a[i], b[i]);
+          } else if (combine < 0) {
+            for (int64_t i = 0; i < n; ++i) u[i] = std::min(a[i], b[i]);
+          } else {
+            for (int64_t i = 0; i < n; ++i) u[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i]));
+          }
         } else {
           for (int64_t i = 0; i < n; ++i) u[i] = a[i] + b[i];
         }

@@ -90,7 +90,8 @@ class InBandCheck {
                                                       int worldSize, Verdict verdict);
 
   // Between two ranks on gloo, a SUM of one dense tensor of the four dtypes up
-  // to kMaxBytes (a loss, a flag, a metric vector) is not reduced by gloo's
+  // to kMaxBytes (a loss, a flag, a metric vector), or a MAX/MIN of integers
+  // (an early-stop flag), is not reduced by gloo's
   // ring at all: each rank sends the other [its rolling hash, its data] and
   // receives the other's (gloo's send/recv under kExchangeTag), then adds the
   // two. One message each way, where the ring sends two in turn, one per
@@ -135,8 +136,8 @@ class InBandCheck {
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
 
  private:
-  static c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& inner, at::Tensor user, uint64_t rolling,
-                                                 Verdict verdict);
+  static c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& inner, at::Tensor user, const c10d::ReduceOp& op,
+                                                 uint64_t rolling, Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);

@@ -13,7 +13,8 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
   alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
            waited before it
-  one      no difference: one-element all_reduces (float32, float64, int32 wrapping), any world
+  one      no difference: one-element all_reduces (float32, float64, int32 wrapping), any world;
+           at world 2 also integer MAX and MIN
   future   no difference: async all_reduces read through get_future() (and then()), or only
            polled with is_completed(), never waited
   onecount float32[1] against float32[2]
@@ -79,6 +80,12 @@ try:
                 t = torch.tensor([value], dtype=dtype)
                 dist.all_reduce(t)
                 got.append(t.item())
+            if world == 2:  # integer MAX/MIN (an early-stop flag): the pair exchange's too
+                for dtype, op, value in ((torch.int64, dist.ReduceOp.MAX, 1000 * rank + i),
+                                         (torch.int32, dist.ReduceOp.MIN, -rank - i)):
+                    t = torch.tensor([value], dtype=dtype)
+                    dist.all_reduce(t, op=op)
+                    got.append(t.item())
     if kind == "future":
         got = record["future"] = []
         for i in range(20):
