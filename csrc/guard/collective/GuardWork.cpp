@@ -1,7 +1,7 @@
 #include "guard/collective/GuardWork.h"
 
 #include "guard/Runtime.h"
-#include "guard/collective/InBandCheck.h"
+#include "guard/collective/PairExchange.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 
@@ -22,7 +22,7 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
   try {
     // A pair exchange makes its future only when asked for (getFuture).
-    if (!(inBand && InBandCheck::futureOnRequest(*inner))) innerFuture = inner->getFuture();
+    if (!(inBand && PairExchange::isExchange(*inner))) innerFuture = inner->getFuture();
   } catch (const std::exception&) {
     // gloo's send/recv works have no future: observe completion in wait().
   }
@@ -299,7 +299,7 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::exchangeFuture() {
   std::call_once(futureOnce_, [this] {
     // A carried work without a future of its own until asked (a pair
-    // exchange, InBandCheck.h): it completes on a thread of its own, and ours
+    // exchange, PairExchange.h): it completes on a thread of its own, and ours
     // from it once verified, as in Mode::Future.
     auto inner = inner_->getFuture();
     auto ours = c10::make_intrusive<c10::ivalue::Future>(inner->elementType(), inner->devices());

@@ -1,12 +1,11 @@
 #include "guard/collective/InBandCheck.h"
 
+#include "guard/collective/PairExchange.h"
+
 #include <ATen/ATen.h>
 
-#include <algorithm>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
-#include <thread>
 #include <type_traits>
 
 namespace torch_ext {
@@ -105,162 +104,6 @@ class InBandWork : public c10d::Work {
   std::function<void()> then_;  // without a future only
   std::once_flag once_;
   std::vector<at::Tensor> outputs_;
-};
-
-// The pair exchange's work (InBandCheck::exchange): its receive and send on
-// the inner backend, and `finish` (the sum, the verdict) once both are done.
-// gloo's send/recv works have no future and complete only in their wait(), so
-// exactly one thread waits on them: the caller's wait(), or, for a work
-// nobody waits on at once (isCompleted from the watchdog's poll, getFuture
-// from a comm hook), a thread of its own. A group failure's abort() releases
-// either (gloo's p2p waits return false).
-class ExchangeWork : public c10d::Work {
- public:
-  ExchangeWork(c10::intrusive_ptr<c10d::Work> recv, c10::intrusive_ptr<c10d::Work> send, std::function<void()> finish,
-               at::Tensor user)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE),
-        recv_(std::move(recv)),
-        send_(std::move(send)),
-        finish_(std::move(finish)),
-        user_(std::move(user)) {}
-  ~ExchangeWork() override {
-    // gloo's buffer waits in its destructor until the transport thread lets
-    // go of it, which a thread stopped on a mismatch (TerminateHandler) never
-    // does: a receive that did not complete is left to the process.
-    if (state_ != State::Done || !ok_ || error_) {
-      (void)recv_.release();
-      (void)send_.release();
-    }
-  }
-
-  bool isCompleted() override {
-    drainInBackground();
-    std::lock_guard<std::mutex> lock(mu_);
-    return state_ == State::Done;
-  }
-  bool isSuccess() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return state_ == State::Done && ok_ && !error_;
-  }
-  std::exception_ptr exception() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    bool mine = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (state_ == State::Idle && timeout == kNoTimeout) {
-        state_ = State::Running;
-        mine = true;
-      }
-    }
-    if (mine) {
-      run();
-    } else {
-      drainInBackground();  // a deadline: gloo's own would close the connections on expiry
-      std::unique_lock<std::mutex> lock(mu_);
-      auto done = [this] { return state_ == State::Done; };
-      if (timeout == kNoTimeout) {
-        cv_.wait(lock, done);
-      } else if (!cv_.wait_for(lock, timeout, done)) {
-        TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: wait(timeout=", timeout.count(),
-                         " ms) expired before the pair exchange completed");
-      }
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    return ok_;
-  }
-  void abort() override {
-    recv_->abort();
-    send_->abort();
-  }
-  std::vector<at::Tensor> result() override {
-    return {user_};
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    bool done = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!future_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-      future = future_;
-      done = state_ == State::Done;
-    }
-    if (done) {
-      settle(future);
-    } else {
-      drainInBackground();
-    }
-    return future;
-  }
-
- private:
-  enum class State : uint8_t { Idle, Running, Done };
-
-  // On the one thread that claimed the work.
-  void run() {
-    bool ok = false;
-    std::exception_ptr error;
-    try {
-      ok = recv_->wait(kNoTimeout);
-      ok = send_->wait(kNoTimeout) && ok;
-      if (ok) finish_();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ok_ = ok;
-      error_ = error;
-      state_ = State::Done;
-      future = future_;
-      cv_.notify_all();
-    }
-    if (future) settle(future);
-  }
-  void drainInBackground() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (state_ != State::Idle) return;
-      state_ = State::Running;
-    }
-    std::thread([self = c10::intrusive_ptr<ExchangeWork>::reclaim_copy(this)] { self->run(); }).detach();
-  }
-  // Once Done (ok_ and error_ final); by run() or getFuture(), whichever sees
-  // both the future and the end.
-  void settle(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
-    std::call_once(settled_, [&] {
-      if (error_) {
-        future->setError(error_);
-      } else if (!ok_) {
-        future->setError(aborted());
-      } else {
-        future->markCompleted(c10::IValue(std::vector<at::Tensor>{user_}));
-      }
-    });
-  }
-  static std::exception_ptr aborted() {
-    try {
-      TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: the pair exchange was aborted (the group failed)");
-    } catch (...) {
-      return std::current_exception();
-    }
-    return nullptr;
-  }
-
-  c10::intrusive_ptr<c10d::Work> recv_, send_;
-  std::function<void()> finish_;
-  at::Tensor user_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  State state_ = State::Idle;
-  bool ok_ = false;
-  std::exception_ptr error_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::once_flag settled_;
 };
 
 // The words in front of a carried buffer: `mine`, then zeros up to kWordSlots.
@@ -415,7 +258,10 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                                                       int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
   if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
-    return exchange(inner, user, opts.reduceOp, rolling, std::move(verdict));
+    const auto combine = opts.reduceOp == c10d::ReduceOp::MAX   ? PairExchange::Combine::Max
+                         : opts.reduceOp == c10d::ReduceOp::MIN ? PairExchange::Combine::Min
+                                                                : PairExchange::Combine::Sum;
+    return PairExchange::issue(inner, user, combine, rolling, std::move(verdict));
   }
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
@@ -441,64 +287,12 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
 bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                             const c10d::Backend& inner) {
   if (worldSize != 2 || tensors.size() != 1 || !denseCpu(tensors[0]) || !reducible(tensors[0]) ||
-      bytesOf(tensors[0]) > kMaxBytes || inner.getBackendName() != "gloo") {
+      bytesOf(tensors[0]) > PairExchange::kMaxDataBytes || inner.getBackendName() != "gloo") {
     return false;
   }
   // MAX/MIN of integers too (an early-stop flag): of two, either order gives
   // the same. Not of floating types, where a NaN makes the order matter.
   return op == c10d::ReduceOp::SUM || (pairEncoded(op) && !at::isFloatingType(tensors[0].scalar_type()));
-}
-
-bool InBandCheck::futureOnRequest(const c10d::Work& work) {
-  return dynamic_cast<const ExchangeWork*>(&work) != nullptr;
-}
-
-c10::intrusive_ptr<c10d::Work> InBandCheck::exchange(c10d::Backend& inner, at::Tensor user, const c10d::ReduceOp& op,
-                                                     uint64_t rolling, Verdict verdict) {
-  // [rolling, data bytes (8 each), data] each way, as bytes. The receive is
-  // posted for the longest message an exchange sends: a peer whose exchange
-  // differs in length is told apart by the header, where a message longer
-  // than the receive would stop gloo's transport thread (TerminateHandler)
-  // with the pair's lock held, and this thread with it at its next send.
-  constexpr int64_t kHead = 2 * sizeof(uint64_t);
-  const int64_t nb = bytesOf(user);
-  const int peer = 1 - inner.getRank();
-  at::Tensor mine = at::empty({kHead + nb}, user.options().dtype(at::kByte));
-  at::Tensor theirs = at::empty({kHead + kMaxBytes}, mine.options());
-  const uint64_t head[2] = {rolling, static_cast<uint64_t>(nb)};
-  std::memcpy(mine.data_ptr<uint8_t>(), head, kHead);
-  std::memcpy(mine.data_ptr<uint8_t>() + kHead, user.data_ptr(), nb);
-  std::vector<at::Tensor> in{theirs}, out{mine};
-  auto recv = inner.recv(in, peer, kExchangeTag);
-  auto send = inner.send(out, peer, kExchangeTag);
-  const int combine = op == c10d::ReduceOp::MAX ? 1 : op == c10d::ReduceOp::MIN ? -1 : 0;  // else SUM
-  auto finish = [mine, theirs, user, head, combine, verdict = std::move(verdict)] {
-    uint64_t other[2] = {0, 0};
-    std::memcpy(other, theirs.data_ptr<uint8_t>(), kHead);
-    const bool same = other[0] == head[0] && other[1] == head[1];
-    if (same) {
-      typed(user, [&](auto* u) {
-        using T = std::remove_pointer_t<decltype(u)>;
-        const T* a = reinterpret_cast<const T*>(mine.data_ptr<uint8_t>() + kHead);
-        const T* b = reinterpret_cast<const T*>(theirs.data_ptr<uint8_t>() + kHead);
-        const int64_t n = user.numel();
-        if constexpr (std::is_integral_v<T>) {
-          using U = std::make_unsigned_t<T>;  // wraps as the inner backend's sum does
-          if (combine > 0) {
-            for (int64_t i = 0; i < n; ++i) u[i] = std::max(a[i], b[i]);
-          } else if (combine < 0) {
-            for (int64_t i = 0; i < n; ++i) u[i] = std::min(a[i], b[i]);
-          } else {
-            for (int64_t i = 0; i < n; ++i) u[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i]));
-          }
-        } else {
-          for (int64_t i = 0; i < n; ++i) u[i] = a[i] + b[i];
-        }
-      });
-    }
-    verdict(same);
-  };
-  return c10::make_intrusive<ExchangeWork>(std::move(recv), std::move(send), std::move(finish), user);
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {

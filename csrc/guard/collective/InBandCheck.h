@@ -90,21 +90,12 @@ class InBandCheck {
                                                       int worldSize, Verdict verdict);
 
   // Between two ranks on gloo, a SUM of one dense tensor of the four dtypes up
-  // to kMaxBytes (a loss, a flag, a metric vector), or a MAX/MIN of integers
-  // (an early-stop flag), is not reduced by gloo's
-  // ring at all: each rank sends the other [its rolling hash, its data] and
-  // receives the other's (gloo's send/recv under kExchangeTag), then adds the
-  // two. One message each way, where the ring sends two in turn, one per
-  // non-empty segment (two elements cost twice one). The sum is gloo's: a + b
-  // is b + a in IEEE arithmetic, and integers wrap alike. Each rank compares
-  // the whole 64-bit hashes. Its work completes in wait() (gloo's send/recv
-  // have no future), or on a thread of its own when polled or asked for its
-  // future first (futureOnRequest).
-  static constexpr int kExchangeTag = 0x7E570000;
+  // to PairExchange::kMaxDataBytes (a loss, a flag, a metric vector), or a
+  // MAX/MIN of integers (an early-stop flag), is no ring all_reduce but a pair
+  // exchange (PairExchange.h): one message each way, costing less than gloo's
+  // own all_reduce. Not floating MAX/MIN, where a NaN makes the order matter.
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
-  // Whether `work` is a pair exchange's: its future is made on request only.
-  static bool futureOnRequest(const c10d::Work& work);
 
   // A one-element SUM (a loss, a flag) carries one word instead: the element
   // widened to 64 bits (double for floating types, int64 else) beside
@@ -136,8 +127,6 @@ class InBandCheck {
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
 
  private:
-  static c10::intrusive_ptr<c10d::Work> exchange(c10d::Backend& inner, at::Tensor user, const c10d::ReduceOp& op,
-                                                 uint64_t rolling, Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);
