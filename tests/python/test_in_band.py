@@ -31,6 +31,14 @@ def _launch(tmp_path, kind: str, world: int = 2) -> tuple[list, list[dict], str]
     return results, records, text
 
 
+def _every_rank_read(results, records: list[dict], text: str, key: str, want: list) -> list[dict]:
+    """Asserts every rank ended with status 0 having read `want` under `key`; returns their verifier stats."""
+    for r, rec in zip(results, records):
+        assert r.returncode == 0 and "error" not in rec, text
+        assert rec[key] == want, text
+    return [rec["verifier"] for rec in records]
+
+
 @pytest.mark.timeout(120)
 def test_a_loop_of_waited_small_all_reduces_is_verified_in_band_without_rounds(tmp_path):
     results, records, text = _launch(tmp_path, "none")
@@ -77,10 +85,7 @@ def test_one_element_between_two_ranks_is_exchanged_and_reduced_as_its_dtype(tmp
             want.append((torch.tensor([0.1 * i], dtype=dtype) + torch.tensor([0.1 * (1 + i)], dtype=dtype)).item())
         want.append((2**31 - 1 + i + 2**31) % 2**32 - 2**31)  # (2^31 - 1) + i wraps as an int32 sum does
         want += [1000 + i, -1 - i]  # int64 MAX, int32 MIN
-    for r, rec in zip(results, records):
-        assert r.returncode == 0 and "error" not in rec, text
-        assert rec["one"] == want, text
-        v = rec["verifier"]
+    for v in _every_rank_read(results, records, text, "one", want):
         assert v["in_band"] >= 198 and v["rounds"] <= 10, (v, text)
 
 
@@ -93,10 +98,7 @@ def test_an_all_reduce_read_through_its_future_or_only_polled_completes_with_its
     want = []
     for i in range(20):
         want += [2.0 * (1 + 2 * i), [float(1 + 2 * i)] * 3]
-    for r, rec in zip(results, records):
-        assert r.returncode == 0 and "error" not in rec, text
-        assert rec["future"] == want, text
-        v = rec["verifier"]
+    for v in _every_rank_read(results, records, text, "future", want):
         assert v["in_band"] >= 40 and v["verified_seq"] == v["issued_seq"], (v, text)
 
 
@@ -107,10 +109,7 @@ def test_one_element_among_four_ranks_carries_one_word_without_rounds(tmp_path):
     for i in range(40):
         exact = sum(0.25 * (r + i) for r in range(4))  # representable: any order of additions gives it
         want += [exact, exact, ((2**31 - 1) + 3 * i + 2**31) % 2**32 - 2**31]  # the int32 sum wraps
-    for r, rec in zip(results, records):
-        assert r.returncode == 0 and "error" not in rec, text
-        assert rec["one"] == want, text
-        v = rec["verifier"]
+    for v in _every_rank_read(results, records, text, "one", want):
         assert v["in_band"] >= 118 and v["rounds"] <= 10, (v, text)
 
 
