@@ -290,9 +290,9 @@ bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::
       bytesOf(tensors[0]) > PairExchange::kMaxDataBytes || inner.getBackendName() != "gloo") {
     return false;
   }
-  // MAX/MIN of integers too (an early-stop flag): of two, either order gives
-  // the same. Not of floating types, where a NaN makes the order matter.
-  return op == c10d::ReduceOp::SUM || (pairEncoded(op) && !at::isFloatingType(tensors[0].scalar_type()));
+  // MAX/MIN too (an early-stop flag): reduced in gloo's operand order, which
+  // decides between a NaN and a number, or 0 and -0 (PairExchange.cpp).
+  return op == c10d::ReduceOp::SUM || pairEncoded(op);
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {

@@ -89,11 +89,11 @@ class InBandCheck {
                                                       const c10d::ReduceScatterOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict);
 
-  // Between two ranks on gloo, a SUM of one dense tensor of the four dtypes up
-  // to PairExchange::kMaxDataBytes (a loss, a flag, a metric vector), or a
-  // MAX/MIN of integers (an early-stop flag), is no ring all_reduce but a pair
-  // exchange (PairExchange.h): one message each way, costing less than gloo's
-  // own all_reduce. Not floating MAX/MIN, where a NaN makes the order matter.
+  // Between two ranks on gloo, a SUM, MAX or MIN of one dense tensor of the
+  // four dtypes up to PairExchange::kMaxDataBytes (a loss, a metric vector, an
+  // early-stop flag) is no ring all_reduce but a pair exchange
+  // (PairExchange.h): one message each way, costing less than gloo's own
+  // all_reduce, and reduced as gloo's ring reduces it.
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
 

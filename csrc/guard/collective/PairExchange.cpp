@@ -168,50 +168,66 @@ class ExchangeWork : public c10d::Work {
 
 constexpr int64_t kHeaderBytes = 2 * sizeof(uint64_t);  // rolling hash, data length
 
-// out[i] = a[i] (combine) b[i] for n elements of T.
+// out[i] = a[i] (combine) b[i] for n elements of T, as gloo's reductions compute
+// it (gloo/math.h: std::max(a, b), std::min(a, b), a + b).
 template <typename T>
 void combineInto(T* out, const T* a, const T* b, int64_t n, PairExchange::Combine combine) {
-  if constexpr (std::is_integral_v<T>) {
-    using U = std::make_unsigned_t<T>;  // wraps as the inner backend's sum does
-    switch (combine) {
-      case PairExchange::Combine::Max:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
-        return;
-      case PairExchange::Combine::Min:
-        for (int64_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
-        return;
-      case PairExchange::Combine::Sum:
+  switch (combine) {
+    case PairExchange::Combine::Max:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::max(a[i], b[i]);
+      return;
+    case PairExchange::Combine::Min:
+      for (int64_t i = 0; i < n; ++i) out[i] = std::min(a[i], b[i]);
+      return;
+    case PairExchange::Combine::Sum:
+      if constexpr (std::is_integral_v<T>) {
+        using U = std::make_unsigned_t<T>;  // wraps as the inner backend's sum does
         for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<U>(a[i]) + static_cast<U>(b[i]));
-        return;
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];  // Sum only (PairExchange.h)
+      } else {
+        for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+      }
+      return;
   }
 }
 
-// combineInto at `user`'s element type, the data behind the headers of `mine` and `theirs`.
-void combineData(const at::Tensor& user, const at::Tensor& mine, const at::Tensor& theirs,
-                 PairExchange::Combine combine) {
-  const uint8_t* a = mine.data_ptr<uint8_t>() + kHeaderBytes;
-  const uint8_t* b = theirs.data_ptr<uint8_t>() + kHeaderBytes;
+// How many leading elements of n (of `size` bytes) gloo's ring reduces on rank
+// 0 between two ranks, rank 0's own operand first; rank 1 reduces the rest,
+// its own first (gloo/allreduce.cc: 2W = 4 segments of ceil(bytes / 4) bytes,
+// rounded up to the element; rank 0 receives and reduces segments 0 and 1).
+// Under MAX/MIN the first operand is the one kept when neither is greater (a
+// NaN, 0 against -0): reducing in gloo's order gives gloo's result bit for bit.
+int64_t reducedOnRankZero(int64_t n, int64_t size) {
+  const int64_t segmentBytes = ((n * size + 3) / 4 + size - 1) / size * size;
+  return std::min(n, 2 * segmentBytes / size);
+}
+
+// combineInto at `user`'s element type, over the data behind the headers of
+// rank 0's and rank 1's messages, each element in gloo's operand order.
+template <typename T>
+void combineInGlooOrder(const at::Tensor& user, const uint8_t* zero, const uint8_t* one,
+                        PairExchange::Combine combine) {
   const int64_t n = user.numel();
+  const int64_t h = reducedOnRankZero(n, sizeof(T));
+  T* out = user.data_ptr<T>();
+  const T* a = reinterpret_cast<const T*>(zero);
+  const T* b = reinterpret_cast<const T*>(one);
+  combineInto(out, a, b, h, combine);
+  combineInto(out + h, b + h, a + h, n - h, combine);
+}
+
+void combineData(const at::Tensor& user, int rank, const at::Tensor& mine, const at::Tensor& theirs,
+                 PairExchange::Combine combine) {
+  const uint8_t* zero = (rank == 0 ? mine : theirs).data_ptr<uint8_t>() + kHeaderBytes;
+  const uint8_t* one = (rank == 0 ? theirs : mine).data_ptr<uint8_t>() + kHeaderBytes;
   switch (user.scalar_type()) {
     case at::kFloat:
-      combineInto(user.data_ptr<float>(), reinterpret_cast<const float*>(a), reinterpret_cast<const float*>(b), n,
-                  combine);
-      break;
+      return combineInGlooOrder<float>(user, zero, one, combine);
     case at::kDouble:
-      combineInto(user.data_ptr<double>(), reinterpret_cast<const double*>(a), reinterpret_cast<const double*>(b), n,
-                  combine);
-      break;
+      return combineInGlooOrder<double>(user, zero, one, combine);
     case at::kInt:
-      combineInto(user.data_ptr<int32_t>(), reinterpret_cast<const int32_t*>(a), reinterpret_cast<const int32_t*>(b), n,
-                  combine);
-      break;
+      return combineInGlooOrder<int32_t>(user, zero, one, combine);
     default:
-      combineInto(user.data_ptr<int64_t>(), reinterpret_cast<const int64_t*>(a), reinterpret_cast<const int64_t*>(b), n,
-                  combine);
-      break;
+      return combineInGlooOrder<int64_t>(user, zero, one, combine);
   }
 }
 
@@ -220,7 +236,8 @@ void combineData(const at::Tensor& user, const at::Tensor& mine, const at::Tenso
 c10::intrusive_ptr<c10d::Work> PairExchange::issue(c10d::Backend& inner, at::Tensor user, Combine combine,
                                                    uint64_t rolling, Verdict verdict) {
   const int64_t nb = user.numel() * static_cast<int64_t>(user.element_size());
-  const int peer = 1 - inner.getRank();
+  const int rank = inner.getRank();
+  const int peer = 1 - rank;
   at::Tensor mine = at::empty({kHeaderBytes + nb}, user.options().dtype(at::kByte));
   at::Tensor theirs = at::empty({kHeaderBytes + kMaxDataBytes}, mine.options());  // the longest (PairExchange.h)
   const uint64_t head[2] = {rolling, static_cast<uint64_t>(nb)};
@@ -229,11 +246,11 @@ c10::intrusive_ptr<c10d::Work> PairExchange::issue(c10d::Backend& inner, at::Ten
   std::vector<at::Tensor> in{theirs}, out{mine};
   auto recv = inner.recv(in, peer, kTag);
   auto send = inner.send(out, peer, kTag);
-  auto finish = [mine, theirs, user, head, combine, verdict = std::move(verdict)] {
+  auto finish = [mine, theirs, user, rank, head, combine, verdict = std::move(verdict)] {
     uint64_t other[2] = {0, 0};
     std::memcpy(other, theirs.data_ptr<uint8_t>(), kHeaderBytes);
     const bool same = other[0] == head[0] && other[1] == head[1];
-    if (same) combineData(user, mine, theirs, combine);
+    if (same) combineData(user, rank, mine, theirs, combine);
     verdict(same);
   };
   return c10::make_intrusive<ExchangeWork>(std::move(recv), std::move(send), std::move(finish), user);

@@ -7,10 +7,12 @@
 // with the inner backend's send/recv under kTag, and reduces the two itself.
 // gloo's ring sends two messages in turn, and one more per non-empty segment
 // of 2W (two elements cost twice one), so the exchange costs less than the
-// all_reduce it replaces. The reduction is the inner backend's: of two
-// operands, a sum (IEEE addition is commutative, integers wrap alike) or an
-// integer MAX/MIN gives the same in either order. The verdict compares the
-// whole hash and the length: the same on both ranks.
+// all_reduce it replaces. The reduction is gloo's, in gloo's operand order
+// for each element (the ring's rank 0 reduces the first half, its own operand
+// first): a sum is the same in either order (IEEE addition is commutative,
+// integers wrap alike), and a MAX/MIN keeps gloo's choice between a NaN and a
+// number, or 0 and -0. The verdict compares the whole hash and the length:
+// the same on both ranks.
 //
 // The receive is posted for the longest message an exchange sends
 // (kMaxDataBytes and the header): a peer whose exchange differs in length is
@@ -38,12 +40,13 @@ namespace torch_ext {
 class PairExchange {
  public:
   // The p2p tag the exchanges use on the inner backend: a user's own send or
-  // recv on the same group under it would pair with one.
+  // recv on the same group under it would pair with one, so the guard refuses
+  // those (GuardBackend::checkUserTag).
   static constexpr int kTag = 0x7E570000;
   // The longest data an exchange carries (the receive's size, with the header).
   static constexpr int64_t kMaxDataBytes = 64 * 1024;
 
-  enum class Combine : uint8_t { Sum, Max, Min };  // Max and Min: integers only
+  enum class Combine : uint8_t { Sum, Max, Min };
   using Verdict = std::function<void(bool)>;
 
   // Exchanges `user` (one dense CPU float32/float64/int32/int64 tensor of at

@@ -14,7 +14,8 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
   alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
            waited before it
   one      no difference: one-element all_reduces (float32, float64, int32 wrapping), any world;
-           at world 2 also integer MAX and MIN
+           at world 2 also integer MAX and MIN, and floating MAX/MIN with NaNs and zeros of both
+           signs beside a plain gloo group's (their bits)
   future   no difference: async all_reduces read through get_future() (and then()), or only
            polled with is_completed(), never waited
   onecount float32[1] against float32[2]
@@ -86,6 +87,21 @@ try:
                     t = torch.tensor([value], dtype=dtype)
                     dist.all_reduce(t, op=op)
                     got.append(t.item())
+        if world == 2:  # floating MAX/MIN: a NaN against a number, 0 against -0, as plain gloo picks
+            plain = dist.new_group(backend="gloo")
+            bits = record["one_bits"] = []
+            for dtype, n in ((torch.float32, 9), (torch.float64, 9), (torch.float32, 1000)):
+                as_int = torch.int32 if dtype == torch.float32 else torch.int64
+                nan = torch.tensor([float("nan")], dtype=dtype).view(as_int) + 1 + rank  # a payload per rank
+                pattern = torch.tensor([0.0, -0.0, float("nan"), 1.0, -float("inf")], dtype=dtype)
+                if rank == 1:
+                    pattern = torch.tensor([-0.0, 0.0, 2.0, float("nan"), float("inf")], dtype=dtype)
+                for op in (dist.ReduceOp.MAX, dist.ReduceOp.MIN):
+                    t = torch.cat([nan.view(dtype), pattern]).repeat(n // 6 + 1)[:n]
+                    u = t.clone()
+                    dist.all_reduce(t, op=op)
+                    dist.all_reduce(u, op=op, group=plain)
+                    bits.append([t.view(as_int).tolist(), u.view(as_int).tolist()])
     if kind == "future":
         got = record["future"] = []
         for i in range(20):
