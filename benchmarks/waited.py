@@ -2,6 +2,7 @@
 
     python benchmarks/waited.py                    # worlds 2 and 4; 1, 16 and 1024 float32
     python benchmarks/waited.py --world 2 --sizes 1 --iters 1000 --rounds 7
+    python benchmarks/waited.py --world 2 --sizes 1 --op max    # an early-stop flag
 
 What a training loop does once a step, and what the default check used to pay
 most for: a loss or metric ``all_reduce`` whose result is waited for at once
@@ -32,17 +33,19 @@ import _ranks  # noqa: E402
 MODES = _modes.MODES
 
 
-def _all_reduces(t: torch.Tensor, group, n: int) -> None:
-    for _ in range(n):
-        dist.all_reduce(t, group=group)
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int) -> dict:
+def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int, op: str) -> dict:
     import torch_ext
+
+    def all_reduces(t: torch.Tensor, group, n: int) -> None:
+        for _ in range(n):
+            dist.all_reduce(t, op=OPS[op], group=group)
 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     groups = _modes.groups()
-    times = _modes.time_modes(groups, sizes, iters, rounds, _all_reduces)
+    times = _modes.time_modes(groups, sizes, iters, rounds, all_reduces)
     be = groups["verify"]._get_backend(torch.device("cpu"))
     stats = torch_ext._C._verifier_stats(be)
     dist.destroy_process_group()
@@ -56,12 +59,13 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 16, 1024], help="float32 elements")
     ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--op", choices=sorted(OPS), default="sum")
     args = ap.parse_args()
     worlds = [args.world] if args.world else args.worlds
     for world in worlds:
-        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds)[0]
+        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds, args.op)[0]
         times = res["times"]
-        print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous all_reduces per mode "
+        print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous {args.op.upper()} all_reduces per mode "
               f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
               f"for {res['issued']} collectives")
         _modes.print_table(times, args.sizes, MODES)
