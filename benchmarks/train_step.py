@@ -31,6 +31,7 @@ at the default width 512.
     python benchmarks/train_step.py --world 4 --rounds 11 --steps 4               # DDP and FSDP2 (~3 min, 2 cores)
     python benchmarks/train_step.py --world 2 --model ddp --rounds 40 --steps 20  # the DDP goal, more rounds (~3 min)
     python benchmarks/train_step.py --world 4 --model ddp --rounds 30 --steps 7   # the DDP goal, more rounds (~3 min)
+    python benchmarks/train_step.py --world 2 --model ddp --loss-sync             # each step also syncs its loss
     python benchmarks/train_step.py --quick --world 2                             # tiny sizes: the smoke test
     python benchmarks/train_step.py --device cuda --model ddp --rounds 21 --steps 20  # one GPU, world 1, nccl
 
@@ -81,10 +82,15 @@ def _model(layers: int, width: int) -> nn.Module:
     return nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
 
 
-def _ddp_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
-    model(x).pow(2).mean().backward()
+def _ddp_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, loss_group=None) -> None:
+    loss = model(x).pow(2).mean()
+    loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    if loss_group is not None:  # --loss-sync: the mean loss across ranks, read at once (a logging line)
+        mean = loss.detach().clone()
+        dist.all_reduce(mean, group=loss_group)
+        mean.item()
 
 
 def _fake_hook(group, bucket):
@@ -100,7 +106,7 @@ def _bucket_count(ddp: nn.Module) -> int:
 
 
 def _rank(rank: int, world: int, store, models: list[str], layers: int, width: int, batch: int,
-          rounds: int, steps: int, warmup: int, inner: str, device: str = "cpu") -> dict:
+          rounds: int, steps: int, warmup: int, inner: str, device: str = "cpu", loss_sync: bool = False) -> dict:
     import torch_ext
 
     cuda = device == "cuda"
@@ -195,8 +201,9 @@ def _rank(rank: int, world: int, store, models: list[str], layers: int, width: i
             dist.barrier()
             before = check_rounds(key[1])
             start = time.perf_counter()
+            loss_group = groups[key[1]] if loss_sync else None
             for _ in range(steps):
-                _ddp_step(module, opt, x)
+                _ddp_step(module, opt, x, loss_group)
             sync()
             times[key].append((time.perf_counter() - start) / steps)
             after = check_rounds(key[1])
@@ -291,6 +298,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: model and data on GPU rank, DDP over nccl, one GPU per rank (needs a GPU and a CUDA "
                          "build of torch)")
+    ap.add_argument("--loss-sync", action="store_true",
+                    help="after each step, a waited all_reduce of the loss (one float) on the variant's group")
     ap.add_argument("--quick", action="store_true", help="tiny sizes and few rounds: checks the script runs")
     args = ap.parse_args()
     quick = args.quick
@@ -325,12 +334,14 @@ def main() -> None:
                "on gloo)"))
     print(f"model: {args.layers} x Linear({args.width}, {args.width}) ({size} of parameters each), "
           f"batch {args.batch} per rank, SGD; DDP bucket_cap_mb={args.width * args.width * 4 / 2**20:.4g}")
+    if args.loss_sync:
+        print("each step ends with a waited all_reduce of the loss (one float32) on the step's group")
     print(f"{args.rounds} rounds; each runs {args.steps} steps of every (model, group) in a shuffled order;")
     print("step time: median [quartiles] over rounds of the slowest rank's mean step; ratio: per round,")
     print(f"against {BASE[args.device]}'s step time in the same round, median [quartiles] over rounds")
     for world in args.world:
         res = _ranks.run(_rank, world, args.models, args.layers, args.width, args.batch, args.rounds,
-                         args.steps, args.warmup, args.inner, args.device)
+                         args.steps, args.warmup, args.inner, args.device, args.loss_sync)
         _report(world, res, args)
 
 

@@ -3,6 +3,8 @@
     python benchmarks/waited.py                    # worlds 2 and 4; 1, 16 and 1024 float32
     python benchmarks/waited.py --world 2 --sizes 1 --iters 1000 --rounds 7
     python benchmarks/waited.py --world 2 --sizes 1 --op max    # an early-stop flag
+    python benchmarks/waited.py --world 2 --sizes 1 --after 100000  # each after a larger all_reduce
+    python benchmarks/waited.py --world 2 --sizes 1 --spin-us 1000  # each after 1 ms of work on the CPU
 
 What a training loop does once a step, and what the default check used to pay
 most for: a loss or metric ``all_reduce`` whose result is waited for at once
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -36,11 +39,24 @@ MODES = _modes.MODES
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int, op: str) -> dict:
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: int, op: str, after: int,
+          spin_us: int) -> dict:
     import torch_ext
+
+    before = torch.ones(after)
 
     def all_reduces(t: torch.Tensor, group, n: int) -> None:
         for _ in range(n):
+            if spin_us:  # a step's work on the CPU (the ranks share the cores with gloo's threads)
+                _spin(spin_us * 1e-6)
+            if after:  # as a loss sync after DDP's buckets: the pair is timed
+                dist.all_reduce(before, group=group)
             dist.all_reduce(t, op=OPS[op], group=group)
 
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
@@ -60,13 +76,19 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--op", choices=sorted(OPS), default="sum")
+    ap.add_argument("--spin-us", type=int, default=0,
+                    help="before each timed all_reduce, this long a busy loop on the CPU (timed with it)")
+    ap.add_argument("--after", type=int, default=0,
+                    help="before each timed all_reduce, a SUM all_reduce of this many float32 (timed with it)")
     args = ap.parse_args()
     worlds = [args.world] if args.world else args.worlds
     for world in worlds:
-        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds, args.op)[0]
+        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds, args.op, args.after, args.spin_us)[0]
         times = res["times"]
-        print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous {args.op.upper()} all_reduces per mode "
-              f"(median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
+        after = f", each after one of {args.after} float32" if args.after else ""
+        after += f", each after {args.spin_us} us of CPU work" if args.spin_us else ""
+        print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous {args.op.upper()} all_reduces{after} "
+              f"per mode (median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
               f"for {res['issued']} collectives")
         _modes.print_table(times, args.sizes, MODES)
 
