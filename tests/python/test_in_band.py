@@ -86,12 +86,12 @@ def test_one_element_between_two_ranks_is_exchanged_and_reduced_as_its_dtype(tmp
         want.append((2**31 - 1 + i + 2**31) % 2**32 - 2**31)  # (2^31 - 1) + i wraps as an int32 sum does
         want += [1000 + i, -1 - i]  # int64 MAX, int32 MIN
     for v in _every_rank_read(results, records, text, "one", want):
-        assert v["in_band"] >= 204 and v["rounds"] <= 10, (v, text)
+        assert v["in_band"] >= 222 and v["rounds"] <= 10, (v, text)
     # Floating MAX/MIN, exchanged too: where neither operand is greater (a NaN
     # against a number, two NaNs of different payloads, 0 against -0), the
     # element keeps the operand plain gloo keeps, bit for bit.
     for rec in records:
-        assert len(rec["one_bits"]) == 6, text
+        assert len(rec["one_bits"]) == 24, text  # float32/float64, six lengths, MAX and MIN
         for guarded, plain in rec["one_bits"]:
             assert guarded == plain, text
     assert records[0]["one_bits"] == records[1]["one_bits"], text

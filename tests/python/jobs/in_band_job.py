@@ -90,7 +90,8 @@ try:
         if world == 2:  # floating MAX/MIN: a NaN against a number, 0 against -0, as plain gloo picks
             plain = dist.new_group(backend="gloo")
             bits = record["one_bits"] = []
-            for dtype, n in ((torch.float32, 9), (torch.float64, 9), (torch.float32, 1000)):
+            cases = [(dtype, n) for dtype in (torch.float32, torch.float64) for n in (1, 2, 3, 5, 9, 1000)]
+            for dtype, n in cases:  # n: where gloo's ring splits the elements between the two ranks
                 as_int = torch.int32 if dtype == torch.float32 else torch.int64
                 nan = torch.tensor([float("nan")], dtype=dtype).view(as_int) + 1 + rank  # a payload per rank
                 pattern = torch.tensor([0.0, -0.0, float("nan"), 1.0, -float("inf")], dtype=dtype)
