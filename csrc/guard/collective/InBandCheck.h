@@ -92,8 +92,9 @@ class InBandCheck {
   // Between two ranks on gloo, a SUM, MAX or MIN of one dense tensor of the
   // four dtypes up to PairExchange::kMaxDataBytes (a loss, a metric vector, an
   // early-stop flag) is no ring all_reduce but a pair exchange
-  // (PairExchange.h): one message each way, costing less than gloo's own
-  // all_reduce, and reduced as gloo's ring reduces it.
+  // (PairExchange.h): one message each way where gloo's ring sends two in
+  // turn (less than gloo's cost in a loop of syncs, more right after CPU work
+  // on shared cores: docs/performance.md), reduced as gloo's ring reduces it.
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
 

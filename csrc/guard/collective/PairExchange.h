@@ -6,8 +6,10 @@
 // Each rank sends the other [its rolling hash, its data's length, its data]
 // with the inner backend's send/recv under kTag, and reduces the two itself.
 // gloo's ring sends two messages in turn, and one more per non-empty segment
-// of 2W (two elements cost twice one), so the exchange costs less than the
-// all_reduce it replaces. The reduction is gloo's, in gloo's operand order
+// of 2W (two elements cost twice one), so in a loop of syncs the exchange
+// costs less than the all_reduce it replaces (right after CPU work on cores
+// the ranks share, gloo's send/recv hand-offs cost more than its ring:
+// docs/performance.md). The reduction is gloo's, in gloo's operand order
 // for each element (the ring's rank 0 reduces the first half, its own operand
 // first): a sum is the same in either order (IEEE addition is commutative,
 // integers wrap alike), and a MAX/MIN keeps gloo's choice between a NaN and a
