@@ -216,11 +216,14 @@ void parkTransportThread(const std::string& what);
 // the difference and fail the group on every rank. Once a guarded group has
 // failed, the thread stays for good: the failed group's inner backend is never
 // destroyed, so nothing joins it, and the process ends when its program does.
-// If no group fails within kParkBound (the thread was a plain gloo group's,
-// or the check missed it), the process is terminated as before.
+// The check may also have failed the group first, and the longer message come
+// after (gloo's ring still passing a differing rank's block): the report is
+// out, so the thread stays for good at once. If no group fails within
+// kParkBound (the thread was a plain gloo group's, or the check missed it),
+// the process is terminated as before.
 bool someGroupChecks() {
   for (const auto& st : Watchdog::instance().groupStates()) {
-    if (!st->failed() && st->id().size > 1 && st->config().check != CheckMode::Off) return true;
+    if (st->id().size > 1 && st->config().check != CheckMode::Off) return true;
   }
   return false;
 }
@@ -247,6 +250,9 @@ void parkTransportThread(const std::string& what) {
      << "). The thread is stopped instead of the process, and the check reports the mismatch "
         "(CollectiveMismatchError).\n";
   say(os.str());
+  if (before > 0) {  // a guarded group has failed already: its report is out
+    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
   const auto deadline = std::chrono::steady_clock::now() + kParkBound;
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
