@@ -64,6 +64,22 @@ def test_train_step_quick_prints_every_figure():
     assert "goal: verify <= 1.01x gloo (DDP) at world 2: " in text, text
 
 
+@pytest.mark.timeout(120)
+def test_waited_prints_every_mode_with_the_loop_options():
+    # The options a training loop's sync is timed with: an early-stop MAX, CPU work
+    # and a larger all_reduce before each timed one.
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "waited.py"), "--world", "2", "--sizes", "1", "--iters", "20",
+         "--rounds", "2", "--op", "max", "--spin-us", "100", "--after", "1000"],
+        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    text = out.stdout
+    assert ("synchronous MAX all_reduces, each after one of 1000 float32, each after 100 us of CPU work per mode"
+            in text), text
+    row = next((ln for ln in text.splitlines() if ln.strip().startswith("1 |")), "")
+    assert " us [" in row and row.count("x [") == 3, text  # verify, async and strict against gloo
+
+
 # scripts/gpu.sh and the benchmarks' --device cuda: on a machine without a GPU they
 # stop at once with one line that says why (a GPU machine runs them for real).
 no_gpu_here = pytest.mark.skipif(
