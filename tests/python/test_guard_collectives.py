@@ -274,18 +274,24 @@ def _check(outcomes: list[dict[str, str]], world: int, numel: int) -> None:
         assert outcomes[0][op] == "equal", f"world={world} numel={numel} {op}: {outcomes[0][op]}"
 
 
-def _unsupported_ops(rank: int, world: int) -> list[str]:
+def _outcomes(*calls) -> list[str]:
+    """Each call's outcome: "no error", or "<ExceptionType>: <message>"."""
     msgs = []
-    # gloo rejects PREMUL_SUM inside the work (asynchronously), and coalesced
-    # all_reduce of mixed dtypes when it is issued (synchronously).
-    for run in (lambda: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)),
-                lambda: dist.group.WORLD.allreduce_coalesced(
-                    [torch.ones(1), torch.ones(1, dtype=torch.float64)], dist.AllreduceCoalescedOptions()).wait()):
+    for run in calls:
         try:
             run()
             msgs.append("no error")
         except Exception as e:  # noqa: BLE001
             msgs.append(f"{type(e).__name__}: {e}")
+    return msgs
+
+
+def _unsupported_ops(rank: int, world: int) -> list[str]:
+    # gloo rejects PREMUL_SUM inside the work (asynchronously), and coalesced
+    # all_reduce of mixed dtypes when it is issued (synchronously).
+    msgs = _outcomes(lambda: dist.all_reduce(torch.ones(3), op=dist._make_nccl_premul_sum(2.0)),
+                     lambda: dist.group.WORLD.allreduce_coalesced(
+                         [torch.ones(1), torch.ones(1, dtype=torch.float64)], dist.AllreduceCoalescedOptions()).wait())
     t = torch.ones(2)
     dist.all_reduce(t)  # the group still works
     msgs.append(str(t.tolist()))
@@ -306,15 +312,9 @@ RESERVED_TAG = 0x7E570000  # PairExchange::kTag
 
 def _reserved_tag(rank: int, world: int) -> list[str]:
     peer = 1 - rank
-    msgs = []
-    for run in (lambda: dist.send(torch.ones(2), peer, tag=RESERVED_TAG),
-                lambda: dist.recv(torch.zeros(2), peer, tag=RESERVED_TAG),
-                lambda: dist.irecv(torch.zeros(2), tag=RESERVED_TAG)):  # from any source
-        try:
-            run()
-            msgs.append("no error")
-        except Exception as e:  # noqa: BLE001
-            msgs.append(f"{type(e).__name__}: {e}")
+    msgs = _outcomes(lambda: dist.send(torch.ones(2), peer, tag=RESERVED_TAG),
+                     lambda: dist.recv(torch.zeros(2), peer, tag=RESERVED_TAG),
+                     lambda: dist.irecv(torch.zeros(2), tag=RESERVED_TAG))  # from any source
     got = torch.zeros(2)  # the group goes on: the refused calls issued nothing
     reqs = [dist.isend(torch.full((2,), float(rank)), peer, tag=5), dist.irecv(got, peer, tag=5)]
     for r in reqs:
