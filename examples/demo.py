@@ -32,11 +32,20 @@ def scene(title: str, story: str) -> None:
 
 
 def report(rank_says: str) -> None:
-    """Every rank prints what it caught, in rank order."""
-    lines = [None] * dist.get_world_size()
-    dist.all_gather_object(lines, f"[rank {RANK}] {rank_says}")
-    for line in lines:
-        say(line)
+    """Every rank says what it caught; rank 0 prints it all, in rank order.
+
+    The lines travel as byte tensors (two all_gathers: lengths, then bytes), not
+    with ``all_gather_object``, which needs numpy: torch's CPU wheel runs without it.
+    """
+    mine = torch.tensor(list(f"[rank {RANK}] {rank_says}".encode()), dtype=torch.uint8)
+    world = dist.get_world_size()
+    lengths = torch.zeros(world, dtype=torch.int64)
+    dist.all_gather_into_tensor(lengths, torch.tensor([mine.numel()]))
+    width = int(lengths.max())
+    padded = torch.zeros(world * width, dtype=torch.uint8)
+    dist.all_gather_into_tensor(padded, torch.cat([mine, torch.zeros(width - mine.numel(), dtype=torch.uint8)]))
+    for r, n in enumerate(lengths.tolist()):
+        say(bytes(padded[r * width:r * width + n].tolist()).decode())
 
 
 # --- scene 1 ----------------------------------------------------------------------

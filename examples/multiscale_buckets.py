@@ -84,10 +84,10 @@ def train(rank: int, world: int, port: int) -> None:
             opt.step()
             steps += 1
             shapes[tuple(images.shape[2:])] += 1
-        ours = [None] * world
-        dist.all_gather_object(ours, steps)
-        theirs = [None] * world
-        dist.all_gather_object(theirs, per_rank_bucketing_count(dataset.shapes, world, rank, epoch))
+        counts = torch.zeros(2 * world, dtype=torch.int64)
+        mine = torch.tensor([steps, per_rank_bucketing_count(dataset.shapes, world, rank, epoch)])
+        dist.all_gather_into_tensor(counts, mine)
+        ours, theirs = counts.view(world, 2).t().tolist()
         if rank == 0:
             print(f"epoch {epoch}: batches per rank with BucketBatchSampler {ours} (len {len(sampler)}), "
                   f"with per-rank bucketing {theirs}; rank 0 batch shapes {dict(shapes)}")

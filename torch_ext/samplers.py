@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch.utils.data import Sampler
 from torch.utils.data.distributed import DistributedSampler
 
+from torch_ext._objects import all_gather_objects
+
 __all__ = ["BucketBatchSampler", "RankSamplerView", "epoch_length"]
 
 _POLICIES = ("pad", "drop")
@@ -350,7 +352,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         self._detach_iterators()
 
     def check_consistent(self, group: Any = None) -> None:
-        """Checks, with one all_gather, that every rank plans the same epoch.
+        """Checks, with two small all_gathers, that every rank plans the same epoch.
 
         The plan needs no communication, but it silently diverges if ranks build
         the sampler from different data (a file list read in another order, a
@@ -360,8 +362,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         mine = (self.fingerprint, self.num_samples, self.seed, self.epoch, self.num_replicas, self.policy,
                 self.shuffle)
         world = dist.get_world_size(group)
-        everyone: list[Any] = [None] * world
-        dist.all_gather_object(everyone, mine, group=group)
+        everyone = all_gather_objects(mine, group)
         if world != self.num_replicas:
             raise ValueError(
                 f"BucketBatchSampler has num_replicas={self.num_replicas} but the process group has {world} ranks"
@@ -546,7 +547,7 @@ def _dense_ids_vectorised(buckets: Any) -> tuple[torch.Tensor, list[Hashable]] |
     else:
         try:
             import numpy as np
-        except ImportError:  # pragma: no cover - numpy ships with torch wheels
+        except ImportError:  # torch's CPU wheel comes without numpy: the generic path below
             return None
         if isinstance(buckets, np.ndarray):
             arr = buckets

@@ -3,18 +3,22 @@
 - The sdist, built from a clean copy of the checkout with the lowest setuptools
   pyproject.toml declares, holds every source and header; ``pip wheel
   --no-build-isolation`` builds a wheel from it (with this environment's
-  setuptools, the newest we know); installed into a fresh environment, that
-  wheel runs a 2-rank guard job and the ``torch-ext-diagnose`` console script.
+  setuptools, the newest we know); installed into a fresh venv as a new user
+  has it (pip installs the wheel and what it declares: torch, packaging; none
+  of the test set-up's packages, numpy among them, is in sight), that wheel
+  runs a 2-rank guard job and the ``torch-ext-diagnose`` console script.
 - ``pip install --no-build-isolation .`` (non-editable) from the clean copy,
   with the lowest declared setuptools, does the same.
 
 Each build compiles the extension again (about 3 minutes on 2 cores; seconds
 when ccache, which scripts/setup.sh installs, has seen the sources), so these
 tests are marked ``packaging``: the default pytest run leaves them out, and
-scripts/test.sh runs them beside the other tests (on one pytest-xdist worker). The environments reuse this
-interpreter's packages (torch, pip, build, ninja) through a plain-path .pth
-file, so nothing big is installed; only the setuptools under test is. An
-editable torch_ext of this interpreter stays out: its .pth hooks are not run.
+scripts/test.sh runs them beside the other tests (on one pytest-xdist worker). The
+build environments reuse this interpreter's packages (torch, pip, build, ninja)
+through a plain-path .pth file, so only the setuptools under test is installed
+(the same torch path keeps ccache's objects valid); an editable torch_ext of
+this interpreter stays out: its .pth hooks are not run. The new user's venv
+installs torch from the package index (about a minute).
 """
 from __future__ import annotations
 
@@ -58,6 +62,10 @@ t = torch.full((4,), float(rank + 1))
 dist.all_reduce(t)
 print(f"[rank {rank}] all_reduce -> {t.tolist()}", flush=True)
 
+# A cross-rank check of torch_ext's own (it gathers Python objects, without numpy).
+torch_ext.BucketBatchSampler([i % 3 for i in range(12)], 2, seed=0).check_consistent()
+print(f"[rank {rank}] sampler consistent", flush=True)
+
 g = dist.new_group(backend="guard", group_desc="packaged", pg_options=torch_ext.GuardOptions(interval=0.1))
 try:
     if rank == 0:
@@ -81,8 +89,8 @@ def _floor() -> str:
     return m.group(1)
 
 
-def _run(cmd: list, cwd=None, timeout: float = BUILD_TIMEOUT) -> str:
-    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+def _run(cmd: list, cwd=None, timeout: float = BUILD_TIMEOUT, **extra: str) -> str:
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", "2"), PIP_DISABLE_PIP_VERSION_CHECK="1", **extra)
     env.pop("PYTHONPATH", None)
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     out = proc.stdout + proc.stderr
@@ -146,9 +154,21 @@ def wheel_env(work, sdist) -> tuple[Path, Path]:
     _run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w", work / "wheels", sdist],
          cwd=work)
     (wheel,) = (work / "wheels").glob("torch_ext-*.whl")
-    python = _environment(work / "wheel-env")
-    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel])
-    return python, wheel
+    return _newcomer_environment(work / "wheel-env", wheel), wheel
+
+
+def _newcomer_environment(path: Path, wheel: Path) -> Path:
+    """A new user's environment: a fresh venv that sees nothing of this one's packages (no numpy, no lightning),
+    where pip installs the wheel and what it declares (torch pinned to this one's release, packaging)."""
+    _run([sys.executable, "-m", "venv", path])
+    python = path / "bin" / "python"
+    release = str(torch.__version__).split("+")[0]
+    _run([python, "-m", "pip", "install", "-q", f"torch=={release}", wheel])
+    # What the job below proves holds only where the test set-up's packages are out of sight.
+    hidden = _run([python, "-c", "import importlib.util as u; print([m for m in ('numpy', 'lightning', 'pytest') "
+                   "if u.find_spec(m)])"]).strip()
+    assert hidden == "[]", f"the fresh environment sees {hidden}"
+    return python
 
 
 @pytest.fixture(scope="module")
@@ -194,14 +214,15 @@ def _guard_job_outside_tree(python: Path, where: Path, tmp_path: Path) -> None:
         m = re.search(rf"\[rank {rank}\] torch_ext \S+ from (\S+)", out)
         assert m and Path(m.group(1)).resolve().is_relative_to(where.resolve()), out[-8000:]
         assert f"[rank {rank}] all_reduce -> [3.0, 3.0, 3.0, 3.0]" in out, out[-8000:]
+        assert f"[rank {rank}] sampler consistent" in out, out[-8000:]
         assert f"[rank {rank}] CollectiveMismatchError" in out, out[-8000:]
     assert re.search(r"rank 0: +reduce\(float32\[8\], SUM, dst=0\)", out), out[-8000:]
 
-    # The console script pip wrote for this environment.
+    # The console script pip wrote for this environment (torch's own warning about a missing numpy left out).
     script = python.parent / "torch-ext-diagnose"
-    diag = _run([script, dumps], cwd=tmp_path, timeout=120)
+    diag = _run([script, dumps], cwd=tmp_path, timeout=120, PYTHONWARNINGS="ignore")
     assert "reduce(float32[8], SUM, dst=0)" in diag, diag
-    version = _run([script, "--version"], cwd=tmp_path, timeout=120)
+    version = _run([script, "--version"], cwd=tmp_path, timeout=120, PYTHONWARNINGS="ignore")
     assert version.split()[:2] == ["torch_ext", torch_ext.__version__], version
     assert f"(compiled against torch {torch.__version__}, running torch {torch.__version__})" in version, version
     assert Path(version.split(" at ")[-1].strip()).is_relative_to(where.resolve()), version
