@@ -35,6 +35,7 @@ from torch_ext.backend import (
     ledger,
     live_report,
     monitored_barrier,
+    refuse_torchcomms_route as _refuse_torchcomms_route,
     register as _register,
     store_health,
 )
@@ -49,6 +50,7 @@ from torch_ext.uneven import __all__ as _uneven_all
 from torch_ext.samplers import *  # noqa: F401,F403
 from torch_ext.samplers import __all__ as _samplers_all
 
+_refuse_torchcomms_route()  # before anything is installed: one clear ImportError
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
                         StoreLostError, DeadlockError)
 _logging.install()  # labelled reports on stderr while the application configures no logging

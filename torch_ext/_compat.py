@@ -6,6 +6,7 @@ in one place, with the reason it is used written next to it.
 """
 from __future__ import annotations
 
+import os
 import re
 from datetime import timedelta
 from typing import Any, Callable
@@ -90,6 +91,26 @@ def backend_plugins() -> dict[str, Any]:
     torch has no public listing of them.
     """
     return dist.Backend._plugins
+
+
+def torchcomms_takes(backend: str) -> str | None:
+    """Wraps ``distributed_c10d._use_torchcomms_enabled()`` and ``_torchcomms_handles_backend()``: what sends
+    ``backend``'s process groups to ``torchcomms.new_comm`` instead of its registered creator, or None.
+
+    From torch 2.13, with torchcomms installed and TORCH_DISTRIBUTED_USE_TORCHCOMMS=1 (or
+    ``torch.distributed.config.use_torchcomms``), torch creates every backend but ``fake`` through torchcomms;
+    2.15 sends only the backends torchcomms has built or registered, and lets any other plugin through.
+    """
+    c10d = dist.distributed_c10d
+    enabled = getattr(c10d, "_use_torchcomms_enabled", None)
+    if enabled is None or not enabled():
+        return None
+    handles = getattr(c10d, "_torchcomms_handles_backend", None)
+    if handles is not None and not handles(backend):
+        return None
+    if os.environ.get("TORCH_DISTRIBUTED_USE_TORCHCOMMS"):
+        return f"TORCH_DISTRIBUTED_USE_TORCHCOMMS={os.environ['TORCH_DISTRIBUTED_USE_TORCHCOMMS']}"
+    return "torch.distributed.config.use_torchcomms = True"
 
 
 def mark_flight_recorder_native(backend: str, inner: set[str]) -> bool:

@@ -300,6 +300,23 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     return backend
 
 
+def refuse_torchcomms_route() -> None:
+    """Refuses (at ``import torch_ext``) a process where torch would create ``guard`` groups through torchcomms.
+
+    torch would never call the guard's creator there: ``init_process_group("guard")``
+    would fail inside torchcomms ("Backend guard specified, but
+    TORCHCOMMS_BACKEND_LIB_PATH_GUARD not set"), or whatever torchcomms registered as
+    "guard" would run instead (docs/architecture.md, "torchcomms").
+    """
+    switch = _compat.torchcomms_takes(BACKEND_NAME)
+    if switch is not None:
+        raise ImportError(
+            f"torch_ext: {switch} with torchcomms installed makes torch {torch.__version__} create every process "
+            "group backend, 'guard' included, through torchcomms.new_comm, which has no guard: unset it (the guard "
+            "wraps gloo and NCCL itself; torch 2.15 lets the guard through), or do not import torch_ext in this job"
+        )
+
+
 def register() -> None:
     """Registers ``guard`` with torch.distributed (done at ``import torch_ext``)."""
     if BACKEND_NAME.upper() in _compat.backend_plugins():
