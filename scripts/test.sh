@@ -54,10 +54,10 @@ pytest_pass() {
   [ "$rc" = 0 ] || [ "$rc" = 5 ] || exit "$rc"
 }
 
-# -m replaces pyproject.toml's "not packaging": the packaging tests (sdist -> wheel,
+# -m replaces pyproject.toml's "not packaging and not sweep": the packaging tests (sdist -> wheel,
 # lowest setuptools, installed outside the tree) run in this pass, on one worker.
 echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-3} at a time), packaging tests included"
-pytest_pass -n "${PYTEST_WORKERS:-3}" --dist loadgroup -m "not serial" "$@"
+pytest_pass -n "${PYTEST_WORKERS:-3}" --dist loadgroup -m "not serial and not sweep" "$@"
 
 echo "== C++ (GoogleTest): build and ctest output"
 cpp_rc=0

@@ -69,8 +69,11 @@ def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_va
         mine = [w[2 * r.rank:2 * r.rank + 2] if len(w) == 4 else w for w in want]
         assert rec["fsdp"] == mine, text
         v = rec["verifier"]
-        assert v["in_band"] >= 195, (v, text)  # of the 200 gathers and scatters and the 3 all_reduces
-        assert v["rounds"] <= 10, (v, text)
+        # Of the 200 gathers and scatters: the 80 gathers and the 40 integer MAX scatters carry their check.
+        # A floating reduce_scatter does not (its layout would change the sum's order: test_exactness.py);
+        # it waits for a round.
+        assert v["in_band"] >= 115, (v, text)
+        assert v["verified_seq"] == v["issued_seq"], (v, text)
 
 
 @pytest.mark.timeout(120)
@@ -111,14 +114,16 @@ def test_an_all_reduce_read_through_its_future_or_only_polled_completes_with_its
 
 
 @pytest.mark.timeout(150)
-def test_one_element_among_four_ranks_carries_one_word_without_rounds(tmp_path):
+def test_one_integer_element_among_four_ranks_carries_one_word(tmp_path):
     results, records, text = _launch(tmp_path, "one", world=4)
     want = []
     for i in range(40):
         exact = sum(0.25 * (r + i) for r in range(4))  # representable: any order of additions gives it
         want += [exact, exact, ((2**31 - 1) + 3 * i + 2**31) % 2**32 - 2**31]  # the int32 sum wraps
     for v in _every_rank_read(results, records, text, "one", want):
-        assert v["in_band"] >= 118 and v["rounds"] <= 10, (v, text)
+        # The 40 int32 sums carry one word; the 80 floating ones wait for rounds (a widened float32 sum
+        # would round differently from the inner backend's: test_exactness.py).
+        assert v["in_band"] >= 38 and v["verified_seq"] == v["issued_seq"], (v, text)
 
 
 @pytest.mark.timeout(120)
@@ -149,7 +154,7 @@ def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and
     ("onecount", ("all_reduce(float32[1], SUM)", "all_reduce(float32[2], SUM)")),
     ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),
     ("gather", ("all_gather_into_tensor(float32[4])", "all_gather_into_tensor(float32[6])")),
-    ("scatter", ("reduce_scatter_tensor(float32[2], SUM)", "reduce_scatter_tensor(float32[2], MAX)")),
+    ("scatter", ("reduce_scatter_tensor(int64[2], SUM)", "reduce_scatter_tensor(int64[2], MAX)")),
 ])
 def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
     _fails_every_rank_typed(tmp_path, kind, calls, 2)
@@ -157,8 +162,8 @@ def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(
 
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("kind,calls", [
-    ("onecount", ("all_reduce(float32[1], SUM)", "all_reduce(float32[2], SUM)")),
-    ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),  # the same carried bytes
+    ("onecount", ("all_reduce(int64[1], SUM)", "all_reduce(int64[2], SUM)")),
+    ("onedtype", ("all_reduce(int32[1], SUM)", "all_reduce(int64[1], SUM)")),  # the same carried bytes
 ])
 def test_a_one_word_carry_among_four_ranks_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
     _fails_every_rank_typed(tmp_path, kind, calls, 4)

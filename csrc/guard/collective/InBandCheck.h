@@ -19,25 +19,32 @@
 // difference as for any collective: the in-band words only ever speed a
 // release, they never decide a difference.
 //
-// Carried only where the words cost little next to the collective and stay
-// exact: one dense CPU tensor of float32/float64/int32/int64, at most
-// kMaxBytes, SUM/MAX/MIN, worlds below 2^24 (float32 sums of ones are exact),
-// and at worlds above 2 at least one element per rank (words()); or, one
-// element under SUM, a single word beside it (compact). Between two ranks on
-// gloo a SUM is no all_reduce at all but a pair exchange (exchanges()).
-// The words go in front, so they line up across ranks whatever the length,
-// and the total is rounded up (carriedLength).
+// Carried only where the result stays the inner backend's bit for bit, and
+// the words cost little next to the collective: the words and the padding
+// change the buffer's length and layout, and with them the order in which the
+// inner backend combines each element's operands (gloo's ring segments follow
+// the byte count), so only integer reductions are carried (orderFree in the
+// .cpp: their sums wrap and MAX/MIN pick, in any order); a floating one waits
+// for the verifier's rounds (issue 56; tests/python/test_exactness.py). Then:
+// one dense CPU tensor of int32/int64, at most kMaxBytes, SUM/MAX/MIN, worlds
+// below 2^24, and at worlds above 2 at least one element per rank (words());
+// or, one element under SUM, a single word beside it (compact). Between two
+// ranks on gloo a SUM, MAX or MIN of any of the four dtypes, floating ones
+// too, is no all_reduce at all but a pair exchange (exchanges()), reduced in
+// gloo's own operand order. The words go in front, so they line up across
+// ranks whatever the length, and the total is rounded up (carriedLength).
 //
 // The two collectives FSDP2 waits on at once (its parameters' all_gather, its
 // gradients' reduce_scatter) carry their check the same way, up to
 // kMaxCopyBytes (their data is copied into the carried buffer and back):
 //  - all_gather_into_tensor gathers [this rank's rolling hash (8 bytes), its
 //    input] from every rank, as bytes: every rank reads all W hashes, and
-//    they agree when they are equal;
+//    they agree when they are equal (bytes are moved, never combined: any
+//    dtype);
 //  - reduce_scatter_tensor reduces [words, chunk] for each rank's chunk: each
 //    rank reads the reduced words in front of its own chunk, as an all_reduce
-//    does (AVG, for floating types: the bit's mean is 0 or 1 exactly when all
-//    ranks agree).
+//    does (integer types only, as the all_reduce: FSDP2's floating gradients
+//    wait for a round).
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -98,18 +105,16 @@ class InBandCheck {
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
 
-  // A one-element SUM (a loss, a flag) carries one word instead: the element
-  // widened to 64 bits (double for floating types, int64 else) beside
-  // compactWord. gloo's ring reduces two elements on the cheap path one
-  // element takes (most of its 2W segments stay empty: at world 4, one or two
-  // elements take 0.7-1.0 ms where three or more take 2.4-4.8), and W words
-  // sum exactly (below 2^53): each rank reads W times its own word exactly when
-  // the others' sum to it. Widening keeps an integer sum (it wraps as the
-  // narrower type's would) and float64's; float32 is added in double and
-  // rounded once, which between two ranks is IEEE float32's own sum, and among
-  // more is at least as close to the exact sum as the ring's W - 1 roundings
-  // (the same value on every rank; it may differ from plain gloo's in the last
-  // bit). Every rank that issues the same collective carries it so (compact).
+  // A one-element integer SUM (a count, a flag) carries one word instead: the
+  // element widened to int64 beside compactWord. gloo's ring reduces two
+  // elements on the cheap path one element takes (most of its 2W segments
+  // stay empty: at world 4, one or two elements take 0.7-1.0 ms where three or
+  // more take 2.4-4.8), and W words sum exactly (below 2^53): each rank reads
+  // W times its own word exactly when the others' sum to it. The widened sum
+  // wraps as the narrower type's own would. A floating element is not carried
+  // so: widened, a float32 sum among more than two ranks rounds once where the
+  // ring rounds W - 1 times, and may differ from it in the last bit (issue 56).
+  // Every rank that issues the same collective carries it so (compact).
   static bool compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize);
   // The word: the top compactBits(W) - 1 bits of `rolling` with bit
   // compactBits(W) - 1 set, so W words stay below 2^53 and none is 0. Ranks
@@ -119,7 +124,6 @@ class InBandCheck {
   static int compactBits(int worldSize);
   static uint64_t compactWord(uint64_t rolling, int worldSize);
   // Whether the reduced word says that `worldSize` ranks carried `word`.
-  static bool compactAgree(double reduced, uint64_t word, int worldSize);
   static bool compactAgree(int64_t reduced, uint64_t word, int worldSize);
 
   // Pure, for tests: the words of `rolling` under `op`, and whether reduced

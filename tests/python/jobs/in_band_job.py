@@ -10,7 +10,7 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
   op       SUM against MAX (the same carried length: the data mixes)
   dtype    float32 against float64
   fsdp     no difference: 40 each of all_gather_into_tensor (float32, bfloat16) and
-           reduce_scatter_tensor (SUM, AVG, MAX), FSDP2's two collectives
+           reduce_scatter_tensor (float32 SUM and AVG, int64 MAX), FSDP2's two collectives
   alltoall no difference: 30 uneven all_to_all_single, each followed by carried all_reduces
            waited before it
   one      no difference: one-element all_reduces (float32, float64, int32 wrapping), any world;
@@ -18,10 +18,10 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            signs beside a plain gloo group's (their bits)
   future   no difference: async all_reduces read through get_future() (and then()), or only
            polled with is_completed(), never waited
-  onecount float32[1] against float32[2]
-  onedtype float32[1] against float64[1]
+  onecount float32[1] against float32[2] (int64 at more than two ranks)
+  onedtype float32[1] against float64[1] (int32 against int64 at more than two ranks)
   gather   all_gather_into_tensor of float32[4] against float32[6]
-  scatter  reduce_scatter_tensor SUM against MAX
+  scatter  reduce_scatter_tensor of int64 SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
 """
 import json
@@ -122,6 +122,8 @@ try:
         dist.all_reduce(t)
         record.setdefault("sums", []).append(float(t[0]))
     t0 = time.monotonic()  # the odd collective
+    # Among more than two ranks only an integer element carries one word (a floating one waits for rounds).
+    one_dtype = torch.float32 if world == 2 else torch.int64
     a, b = torch.ones(4), torch.ones(4)
     if kind == "order":
         if odd:
@@ -142,16 +144,19 @@ try:
     elif kind == "op":
         dist.all_reduce(a, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
     elif kind == "onecount":
-        a = torch.ones(2 if odd else 1)
+        a = torch.ones(2 if odd else 1, dtype=one_dtype)
         dist.all_reduce(a)
     elif kind == "onedtype":
-        a = torch.ones(1, dtype=torch.float64 if odd else torch.float32)
+        a = torch.ones(1, dtype=torch.float64 if odd else torch.float32) if world == 2 else \
+            torch.ones(1, dtype=torch.int64 if odd else torch.int32)
         dist.all_reduce(a)
     elif kind == "gather":
         a = torch.ones(6 if odd else 4)
         dist.all_gather_into_tensor(torch.zeros(a.numel() * 2), a)
     elif kind == "scatter":
-        dist.reduce_scatter_tensor(a[:2], torch.ones(4), op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+        a = torch.ones(4, dtype=torch.int64)  # an integer reduce_scatter carries its check
+        dist.reduce_scatter_tensor(a[:2], torch.ones(4, dtype=torch.int64),
+                                   op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
     elif kind == "dtype":
         a = torch.ones(4, dtype=torch.float64 if odd else torch.float32)
         dist.all_reduce(a)

@@ -1,0 +1,192 @@
+"""A wrapper changes no result: through guard, every check mode's results equal the inner backend's bit for bit.
+
+A generated sweep (issue 56): for each world size, reduce op, dtype, length
+(around the in-band carry's bounds and gloo's segment bounds) and data pattern
+(values spread over many magnitudes, where the order of additions shows in the
+last bits; and NaN with distinct payloads, -0 and +0, infinities, where the
+order of a MAX, a MIN or a NaN sum shows), every rank runs the collective on a
+plain inner group and on a guard group per check mode, and compares the
+results' bits. The collectives: ``all_reduce`` (waited, and read through its
+future), ``reduce_scatter_tensor`` and ``all_gather_into_tensor`` (FSDP2's), on
+gloo and on nccl_sim.
+
+The fast slice runs in CI; the whole sweep is ``pytest -m sweep
+tests/python/test_exactness.py`` (its last result is in docs/conformance.md, "Exactness").
+"""
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import torch_ext
+from harness import assert_all_ok, run_ranks
+
+MODES = ("verify", "strict", "async", "off")
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+       "product": dist.ReduceOp.PRODUCT}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
+# The integer type of each dtype's width: results are compared as bits.
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def lengths(world: int, full: bool) -> list[int]:
+    """Element counts around what decides a collective's path and layout.
+
+    The carry's bounds (one element: the one-word carry; fewer elements than
+    ranks; kWordSlots = 128 and the carried lengths 256, 512...; 64 KiB of
+    data: 16384 float32), gloo's ring segments (a multiple of the world size and
+    one either side).
+    """
+    n = {1, 2, 3, world - 1, world, world + 1, 2 * world + 1, 127, 128, 129, 255, 256, 257}
+    if full:
+        n |= {7, 31, 33, 64 * world - 1, 64 * world + 1, 1000, 4095, 4097, 8191, 8193, 16383, 16384, 16385, 32769}
+    return sorted(k for k in n if k >= 1)
+
+
+def _data(seed: int, rank: int, dtype: torch.dtype, n: int, pattern: str) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed * 1009 + rank)
+    if not dtype.is_floating_point:
+        info = torch.iinfo(dtype)
+        # The whole range: sums wrap, as the inner backend's do.
+        return torch.randint(info.min, info.max, (n,), generator=g, dtype=torch.int64).to(dtype)
+    x = torch.randn(n, generator=g, dtype=torch.float64) * torch.pow(10.0, torch.randint(-3, 4, (n,), generator=g))
+    x = x.to(dtype)
+    if pattern == "special":
+        pick = torch.randint(0, 6, (n,), generator=g)
+        x = torch.where(pick == 1, torch.zeros_like(x), x)
+        x = torch.where(pick == 2, -torch.zeros_like(x), x)
+        x = torch.where(pick == 3, torch.full_like(x, float("inf")), x)
+        x = torch.where(pick == 4, torch.full_like(x, float("-inf")), x)
+        # NaNs whose payloads differ by rank and element: which operand a sum or a max keeps shows.
+        bits = x.view(BITS[x.element_size()]).clone()
+        nan = torch.full_like(x, float("nan")).view(BITS[x.element_size()])
+        payload = (torch.arange(n) * 7 + rank + 1) % 5 + 1
+        bits = torch.where(pick == 5, nan + payload.to(bits.dtype), bits)
+        x = bits.view(dtype)
+    return x
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(BITS[t.element_size()])
+
+
+def _sweep(rank: int, world: int, inner: str, full: bool, modes: tuple[str, ...]) -> dict:
+    sim = inner == "nccl_sim"
+    if sim:
+        import torch_ext.testing.nccl_sim as nccl_sim
+    plain = dist.new_group(backend=inner)
+    guards = {m: dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(check=m, inner=f"cpu:{inner}"))
+              for m in modes}
+
+    def settle():
+        if sim:
+            nccl_sim.synchronize()
+
+    def run(fn, group):
+        """The result, or the error the backend raised (both backends must refuse the same)."""
+        try:
+            out = fn(group)
+            settle()
+            return out
+        except (RuntimeError, ValueError) as e:
+            settle()
+            return type(e).__name__
+
+    differ: list[str] = []
+    cases = 0
+
+    def compare(what: str, fn) -> None:
+        nonlocal cases
+        cases += 1
+        want = run(fn, plain)
+        for m, g in guards.items():
+            got = run(fn, g)
+            if isinstance(want, str) or isinstance(got, str):
+                same = isinstance(want, str) and isinstance(got, str)
+            else:
+                same = want.dtype == got.dtype and torch.equal(_bits(want), _bits(got))
+            if not same:
+                where = "" if isinstance(got, str) or isinstance(want, str) else \
+                    f" (elements {(_bits(want) != _bits(got)).nonzero().flatten()[:5].tolist()})"
+                differ.append(f"{what} mode={m}: inner {_show(want)} guard {_show(got)}{where}")
+
+    seed = 0
+    start = time.monotonic()
+    for (op_name, op), (dt_name, dtype) in itertools.product(OPS.items(), DTYPES.items()):
+        patterns = ("spread", "special") if dtype.is_floating_point else ("spread",)
+        for n, pattern in itertools.product(lengths(world, full), patterns):
+            seed += 1
+            data = _data(seed, rank, dtype, n, pattern)
+            what = f"world={world} {inner} {op_name} {dt_name}[{n}] {pattern}"
+
+            def all_reduce(g, data=data, op=op):
+                t = data.clone()
+                dist.all_reduce(t, op=op, group=g)
+                return t
+            compare(f"all_reduce {what}", all_reduce)
+            if n <= 257:
+                def through_future(g, data=data, op=op):
+                    t = data.clone()
+                    return dist.all_reduce(t, op=op, group=g, async_op=True).get_future().wait()[0]
+                compare(f"all_reduce future {what}", through_future)
+            if op_name == "product":
+                continue
+
+            chunks = _data(seed + 10**6, rank, dtype, n * world, pattern)
+
+            def reduce_scatter(g, chunks=chunks, op=op, n=n):
+                out = torch.empty(n, dtype=chunks.dtype)
+                dist.reduce_scatter_tensor(out, chunks.clone(), op=op, group=g)
+                return out
+            compare(f"reduce_scatter_tensor {what}", reduce_scatter)
+        if op_name == "sum":
+            for n in lengths(world, full):
+                data = _data(seed, rank, dtype, n, "special" if dtype.is_floating_point else "spread")
+
+                def all_gather(g, data=data, n=n):
+                    out = torch.empty(n * world, dtype=data.dtype)
+                    dist.all_gather_into_tensor(out, data.clone(), group=g)
+                    return out
+                compare(f"all_gather_into_tensor world={world} {inner} {dt_name}[{n}]", all_gather)
+    return {"cases": cases, "differ": differ, "seconds": time.monotonic() - start}
+
+
+def _show(x) -> str:
+    return x if isinstance(x, str) else f"{str(x.dtype).split('.')[-1]}[{x.numel()}]"
+
+
+def _check(world: int, inner: str, full: bool, timeout: float) -> None:
+    env = {"TORCH_EXT_NCCL_SIM_WAIT": "data"} if inner == "nccl_sim" else None
+    values = assert_all_ok(run_ranks(_sweep, world, inner, full, MODES, backend="gloo", timeout=timeout, env=env))
+    for rank, v in enumerate(values):
+        assert v["cases"] > 0
+        assert not v["differ"], f"rank {rank}: {len(v['differ'])} of {v['cases']} cases differ:\n" + \
+            "\n".join(v["differ"][:40])
+    print(f"world {world} {inner}: {values[0]['cases']} cases x {len(MODES)} modes, bit-identical, "
+          f"{max(v['seconds'] for v in values):.0f} s")
+
+
+# The fast slice (CI): gloo at worlds 2-4 and nccl_sim at 3, the carry's and the ring's bounds.
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_mode_gives_gloos_bits(world):
+    _check(world, "gloo", full=False, timeout=540)
+
+
+@pytest.mark.timeout(600)
+def test_every_mode_gives_nccl_sims_bits():
+    _check(3, "nccl_sim", full=False, timeout=540)
+
+
+# The whole sweep: worlds 2-6, more lengths, gloo and nccl_sim (pytest -m sweep; left out otherwise).
+@pytest.mark.sweep
+@pytest.mark.timeout(3600)
+@pytest.mark.parametrize("inner", ["gloo", "nccl_sim"])
+@pytest.mark.parametrize("world", [2, 3, 4, 5, 6])
+def test_the_whole_sweep(world, inner):
+    _check(world, inner, full=True, timeout=3500)
