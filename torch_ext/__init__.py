@@ -22,6 +22,7 @@ from torch_ext.errors import (
     GuardError,
     StoreLostError,
     DeadlockError,
+    GroupJoinError,
 )
 from torch_ext.backend import (
     BACKEND_NAME,
@@ -52,7 +53,7 @@ from torch_ext.samplers import __all__ as _samplers_all
 
 _refuse_torchcomms_route()  # before anything is installed: one clear ImportError
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
-                        StoreLostError, DeadlockError)
+                        StoreLostError, DeadlockError, GroupJoinError)
 _logging.install()  # labelled reports on stderr while the application configures no logging
 _runtime.install()
 _register()
@@ -66,6 +67,7 @@ __all__ = [
     "CollectiveFailureError",
     "StoreLostError",
     "DeadlockError",
+    "GroupJoinError",
     "describe",
     "dump",
     "explain",

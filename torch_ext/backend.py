@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import socket
+import sys
 from datetime import timedelta
 from typing import Any, Mapping, Sequence
 
@@ -35,6 +38,13 @@ _INNER_GRACE = timedelta(seconds=10)
 
 # Options of the default group, inherited by subgroups created without options.
 _default_overrides: dict[str, str] = {}
+
+_logger = logging.getLogger("torch_ext")
+
+
+def _version() -> str:
+    """torch_ext's version (written once, in torch_ext/__init__.py, which imported this module)."""
+    return str(sys.modules["torch_ext"].__version__)
 
 
 @dataclasses.dataclass
@@ -74,6 +84,9 @@ class GuardOptions:
             before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
         store_budget: store operations per second the watchdogs of the whole
             job may spend; 0 for none (TORCH_EXT_STORE_BUDGET).
+        join_timeout: seconds the group's creation waits for every rank to
+            join it before it fails with GroupJoinError naming the ranks that
+            did not (TORCH_EXT_JOIN_TIMEOUT, 300).
         library_packages: Python packages whose frames count as library code
             in call sites and stacks, e.g. ``["mylab"]`` or ``"mylab,other"``
             (TORCH_EXT_LIBRARY_PACKAGES). Process-wide: the last guard group
@@ -99,6 +112,7 @@ class GuardOptions:
     call_sites: bool | None = None
     store_timeout: float | None = None
     store_budget: int | None = None
+    join_timeout: float | None = None
     library_packages: Sequence[str] | str | None = None
     live_signal: str | None = None
     straggler: float | str | None = None
@@ -259,6 +273,21 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         timeout = timedelta(seconds=float(timeout))
     group_name = str(dist_opts.group_id)
     global_ranks = [int(r) for r in dist_opts.global_ranks_in_group] or list(range(size))
+
+    # The join handshake (csrc/guard/store/JoinHandshake.h), before anything
+    # waits for every rank (the inner backends' rendezvous): the ranks agree on
+    # the job-wide settings (rank 0's), and a rank that will not join fails the
+    # group here, named, instead of hanging the inner rendezvous.
+    # (torch names the default group "0" and describes it "default_pg", the name reports use; a
+    # subgroup's description reaches the backend only after it is created.)
+    shown = "default_pg" if not dist_opts.global_ranks_in_group else group_name
+    adopt, notes = _C._join(store, rank, size, shown, overrides, _version(), torch.__version__,
+                            socket.gethostname(), os.getpid())
+    if adopt:
+        for note in notes:
+            _logger.warning("%s", note)
+        overrides = {**overrides, **adopt}
+        cfg = _C.resolve_config(overrides)
     if not dist_opts.global_ranks_in_group:
         _default_overrides = dict(overrides)
 

@@ -15,6 +15,7 @@ __all__ = [
     "CollectiveFailureError",
     "StoreLostError",
     "DeadlockError",
+    "GroupJoinError",
 ]
 
 
@@ -89,4 +90,17 @@ class StoreLostError(CollectiveFailureError):
     the following lines give this rank's pending collective and each peer's last
     known state. Raised by the pending and every following operation of every
     guarded group on that store.
+    """
+
+
+class GroupJoinError(GuardError):
+    """A guard group could not be created: not every rank joined it, or its ranks cannot work together.
+
+    Raised by ``init_process_group`` / ``new_group`` (and a DeviceMesh's groups)
+    on every rank that joined, before any collective: when a rank did not join
+    within ``join_timeout`` (TORCH_EXT_JOIN_TIMEOUT, 5 min), at once when a rank
+    is known to have created another backend there (plain ``gloo``), or when
+    ranks run torch_ext releases whose join protocols differ. The message names
+    each rank that did not join and what is known of it, or each rank's
+    versions side by side.
     """

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -73,6 +74,7 @@ std::map<std::string, std::string> parseInner(const std::string& text, const std
 
 double parseSeconds(const std::string& text, const std::string& what, double lo, double hi) {
   std::string t = trim(text);
+  if (!t.empty() && (t.back() == 's' || t.back() == 'S')) t = trim(t.substr(0, t.size() - 1));  // "10s"
   std::ostringstream acc;
   acc << "a number of seconds between " << lo << " and " << hi;
   if (t.empty()) bad(what, text, acc.str());
@@ -202,10 +204,11 @@ double exchangeIntervalS(double intervalS, double storeBudget, int groupSize) {
 
 namespace {
 
+// The shortest text that reads back as exactly `v` ("0.2", "10", "1e-05").
 std::string number(double v) {
-  std::ostringstream os;
-  os << v;
-  return os.str();
+  char buf[32];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  return std::string(buf, res.ptr);
 }
 
 std::string joined(const std::vector<std::string>& items) {
@@ -226,21 +229,21 @@ std::string innerText(const std::map<std::string, std::string>& inner) {
 // entry per setting; splitting it would scatter what the README table lists.
 const std::vector<Setting>& settings() {
   static const std::vector<Setting> table = {
-      {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl",
+      {"inner", "TORCH_EXT_INNER", "cpu:gloo,cuda:nccl", SettingScope::Job,
        "Backend that guard wraps for each device type; any backend registered with torch.distributed.",
        [](Config& c, const std::string& v, const std::string& what) {
          // A partial spec (e.g. only "cuda:gloo") keeps the default for other devices.
          for (auto& kv : detail::parseInner(v, what)) c.inner[kv.first] = kv.second;
        },
        [](const Config& c) -> SettingValue { return c.inner; }, [](const Config& c) { return innerText(c.inner); }},
-      {"check", "TORCH_EXT_CHECK", "verify",
+      {"check", "TORCH_EXT_CHECK", "verify", SettingScope::Job,
        "Mismatch detection: off; async (off the hot path, detected within ~1 s, a mismatched result can reach your "
        "code first); verify (results released only once all ranks agree, checked in batches next to the "
        "collectives); strict (checked before each collective: no data moves).",
        [](Config& c, const std::string& v, const std::string& what) { c.check = detail::parseCheckMode(v, what); },
        [](const Config& c) -> SettingValue { return std::string(checkModeName(c.check)); },
        [](const Config& c) { return std::string(checkModeName(c.check)); }},
-      {"warn_after", "TORCH_EXT_WARN_AFTER", "10",
+      {"warn_after", "TORCH_EXT_WARN_AFTER", "10", SettingScope::Job,
        "Seconds a collective may wait before the ranks look at who waits for whom: a certain deadlock ends at once "
        "(end_deadlocks); any other wait is named in a hang report (dumps are written, training goes on), once per "
        "call site until a wait there outlasts the longest that site has already shown.",
@@ -249,21 +252,25 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return c.warnAfterS; },
        [](const Config& c) { return number(c.warnAfterS) + "s"; }},
-      {"abort_after", "TORCH_EXT_ABORT_AFTER", "the group's timeout",
+      {"abort_after", "TORCH_EXT_ABORT_AFTER", "the group's timeout", SettingScope::Job,
        "Seconds after which a stuck collective fails on every live rank with CollectiveTimeoutError.",
        [](Config& c, const std::string& v, const std::string& what) {
-         c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7);
+         if (lower(trim(v)) == "timeout") {
+           c.abortAfterS.reset();  // the group's timeout, as when unset
+         } else {
+           c.abortAfterS = detail::parseSeconds(v, what, 0.01, 1e7);
+         }
        },
        [](const Config& c) -> SettingValue { return c.abortAfterS ? SettingValue(*c.abortAfterS) : SettingValue(); },
        [](const Config& c) { return c.abortAfterS ? number(*c.abortAfterS) + "s" : std::string("timeout"); }},
-      {"end_deadlocks", "TORCH_EXT_END_DEADLOCKS", "1",
+      {"end_deadlocks", "TORCH_EXT_END_DEADLOCKS", "1", SettingScope::Job,
        "End a certain deadlock when warn_after's look finds it: a wait-for cycle across groups or send/recv whose "
        "ranks all block in their waits fails every live rank of its groups with DeadlockError (0: wait for "
        "abort_after, as for any other hang).",
        [](Config& c, const std::string& v, const std::string& what) { c.endDeadlocks = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.endDeadlocks; },
        [](const Config& c) { return std::string(c.endDeadlocks ? "1" : "0"); }},
-      {"stream_gate", "TORCH_EXT_STREAM_GATE", "auto",
+      {"stream_gate", "TORCH_EXT_STREAM_GATE", "auto", SettingScope::Job,
        "check=verify on a stream backend: the stream that waits for a collective also waits, on the device, until "
        "every rank is known to have issued the same collectives, and a difference fills the result with NaN "
        "(integers: their minimum) instead of releasing it. auto: on nccl_sim's CPU streams, not yet on CUDA; on: "
@@ -273,38 +280,38 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return std::string(enumName(c.streamGate)); },
        [](const Config& c) { return std::string(enumName(c.streamGate)); }},
-      {"epoch_check", "TORCH_EXT_EPOCH_CHECK", "1",
+      {"epoch_check", "TORCH_EXT_EPOCH_CHECK", "1", SettingScope::Job,
        "Compare the ranks' batch counts at the end of each epoch of a DataLoader, and warn once per loop when they "
        "differ and the next epoch begins at different collectives (uneven data: from there on the ranks pair "
        "collectives of different steps); a warning, never an abort (0: off).",
        [](Config& c, const std::string& v, const std::string& what) { c.epochCheck = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.epochCheck; },
        [](const Config& c) { return std::string(c.epochCheck ? "1" : "0"); }},
-      {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)",
+      {"dump_dir", "TORCH_EXT_DUMP_DIR", "(unset: no dumps)", SettingScope::Rank,
        "Folder for per-rank JSON dumps written on every report; read them with python -m torch_ext.diagnose.",
        [](Config& c, const std::string& v, const std::string&) { c.dumpDir = v; },
        [](const Config& c) -> SettingValue { return c.dumpDir; },
        [](const Config& c) { return c.dumpDir.empty() ? std::string("(none)") : c.dumpDir; }},
-      {"ledger_size", "TORCH_EXT_LEDGER_SIZE", "1024",
+      {"ledger_size", "TORCH_EXT_LEDGER_SIZE", "1024", SettingScope::Rank,
        "Collectives remembered per group (a fixed ring, the flight recorder).",
        [](Config& c, const std::string& v, const std::string& what) {
          c.ledgerSize = detail::parseInt(v, what, 16, 1 << 20);
        },
        [](const Config& c) -> SettingValue { return c.ledgerSize; },
        [](const Config& c) { return std::to_string(c.ledgerSize); }},
-      {"interval", "TORCH_EXT_INTERVAL", "0.2",
+      {"interval", "TORCH_EXT_INTERVAL", "0.2", SettingScope::Job,
        "Watchdog tick in seconds: heartbeats, cross-rank hash checks and deadline checks.",
        [](Config& c, const std::string& v, const std::string& what) {
          c.intervalS = detail::parseSeconds(v, what, 0.01, 10.0);
        },
        [](const Config& c) -> SettingValue { return c.intervalS; },
        [](const Config& c) { return number(c.intervalS) + "s"; }},
-      {"call_sites", "TORCH_EXT_CALL_SITES", "1",
+      {"call_sites", "TORCH_EXT_CALL_SITES", "1", SettingScope::Rank,
        "Record the user's Python call site (file:line, function) of each collective.",
        [](Config& c, const std::string& v, const std::string& what) { c.callSites = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.callSites; },
        [](const Config& c) { return std::string(c.callSites ? "1" : "0"); }},
-      {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000",
+      {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000", SettingScope::Job,
        "Store operations per second the guard's watchdogs may spend across the whole job (0: no budget). Groups "
        "larger than budget * interval / 3.125 ranks (1,280 with the defaults) exchange statuses less often, and their "
        "reports and checks take proportionally longer.",
@@ -312,8 +319,8 @@ const std::vector<Setting>& settings() {
          c.storeBudget = static_cast<double>(detail::parseInt(v, what, 0, 1'000'000'000));
        },
        [](const Config& c) -> SettingValue { return static_cast<int64_t>(c.storeBudget); },
-       [](const Config& c) { return number(c.storeBudget); }},
-      {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3",
+       [](const Config& c) { return std::to_string(static_cast<int64_t>(c.storeBudget)); }},
+      {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3", SettingScope::Rank,
        "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
        "under plain env://) is declared lost and every guarded group fails with StoreLostError.",
        [](Config& c, const std::string& v, const std::string& what) {
@@ -321,7 +328,16 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return c.storeTimeoutS; },
        [](const Config& c) { return number(c.storeTimeoutS) + "s"; }},
-      {"library_packages", "TORCH_EXT_LIBRARY_PACKAGES", "(none)",
+      {"join_timeout", "TORCH_EXT_JOIN_TIMEOUT", "300", SettingScope::Rank,
+       "Seconds the creation of a guard group (init_process_group, new_group, a DeviceMesh) waits for every rank to "
+       "join it before it fails on every rank that joined with GroupJoinError, naming the ranks that did not and what "
+       "is known of them; a rank known to have created another backend there fails it at once.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.joinTimeoutS = detail::parseSeconds(v, what, 0.1, 1e7);
+       },
+       [](const Config& c) -> SettingValue { return c.joinTimeoutS; },
+       [](const Config& c) { return number(c.joinTimeoutS) + "s"; }},
+      {"library_packages", "TORCH_EXT_LIBRARY_PACKAGES", "(none)", SettingScope::Rank,
        "Comma-separated Python packages whose frames count as library code in call sites and stacks, like installed "
        "packages (e.g. your own training framework installed in editable mode).",
        [](Config& c, const std::string& v, const std::string& what) {
@@ -329,14 +345,14 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return c.libraryPackages; },
        [](const Config& c) { return joined(c.libraryPackages); }},
-      {"live_signal", "TORCH_EXT_LIVE_SIGNAL", "SIGUSR2",
+      {"live_signal", "TORCH_EXT_LIVE_SIGNAL", "SIGUSR2", SettingScope::Rank,
        "Signal that makes the rank receiving it log the live report of the whole job (every rank's state and stack, "
        "who waits for whom; what torch-ext-diagnose live prints); off: no handler. Process-wide, from the first "
        "guard group; never replaces a handler already installed for that signal.",
        [](Config& c, const std::string& v, const std::string& what) { c.liveSignal = detail::parseSignal(v, what); },
        [](const Config& c) -> SettingValue { return detail::signalName(c.liveSignal); },
        [](const Config& c) { return detail::signalName(c.liveSignal); }},
-      {"straggler", "TORCH_EXT_STRAGGLER", "0.05",
+      {"straggler", "TORCH_EXT_STRAGGLER", "0.05", SettingScope::Job,
        "Straggler report: a rank is named when, over several windows of collectives, the other ranks waited for it at "
        "least this share of their time (0.05, or 5%); off or 0: no analysis, no warning. Group rank 0 analyses what "
        "every rank publishes and logs a rate-limited warning; torch_ext.stragglers() returns the figures.",

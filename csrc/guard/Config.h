@@ -97,6 +97,9 @@ struct Config {
   // Store operations per second that the watchdogs of the whole job may spend
   // (0: no budget). Large groups exchange less often to stay within it.
   double storeBudget = 20000.0;
+  // How long creating a guard group waits for every rank to join it (the join
+  // handshake, store/JoinHandshake.h) before it fails with GroupJoinError.
+  double joinTimeoutS = 300.0;
   // Python packages (importable names, e.g. "mylab.trainer") whose frames are
   // library code for call sites and stacks, like installed packages.
   std::vector<std::string> libraryPackages;
@@ -128,18 +131,38 @@ struct Config {
 using SettingValue = std::variant<std::monostate, bool, int64_t, double, std::string, std::vector<std::string>,
                                   std::map<std::string, std::string>>;
 
+// Whether the ranks of a group must share a setting (issue 57). A job-wide
+// setting changes what goes over the wire or when a rank waits or fails: the
+// ranks agree on it when a group is created (store/JoinHandshake.h), and rank
+// 0's value is the group's (a rank whose own value differed logs the value it
+// runs with). A per-rank setting (where dumps go, what this process
+// remembers, its signals) may differ from rank to rank, and nothing is said.
+enum class SettingScope : uint8_t { Job, Rank };
+
+template <>
+struct EnumTable<SettingScope> {
+  static constexpr NamedValue<SettingScope> kEntries[] = {
+      {SettingScope::Job, "job"},
+      {SettingScope::Rank, "rank"},
+  };
+};
+
 // One row of the settings table: the ONE list of settings, which drives
 // resolution (Config::resolve), description (Config::describe), the Python
-// dict (GuardOptions.resolved()) and the README's configuration table.
+// dict (GuardOptions.resolved()), the join handshake and the README's
+// configuration table.
 struct Setting {
   const char* option;  // GuardOptions field
   const char* env;     // TORCH_EXT_* variable
   const char* defaultValue;
+  SettingScope scope;
   const char* meaning;
   // Parses `value` into `cfg`; `what` names the source in errors.
   void (*apply)(Config& cfg, const std::string& value, const std::string& what);
   SettingValue (*get)(const Config& cfg);
-  // For describe(): "60s", "timeout", "(none)"; empty to leave it out.
+  // For describe(): "60s", "timeout", "(none)"; empty to leave it out. For a
+  // job-wide setting, exact and parsed back by `apply` to the same value (the
+  // join handshake sends it to the other ranks).
   std::string (*show)(const Config& cfg);
 };
 const std::vector<Setting>& settings();

@@ -26,6 +26,8 @@ void throwGuardError(GuardErrorKind kind, const std::string& msg, SeenFlag seen)
       throwWith(StoreLostError(msg), std::move(seen));
     case GuardErrorKind::Deadlock:
       throwWith(DeadlockError(msg), std::move(seen));
+    case GuardErrorKind::Join:
+      throwWith(GroupJoinError(msg), std::move(seen));
   }
   throwWith(GuardError(kind, msg), std::move(seen));
 }

@@ -21,6 +21,7 @@ enum class GuardErrorKind : uint8_t {
   Failure,    // the inner backend failed, e.g. a peer died (CollectiveFailureError)
   StoreLost,  // the store is gone or does not answer (StoreLostError, a CollectiveFailureError)
   Deadlock,   // a wait-for cycle whose ranks all block in it (DeadlockError, a CollectiveTimeoutError)
+  Join,       // the group could not be created: ranks missing or incompatible (GroupJoinError)
 };
 
 template <>
@@ -28,7 +29,7 @@ struct EnumTable<GuardErrorKind> {
   static constexpr NamedValue<GuardErrorKind> kEntries[] = {
       {GuardErrorKind::Mismatch, "mismatch"}, {GuardErrorKind::Timeout, "timeout"},
       {GuardErrorKind::Failure, "failure"},   {GuardErrorKind::StoreLost, "store_lost"},
-      {GuardErrorKind::Deadlock, "deadlock"},
+      {GuardErrorKind::Deadlock, "deadlock"}, {GuardErrorKind::Join, "join"},
   };
 };
 inline const char* guardErrorKindName(GuardErrorKind kind) {
@@ -128,6 +129,16 @@ class CollectiveFailureError : public GuardError {
 class StoreLostError : public CollectiveFailureError {
  public:
   explicit StoreLostError(std::string msg) : CollectiveFailureError(GuardErrorKind::StoreLost, std::move(msg)) {}
+};
+
+// A guard group could not be created: ranks that did not join it within
+// join_timeout (or are known to have created another backend there), or
+// ranks whose torch_ext cannot work together (store/JoinHandshake.h). Raised
+// by init_process_group / new_group on every rank that joined, before any
+// collective; the message names the ranks and what is known of each.
+class GroupJoinError : public GuardError {
+ public:
+  explicit GroupJoinError(std::string msg) : GuardError(GuardErrorKind::Join, std::move(msg)) {}
 };
 
 }  // namespace torch_ext

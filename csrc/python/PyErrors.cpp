@@ -17,6 +17,7 @@ struct Classes {
   PyObject* failure = nullptr;
   PyObject* storeLost = nullptr;
   PyObject* deadlock = nullptr;
+  PyObject* join = nullptr;
 };
 Classes g_classes;
 
@@ -32,6 +33,8 @@ PyObject* classFor(GuardErrorKind kind) {
       return g_classes.storeLost;
     case GuardErrorKind::Deadlock:
       return g_classes.deadlock;
+    case GuardErrorKind::Join:
+      return g_classes.join;
   }
   return g_classes.guard;
 }
@@ -68,13 +71,15 @@ std::exception_ptr surface(const GuardError& e) {
 }  // namespace
 
 void installErrors(pybind11::object guard, pybind11::object mismatch, pybind11::object timeout,
-                   pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock) {
+                   pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock,
+                   pybind11::object join) {
   g_classes.guard = guard.release().ptr();
   g_classes.mismatch = mismatch.release().ptr();
   g_classes.timeout = timeout.release().ptr();
   g_classes.failure = failure.release().ptr();
   g_classes.storeLost = storeLost.release().ptr();
   g_classes.deadlock = deadlock.release().ptr();
+  g_classes.join = join.release().ptr();
   setErrorSurface(&surface);
 }
 

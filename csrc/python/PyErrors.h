@@ -28,7 +28,8 @@ namespace torch_ext::py {
 // Installs the Python classes (torch_ext.errors) and the error surface.
 // Call with the GIL held, at import.
 void installErrors(pybind11::object guard, pybind11::object mismatch, pybind11::object timeout,
-                   pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock);
+                   pybind11::object failure, pybind11::object storeLost, pybind11::object deadlock,
+                   pybind11::object join);
 
 // pybind11's translator: sets the Python error for a GuardError or a
 // SurfacedGuardError in `p`, and rethrows anything else.

@@ -18,6 +18,7 @@
 #include "guard/report/DumpStragglers.h"
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
+#include "guard/store/JoinHandshake.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/Watchdog.h"
@@ -103,14 +104,41 @@ void bindStoreProtocol(py::module& m) {
   m.def("_status_key", [](int groupRank) { return keys::status(groupRank); });
 }
 
+// The join handshake of a guard group being created (store/JoinHandshake.h).
+void bindJoin(py::module& m) {
+  m.def(
+      "_join",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& groupName,
+         const std::map<std::string, std::string>& overrides, const std::string& torchExt, const std::string& torch,
+         const std::string& host, int64_t pid) {
+        const torch_ext::Config cfg = resolve(overrides);
+        torch_ext::JoinContext ctx;
+        ctx.group = groupName;
+        ctx.rank = rank;
+        ctx.size = size;
+        ctx.warnAfter = std::chrono::milliseconds(static_cast<int64_t>(cfg.warnAfterS * 1000.0));
+        ctx.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.joinTimeoutS * 1000.0));
+        const auto mine = torch_ext::JoinRecord::of(cfg, torchExt, torch, host, pid);
+        torch_ext::JoinResult out;
+        {
+          py::gil_scoped_release release;
+          out = torch_ext::JoinHandshake::join(*store, ctx, mine);
+        }
+        return std::make_pair(out.adopt, out.notes);
+      },
+      "The join handshake of a guard group being created (store/JoinHandshake.h): blocks until the ranks agree; "
+      "returns (the job-wide settings this rank adopts from rank 0, one line to log per setting); raises "
+      "GroupJoinError when the group cannot start.");
+}
+
 // Settings, and the creation of a guard group (torch_ext/backend.py).
 void bindSetup(py::module& m) {
   m.def(
       "_register_exceptions",
       [](py::object guard, py::object mismatch, py::object timeout, py::object failure, py::object storeLost,
-         py::object deadlock) {
+         py::object deadlock, py::object join) {
         torch_ext::py::installErrors(std::move(guard), std::move(mismatch), std::move(timeout), std::move(failure),
-                                     std::move(storeLost), std::move(deadlock));
+                                     std::move(storeLost), std::move(deadlock), std::move(join));
       },
       "Installs the Python classes raised for guard errors, on every path out of C++ (python/PyErrors.h).");
 
@@ -123,11 +151,13 @@ void bindSetup(py::module& m) {
   m.def(
       "env_var_docs",
       []() {
-        std::vector<std::tuple<std::string, std::string, std::string, std::string>> out;
-        for (const auto& d : torch_ext::settings()) out.emplace_back(d.option, d.env, d.defaultValue, d.meaning);
+        std::vector<std::tuple<std::string, std::string, std::string, std::string, std::string>> out;
+        for (const auto& d : torch_ext::settings()) {
+          out.emplace_back(d.option, d.env, d.defaultValue, torch_ext::enumName(d.scope), d.meaning);
+        }
         return out;
       },
-      "(option, env var, default, meaning) for every setting.");
+      "(option, env var, default, scope ('job' or 'rank'), meaning) for every setting.");
   m.def("exchange_interval", &torch_ext::exchangeIntervalS, py::arg("interval"), py::arg("store_budget"),
         py::arg("group_size"),
         "Seconds between two store exchanges of a rank in a group of group_size ranks under the store budget.");
@@ -530,6 +560,7 @@ PYBIND11_MODULE(_C, m) {
   py::register_exception_translator(&torch_ext::py::translateError);
 
   bindSetup(m);
+  bindJoin(m);
   bindNcclSim(m);
   bindGroups(m);
   bindWatchdog(m);

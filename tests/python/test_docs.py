@@ -20,11 +20,13 @@ def _readme() -> str:
 
 
 def test_readme_table_lists_every_setting_once():
-    rows = re.findall(r"^\| `(TORCH_EXT_[A-Z_]+)` \| `([a-z_]+)` \|", _readme(), flags=re.M)
-    documented = {env: field for env, field in rows}
+    rows = re.findall(r"^\| `(TORCH_EXT_[A-Z_]+)` \| `([a-z_]+)` \| [^|]* \| (job|rank) \|", _readme(), flags=re.M)
+    documented = {env: (field, scope) for env, field, scope in rows}
     assert len(rows) == len(documented), "a variable appears twice"
-    core = {env: option for option, env, _default, _meaning in torch_ext._C.env_var_docs()}
+    # Each variable's field and scope (job-wide: agreed when a group is created) as the core's table says.
+    core = {env: (option, scope) for option, env, _default, scope, _meaning in torch_ext._C.env_var_docs()}
     assert documented == core
+    core = {env: option for env, (option, _scope) in core.items()}
     fields = {f.name for f in dataclasses.fields(torch_ext.GuardOptions)}
     assert set(core.values()) == fields
 
@@ -32,7 +34,7 @@ def test_readme_table_lists_every_setting_once():
 def test_resolved_settings_list_every_option_typed():
     # GuardOptions.resolved() comes from the same table: every option, typed.
     resolved = torch_ext.GuardOptions(store_budget=0, abort_after=2.5).resolved()
-    options = {option for option, _env, _default, _meaning in torch_ext._C.env_var_docs()}
+    options = {option for option, _env, _default, _scope, _meaning in torch_ext._C.env_var_docs()}
     assert options <= set(resolved), options - set(resolved)
     assert resolved["store_budget"] == 0 and isinstance(resolved["store_budget"], int)
     assert resolved["abort_after"] == 2.5
@@ -101,6 +103,10 @@ NOT_GENERATED = {
         "by hand; its fields are checked by test_post_mortem.py's trace test",
     ("docs/diagnostics.md", '{"ph": "i", "s": "p", "name": "culprit: rank 3'): "excerpt of post_mortem/trace.json, "
         "wrapped by hand (as above)",
+    ("docs/diagnostics.md", '[rank1] 02:59:06 torch_ext WARNING: group "default_pg": check=verify here'): "a job "
+        "whose ranks have different environments (tests/python/jobs/join_job.py): the line is checked by test_join.py",
+    ("docs/diagnostics.md", "[rank0] 03:02:50 torch_ext WARNING: guard group"): "a rank held before "
+        "init_process_group under torchrun (test_join.py checks the error's lines)",
 }
 _OUTPUT = re.compile(r"collective #\d|torch_ext (WARNING|ERROR)|raised \w+Error|torch_ext diagnose:|\{\"ph\": ")
 

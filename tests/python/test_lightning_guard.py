@@ -160,3 +160,26 @@ def test_guard_options_reach_the_process_group():
     results = run_ranks(_fit_with_options, 2, backend=None, timeout=180)
     for v in assert_all_ok(results):
         assert v == {"check": "strict", "ledger_size": 32}, report(results)
+
+
+def _fit_with_own_env(rank: int, world: int, env: dict) -> dict:
+    """_fit("ddp_guard") on a rank whose environment differs as a per-node env file makes it differ (issue 57)."""
+    import os
+
+    os.environ.update(env.get(rank, {}))
+    out = _fit(rank, world, "ddp_guard")
+    out["describe"] = __import__("torch_ext").describe()
+    return out
+
+
+def test_ddp_guard_with_one_ranks_check_mode_differing_trains_on_rank_zeros():
+    # Rank 1 alone has TORCH_EXT_CHECK=strict: before, both ranks hung in Lightning's first collective.
+    results = run_ranks(_fit_with_own_env, 2, {1: {"TORCH_EXT_CHECK": "strict"}}, backend=None, timeout=180)
+    values = assert_all_ok(results)
+    ref = _run("ddp")
+    for rank, (v, r) in enumerate(zip(values, results)):
+        assert "check=verify)" in v["describe"], v["describe"]  # rank 0's value, on both
+        for a, b in zip(v["weights"], ref[rank]["weights"]):
+            assert torch.equal(a, b), report(results)  # the same training as plain DDP on gloo
+        notes = [line for line in r.log.splitlines() if 'group "default_pg": check=strict here' in line]
+        assert len(notes) == (1 if rank == 1 else 0), r.log[-3000:]

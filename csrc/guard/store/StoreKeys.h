@@ -30,6 +30,27 @@ inline std::string status(int groupRank) {
   return "st/" + std::to_string(groupRank);
 }
 
+// join/<rank>: the rank's JoinRecord (store/JoinHandshake.h), written when the
+// rank starts creating the group; read by group rank 0 (and, to name the
+// ranks missing, by a rank whose join_timeout passed). join/verdict: the
+// JoinVerdict, set once
+// (compare_set) by whoever concludes first (rank 0 having read every record,
+// or a rank whose join_timeout passed), read by every rank. All deleted by the
+// last rank to leave; a group that failed to join leaves them (no rank
+// leaves it), a few hundred bytes per rank.
+inline std::string joinRecord(int groupRank) {
+  return "join/" + std::to_string(groupRank);
+}
+inline constexpr const char* kJoinVerdict = "join/verdict";
+
+// Not the guard's: what torch's ProcessGroupGloo writes at the store prefix a
+// backend is given ("<context>/<rank>", context 0 first), read (never
+// written) by the join handshake to tell a rank that created a plain gloo
+// group where the others created the guard. Outside "guard/".
+inline std::string glooRendezvous(int groupRank) {
+  return "0/" + std::to_string(groupRank);
+}
+
 // leave: how many ranks have left the group (add 1 each). The rank that
 // brings it to the group's size deletes every key, this one included.
 inline constexpr const char* kLeave = "leave";

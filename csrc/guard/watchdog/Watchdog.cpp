@@ -230,8 +230,10 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   std::vector<std::string> written = ctx.protocol.incidentKeys();
   for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
   for (int r = 0; r < size; ++r) written.push_back(keys::lastWords(r));
+  for (int r = 0; r < size; ++r) written.push_back(keys::joinRecord(r));
   written.push_back(keys::kLeave);
   written.push_back(keys::kStragglers);
+  written.push_back(keys::kJoinVerdict);
   store.deleteKeys(written);
 }
 

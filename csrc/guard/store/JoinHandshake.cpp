@@ -1,0 +1,352 @@
+#include "guard/store/JoinHandshake.h"
+
+#include "guard/Errors.h"
+#include "guard/Runtime.h"
+#include "guard/report/Json.h"
+#include "guard/report/RankList.h"
+#include "guard/store/StoreKeys.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace torch_ext {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<uint8_t> asBytes(const std::string& s) {
+  return {s.begin(), s.end()};
+}
+
+std::string asText(const std::vector<uint8_t>& b) {
+  return {b.begin(), b.end()};
+}
+
+Json stringMap(const std::map<std::string, std::string>& m) {
+  Json j = Json::object();
+  for (const auto& [k, v] : m) j.set(k, v);
+  return j;
+}
+
+std::map<std::string, std::string> stringMapOf(const Json* j) {
+  std::map<std::string, std::string> out;
+  if (j == nullptr || !j->isObject()) return out;
+  for (const auto& [k, v] : j->asObject()) {
+    if (v.isString()) out[k] = v.asString();
+  }
+  return out;
+}
+
+std::string secondsText(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(ms.count()) / 1000.0 << " s";
+  return os.str();
+}
+
+std::string head(const JoinContext& ctx) {
+  return "guard group \"" + ctx.group + "\" (" + std::to_string(ctx.size) + " ranks) cannot start: ";
+}
+
+// The store's keys of this handshake (the guard's under its prefix).
+std::string recordKey(int rank) {
+  return std::string(keys::kPrefix) + keys::joinRecord(rank);
+}
+const std::string& verdictKey() {
+  static const std::string k = std::string(keys::kPrefix) + keys::kJoinVerdict;
+  return k;
+}
+
+bool present(c10d::Store& store, const std::string& key) {
+  return store.check({key});
+}
+
+// What is known of a rank that has not joined: its own backend's rendezvous
+// key at this prefix ("gloo"), a guard status without a join record
+// ("guard": an older torch_ext), or nothing.
+std::string knownOf(c10d::Store& store, int rank) {
+  if (present(store, keys::glooRendezvous(rank))) return "gloo";
+  if (present(store, std::string(keys::kPrefix) + keys::status(rank))) return "guard";
+  return "";
+}
+
+// Every rank without a record, with what is known of it.
+std::vector<JoinHandshake::Missing> findMissing(c10d::Store& store, int size) {
+  std::vector<JoinHandshake::Missing> out;
+  for (int r = 0; r < size; ++r) {
+    if (!present(store, recordKey(r))) out.push_back({r, knownOf(store, r)});
+  }
+  return out;
+}
+
+// Sets the verdict unless one is there; returns the one that is.
+JoinVerdict settle(c10d::Store& store, const JoinVerdict& mine) {
+  const std::string want = mine.encode();
+  const std::string now = asText(store.compareSet(verdictKey(), {}, asBytes(want)));
+  if (now == want) return mine;
+  auto theirs = JoinVerdict::decode(now);
+  if (!theirs) {
+    JoinVerdict bad;
+    bad.error = "the join verdict in the store is unreadable (another program wrote the guard's keys?)";
+    return bad;
+  }
+  return *theirs;
+}
+
+// Waits up to `slice` for every key, in the store (no polling: the server
+// answers when the last one is set); false if one did not come.
+bool waitFor(c10d::Store& store, const std::vector<std::string>& keys, std::chrono::milliseconds slice) {
+  try {
+    store.wait(keys, slice);
+    return true;
+  } catch (const c10::Error&) {
+    return store.check(keys);  // a timeout; a dead store throws here again
+  }
+}
+
+}  // namespace
+
+JoinRecord JoinRecord::of(const Config& cfg, std::string torchExt, std::string torch, std::string host, int64_t pid) {
+  JoinRecord r;
+  r.torchExt = std::move(torchExt);
+  r.torch = std::move(torch);
+  r.host = std::move(host);
+  r.pid = pid;
+  for (const auto& s : torch_ext::settings()) {
+    if (s.scope != SettingScope::Job) continue;
+    r.settings[s.option] = s.show(cfg);
+    auto it = cfg.source.find(s.option);
+    r.sources[s.option] = it == cfg.source.end() ? "default" : it->second;
+  }
+  return r;
+}
+
+std::string JoinRecord::encode() const {
+  Json j = Json::object();
+  j.set("protocol", protocol);
+  j.set("torch_ext", torchExt);
+  j.set("torch", torch);
+  j.set("host", host);
+  j.set("pid", pid);
+  j.set("settings", stringMap(settings));
+  j.set("sources", stringMap(sources));
+  return j.dump();
+}
+
+std::optional<JoinRecord> JoinRecord::decode(const std::string& value) {
+  try {
+    const Json j = Json::parse(value);
+    JoinRecord r;
+    r.protocol = static_cast<int>(j.intOr("protocol", -1));
+    r.torchExt = j.stringOr("torch_ext");
+    r.torch = j.stringOr("torch");
+    r.host = j.stringOr("host");
+    r.pid = j.intOr("pid");
+    r.settings = stringMapOf(j.get("settings"));
+    r.sources = stringMapOf(j.get("sources"));
+    return r;
+  } catch (const JsonError&) {
+    return std::nullopt;
+  }
+}
+
+std::string JoinVerdict::encode() const {
+  Json j = Json::object();
+  j.set("ok", ok);
+  j.set("error", error);
+  j.set("settings", stringMap(settings));
+  j.set("sources", stringMap(sources));
+  return j.dump();
+}
+
+std::optional<JoinVerdict> JoinVerdict::decode(const std::string& value) {
+  try {
+    const Json j = Json::parse(value);
+    JoinVerdict v;
+    const Json* ok = j.get("ok");
+    v.ok = ok != nullptr && ok->type() == Json::Type::Bool && ok->asBool();
+    v.error = j.stringOr("error");
+    v.settings = stringMapOf(j.get("settings"));
+    v.sources = stringMapOf(j.get("sources"));
+    return v;
+  } catch (const JsonError&) {
+    return std::nullopt;
+  }
+}
+
+JoinVerdict JoinHandshake::conclude(const JoinContext& ctx, const std::vector<JoinRecord>& records) {
+  JoinVerdict v;
+  const JoinRecord& zero = records.at(0);
+  const bool differ =
+      std::any_of(records.begin(), records.end(), [&](const JoinRecord& r) { return r.protocol != zero.protocol; });
+  if (differ) {
+    // Side by side, as a mismatch report lists fingerprints: one line per
+    // distinct (protocol, torch_ext, torch), with its ranks.
+    std::vector<std::pair<std::string, std::vector<int64_t>>> rows;
+    for (size_t r = 0; r < records.size(); ++r) {
+      const JoinRecord& rec = records[r];
+      const std::string row =
+          "torch_ext " + rec.torchExt + " (join protocol " + std::to_string(rec.protocol) + "), torch " + rec.torch;
+      auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& p) { return p.first == row; });
+      if (it == rows.end()) {
+        rows.push_back({row, {static_cast<int64_t>(r)}});
+      } else {
+        it->second.push_back(static_cast<int64_t>(r));
+      }
+    }
+    size_t width = 0;
+    for (const auto& row : rows) width = std::max(width, formatRanks(row.second).size());
+    std::string body;
+    for (const auto& [row, ranks] : rows) {
+      const std::string who = formatRanks(ranks) + ":";
+      body += "\n  " + who + std::string(width + 2 - who.size(), ' ') + row;
+    }
+    v.error = head(ctx) + "its ranks run torch_ext releases that cannot work together:" + body +
+              "\nInstall one torch_ext release on every node (pip show torch_ext on each).";
+    return v;
+  }
+  v.ok = true;
+  v.settings = zero.settings;
+  v.sources = zero.sources;
+  return v;
+}
+
+JoinResult JoinHandshake::apply(const JoinContext& ctx, const JoinRecord& mine, const JoinVerdict& verdict) {
+  JoinResult out;
+  for (const auto& [option, value] : verdict.settings) {
+    auto it = mine.settings.find(option);
+    if (it == mine.settings.end() || it->second == value) continue;
+    out.adopt[option] = value;
+    auto src = mine.sources.find(option);
+    auto theirs = verdict.sources.find(option);
+    const std::string own = src == mine.sources.end() ? "default" : src->second;
+    const std::string zero = theirs == verdict.sources.end() ? "default" : theirs->second;
+    out.notes.push_back("group \"" + ctx.group + "\": " + option + "=" + it->second + " here (" +
+                        (own == "default" ? std::string("the default") : "from " + own) + "), rank 0 has " + option +
+                        "=" + value + " (" + (zero == "default" ? std::string("its default") : "from " + zero) +
+                        "): this rank runs " + option + "=" + value +
+                        ", rank 0's (a job-wide setting: set it alike on every rank)");
+  }
+  return out;
+}
+
+std::string JoinHandshake::missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS) {
+  std::vector<int64_t> absent;
+  std::vector<int64_t> joined;
+  for (const auto& m : missing) absent.push_back(m.rank);
+  for (int r = 0; r < ctx.size; ++r) {
+    if (std::find(absent.begin(), absent.end(), r) == absent.end()) joined.push_back(r);
+  }
+  const bool foreign = std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
+  const double timeoutS = static_cast<double>(ctx.timeout.count()) / 1000.0;
+  std::ostringstream os;
+  os.precision(3);
+  os << head(ctx) << formatRanks(absent) << " did not join it";
+  if (foreign) {
+    os << " (found after " << waitedS << " s):";
+  } else {
+    os << " within join_timeout (" << timeoutS << " s):";
+  }
+  for (const auto& m : missing) {
+    os << "\n  rank " << m.rank << ": ";
+    if (m.known == "gloo") {
+      os << "created a plain gloo group here where the others created guard (its init_process_group / new_group "
+            "names another backend)";
+    } else if (m.known == "guard") {
+      os << "created a guard without the join handshake (an older torch_ext)";
+    } else {
+      os << "never reached this group's creation (still starting, stuck before it, or gone)";
+    }
+  }
+  if (!joined.empty()) os << "\n  joined: " << formatRanks(joined);
+  if (foreign) {
+    os << "\nGive every rank the same backend (\"guard\") and the same torch_ext release.";
+  } else {
+    os << "\nStart every rank and let each reach this group's creation; for a start slower than " << timeoutS
+       << " s, set TORCH_EXT_JOIN_TIMEOUT.";
+  }
+  return os.str();
+}
+
+JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine) {
+  const auto start = Clock::now();
+  const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  JoinVerdict verdict;
+  try {
+    store.set(recordKey(ctx.rank), asBytes(mine.encode()));
+    std::vector<std::string> records;
+    for (int r = 0; r < ctx.size; ++r) records.push_back(recordKey(r));
+    // Ranks other than 0 give up a little after rank 0 would, so that rank
+    // 0's verdict (which names every missing rank) normally comes first.
+    const auto deadline = start + ctx.timeout + (ctx.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
+    const auto warnAt = start + ctx.warnAfter;
+    bool warned = false;
+    auto nextLook = start + std::chrono::seconds(1);
+    for (;;) {
+      if (ctx.rank == 0) {
+        if (waitFor(store, records, std::chrono::milliseconds(500))) {
+          std::vector<JoinRecord> all;
+          for (const auto& value : store.multiGet(records)) {
+            auto rec = JoinRecord::decode(asText(value));
+            if (!rec) {
+              rec = JoinRecord{};
+              rec->protocol = -1;  // unreadable: cannot work together either
+            }
+            all.push_back(*rec);
+          }
+          verdict = settle(store, conclude(ctx, all));
+          break;
+        }
+        if (present(store, verdictKey())) {
+          verdict = settle(store, JoinVerdict{});  // another rank gave up first: its verdict
+          break;
+        }
+      } else if (waitFor(store, {verdictKey()}, std::chrono::milliseconds(500))) {
+        verdict = settle(store, JoinVerdict{});
+        break;
+      }
+      const auto now = Clock::now();
+      if (now >= nextLook || now >= deadline) {
+        nextLook = now + std::chrono::seconds(1);
+        // Rank 0 looks at every rank that has not joined; the others at rank 0
+        // only (the one they wait for), so the store sees O(1) reads per rank.
+        std::vector<Missing> missing;
+        if (ctx.rank == 0 || now >= deadline) {
+          missing = findMissing(store, ctx.size);
+        } else if (!present(store, recordKey(0))) {
+          missing.push_back({0, knownOf(store, 0)});
+        }
+        const bool foreign =
+            std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
+        if (foreign || now >= deadline) {
+          if (foreign && ctx.rank != 0) missing = findMissing(store, ctx.size);
+          if (!missing.empty()) {
+            JoinVerdict fail;
+            fail.error = missingText(ctx, missing, waited());
+            verdict = settle(store, fail);
+            break;
+          }
+        }
+        if (!warned && now >= warnAt && !missing.empty()) {
+          warned = true;
+          std::vector<int64_t> ranks;
+          for (const auto& m : missing) ranks.push_back(m.rank);
+          logMessage(LogLevel::Warning, "guard group \"" + ctx.group + "\" (" + std::to_string(ctx.size) +
+                                            " ranks): waiting for " + formatRanks(ranks) + " to join it (" +
+                                            secondsText(ctx.warnAfter) + " since this rank joined; join_timeout " +
+                                            secondsText(ctx.timeout) + ")");
+        }
+      }
+    }
+  } catch (const GuardError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw GroupJoinError(head(ctx) + "the store failed while its ranks joined (" + e.what() +
+                         "); the store is torchrun's agent, or rank 0's process under plain env://");
+  }
+  if (!verdict.ok) throw GroupJoinError(verdict.error);
+  return apply(ctx, mine, verdict);
+}
+
+}  // namespace torch_ext

@@ -1,0 +1,115 @@
+#pragma once
+
+// JoinHandshake: what the ranks of a guard group agree on before the group
+// exists (issue 57). Every rank's guard is created by torch for the same group
+// (init_process_group, new_group, a DeviceMesh's dimensions); before the
+// inner backends rendezvous (which wait up to the group's timeout for every
+// rank: 30 min on gloo), each rank publishes a JoinRecord, and group rank 0
+// concludes once it has every record:
+//  - the job-wide settings (Config's SettingScope::Job) are rank 0's: a rank
+//    whose own value differed adopts rank 0's and logs once which value it
+//    runs with and where its own came from (a setting that reached one node
+//    only, a per-node env file: before, check=strict against verify hung in
+//    the first collective, off against verify too);
+//  - ranks whose join protocols differ cannot work together: the group fails
+//    at creation on every rank, naming each rank's versions;
+//  - a rank that does not join within join_timeout fails the group on every
+//    rank that did, naming it and what is known of it: it created a plain
+//    gloo group there (read in gloo's own rendezvous key: at once, not at the
+//    timeout), it announced a guard without the handshake (an older
+//    torch_ext), or nothing (still starting, stuck before the group, dead).
+// The verdict is set once (compare_set): by rank 0, or by a rank whose own
+// join_timeout passed first, so that no rank proceeds into the inner
+// rendezvous while another has given up.
+//
+// Cost: each rank writes its record, then waits on the verdict key (blocking
+// in the store, no polling); rank 0 waits on every record the same way and
+// reads them with one multi_get. O(1) store operations per rank and O(W)
+// bytes on rank 0, beside the inner rendezvous's O(W) gets per rank
+// (docs/performance.md, "Group creation").
+
+#include "guard/Config.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace torch_ext {
+
+// Bumped whenever what ranks exchange about a group changes shape (records,
+// check words, status records): ranks whose versions differ fail at creation.
+inline constexpr int kJoinProtocol = 1;
+
+// What one rank says when it joins: who it is, what it runs, and its job-wide
+// settings (option -> Setting::show, exact and parseable) with their sources.
+struct JoinRecord {
+  int protocol = kJoinProtocol;
+  std::string torchExt;  // torch_ext's version
+  std::string torch;     // torch's version
+  std::string host;
+  int64_t pid = 0;
+  std::map<std::string, std::string> settings;
+  std::map<std::string, std::string> sources;  // option -> "TORCH_EXT_CHECK", "GuardOptions(check)", "default"
+
+  // This process's record for `cfg` (its job-wide settings and where each came from).
+  static JoinRecord of(const Config& cfg, std::string torchExt, std::string torch, std::string host, int64_t pid);
+  std::string encode() const;
+  static std::optional<JoinRecord> decode(const std::string& text);
+};
+
+// What the ranks concluded: the group's job-wide settings (rank 0's), or why
+// it cannot start (the GroupJoinError's text).
+struct JoinVerdict {
+  bool ok = false;
+  std::string error;
+  std::map<std::string, std::string> settings;
+  std::map<std::string, std::string> sources;
+
+  std::string encode() const;
+  static std::optional<JoinVerdict> decode(const std::string& text);
+};
+
+// What joining means for this rank: the job-wide settings it adopts from rank
+// 0 (option -> value, to re-resolve its Config with), and one line to log per
+// setting it adopted.
+struct JoinResult {
+  std::map<std::string, std::string> adopt;
+  std::vector<std::string> notes;
+};
+
+struct JoinContext {
+  std::string group;  // the group's name, for messages
+  int rank = 0;       // group rank
+  int size = 1;
+  std::chrono::milliseconds warnAfter{10000};  // when a wait for ranks is logged
+  std::chrono::milliseconds timeout{300000};   // join_timeout
+};
+
+class JoinHandshake {
+ public:
+  // Joins the group on `store` (the group's backend store, torch's prefix):
+  // blocks until the verdict, at most ctx.timeout (and a few seconds, so that
+  // rank 0's verdict normally comes first). Throws GroupJoinError when the
+  // group cannot start; the store's own errors (gone, refused) become one too.
+  static JoinResult join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine);
+
+  // Pure, for tests: rank 0's verdict from every rank's record (in rank order;
+  // none missing), and what a rank with record `mine` makes of a verdict.
+  static JoinVerdict conclude(const JoinContext& ctx, const std::vector<JoinRecord>& records);
+  static JoinResult apply(const JoinContext& ctx, const JoinRecord& mine, const JoinVerdict& verdict);
+  // Why the group cannot start without `missing` ranks: one line each from
+  // what is known of them ("gloo": a plain gloo group; "guard": a guard
+  // without the handshake; "": nothing).
+  struct Missing {
+    int rank;
+    std::string known;
+  };
+  static std::string missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS);
+};
+
+}  // namespace torch_ext

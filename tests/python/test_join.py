@@ -1,0 +1,130 @@
+"""The guard never causes the hang it exists to name (issue 57): the ranks agree at the door.
+
+Before the inner backends rendezvous, every guard rank joins the group
+(csrc/guard/store/JoinHandshake.h): the job-wide settings are rank 0's (the
+rank whose own value differed logs one line), a rank that created plain gloo
+there fails every guard rank at once, and a rank that never comes fails them
+at join_timeout. Real processes, launched as SLURM or mpirun do (plain env://,
+rank 0's process hosts the store) and as torchrun does (the store outside the
+ranks), at the guard's defaults unless a test says otherwise.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness import launch_script
+
+JOB = ["tests/python/jobs/join_job.py"]
+DEFAULTS = {"TORCH_EXT_WARN_AFTER": "", "TORCH_EXT_ABORT_AFTER": ""}  # "": the guard's defaults
+STORES = ["rank0", "parent"]
+NOTE = 'torch_ext WARNING: group "default_pg": '
+
+
+def _launch(tmp_path, world: int, store: str, timeout: float = 90, wait_for=None, **env: str):
+    results = launch_script(JOB, world, store=store, timeout=timeout, wait_for=wait_for,
+                            env={"OUT": str(tmp_path), **DEFAULTS, **env})
+    text = "\n".join(r.describe() for r in results)
+    records = {}
+    for r in results:
+        path = tmp_path / f"rank{r.rank}.json"
+        if path.exists():
+            records[r.rank] = json.loads(path.read_text())
+    return results, records, text
+
+
+def _sums(world: int) -> list:
+    return [float(sum(r + i for r in range(world))) for i in range(20)] + [world - 1]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("differs,setting,mine,theirs", [
+    # rank 0 strict, the others verify: before, every rank hung in the first all_reduce
+    (0, "TORCH_EXT_CHECK", "strict", "verify"),
+    # one rank off: it created no helper group, which the others waited for
+    (1, "TORCH_EXT_CHECK", "off", "verify"),
+    (2, "TORCH_EXT_CHECK", "strict", "verify"),
+    (1, "TORCH_EXT_WARN_AFTER", "5", "10"),
+    (1, "TORCH_EXT_INNER", "cpu:nccl_sim", "cpu:gloo,cuda:nccl"),
+])
+def test_a_job_wide_setting_on_one_rank_runs_rank_zeros_value_with_one_line(tmp_path, store, differs, setting,
+                                                                              mine, theirs):
+    option = setting.removeprefix("TORCH_EXT_").lower()
+    results, records, text = _launch(tmp_path, 3, store, RANK_ENV=json.dumps({str(differs): {setting: mine}}),
+                                     TORCH_EXT_NCCL_SIM_WAIT="data")
+    group = mine if differs == 0 else theirs  # rank 0's value is the group's
+    for r in results:
+        assert r.returncode == 0, text
+        rec = records[r.rank]
+        assert rec["sums"] == _sums(3), text
+        if option == "check":
+            assert f"check={group})" in rec["describe"], text
+        notes = [line for line in r.output.splitlines() if NOTE in line]
+        if r.rank != 0 and (r.rank == differs or differs == 0):
+            # The rank whose own value was overruled: one line, its value and where it came from, rank 0's.
+            own = mine if r.rank == differs else theirs
+            assert len(notes) == 1, text
+            assert f"{option}={own}" in notes[0] and f"rank 0 has {option}={group}" in notes[0], notes[0]
+            assert ("from " + setting if own == mine else "the default") in notes[0], notes[0]
+        else:
+            assert notes == [], text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+def test_per_rank_settings_may_differ_and_nothing_is_said(tmp_path, store):
+    per_rank = {"TORCH_EXT_DUMP_DIR": str(tmp_path / "dumps"), "TORCH_EXT_LEDGER_SIZE": "64",
+                "TORCH_EXT_STORE_TIMEOUT": "5", "TORCH_EXT_LIVE_SIGNAL": "off", "TORCH_EXT_JOIN_TIMEOUT": "60"}
+    results, records, text = _launch(tmp_path, 2, store, RANK_ENV=json.dumps({"1": per_rank}))
+    for r in results:
+        assert r.returncode == 0 and records[r.rank]["sums"] == _sums(2), text
+        assert NOTE not in r.output, text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("gloo_rank", [0, 1])
+def test_a_plain_gloo_rank_fails_every_guard_rank_typed_within_seconds(tmp_path, store, gloo_rank):
+    """One launcher script edited, the other not: the guard ranks end with GroupJoinError naming the gloo rank.
+
+    The gloo rank itself is outside the guard: it waits in gloo's own rendezvous
+    until the store is gone (rank 0's process ended) or the launcher ends it.
+    """
+    guard_ranks = [r for r in range(3) if r != gloo_rank]
+    results, records, text = _launch(tmp_path, 3, store, timeout=60, wait_for=guard_ranks,
+                                     **{f"BACKEND_{gloo_rank}": "gloo"})
+    for r in guard_ranks:
+        assert results[r].returncode == 3, text  # each ended by itself, with the error
+        rec = records[r]
+        assert rec["error"] == "GroupJoinError", text
+        assert rec["after_s"] < 15, text  # found at once, not at join_timeout (300 s)
+        assert f"rank {gloo_rank}: created a plain gloo group here" in rec["message"], rec["message"]
+        assert "joined: ranks " + ",".join(map(str, guard_ranks)) in rec["message"], rec["message"]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+def test_a_rank_that_never_reaches_init_fails_the_others_naming_it(tmp_path, store):
+    """join_timeout is 5 min by default; 3 s here.
+
+    Outside torchrun (store="rank0") rank 0's process waits in torch's own store
+    set-up until every rank has connected, before any guard exists: there rank 1
+    joins alone and names rank 0 and the absent rank 2.
+    """
+    hold = tmp_path / "release"
+    joined = [0, 1] if store == "parent" else [1]
+    absent = [2] if store == "parent" else [0, 2]
+    results, records, text = _launch(tmp_path, 3, store, timeout=60, wait_for=joined, TORCH_EXT_JOIN_TIMEOUT="3",
+                                     HOLD_2=str(hold))
+    hold.touch()
+    for r in joined:
+        assert results[r].returncode == 3, text
+        rec = records[r]
+        assert rec["error"] == "GroupJoinError", text
+        assert 2.5 < rec["after_s"] < 20, text
+        names = "rank 2" if absent == [2] else "ranks 0,2"
+        assert f"{names} did not join it within join_timeout (3 s)" in rec["message"], rec["message"]
+        for a in absent:
+            assert f"rank {a}: never reached this group's creation" in rec["message"], rec["message"]
