@@ -171,16 +171,17 @@ def _check(world: int, inner: str, full: bool, timeout: float) -> None:
           f"{max(v['seconds'] for v in values):.0f} s")
 
 
-# The fast slice (CI): gloo at worlds 2-4 and nccl_sim at 3, the carry's and the ring's bounds.
+# The fast slice (CI): gloo at worlds 2 and 3 (where the carry's layout changed float sums), nccl_sim at 2,
+# the carry's and the ring's bounds.
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("world", [2, 3])
 def test_every_mode_gives_gloos_bits(world):
     _check(world, "gloo", full=False, timeout=540)
 
 
 @pytest.mark.timeout(600)
 def test_every_mode_gives_nccl_sims_bits():
-    _check(3, "nccl_sim", full=False, timeout=540)
+    _check(2, "nccl_sim", full=False, timeout=540)
 
 
 # The whole sweep: worlds 2-6, more lengths, gloo and nccl_sim (pytest -m sweep; left out otherwise).

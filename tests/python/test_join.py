@@ -39,15 +39,15 @@ def _sums(world: int) -> list:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("store", STORES)
-@pytest.mark.parametrize("differs,setting,mine,theirs", [
+@pytest.mark.parametrize("store,differs,setting,mine,theirs", [
     # rank 0 strict, the others verify: before, every rank hung in the first all_reduce
-    (0, "TORCH_EXT_CHECK", "strict", "verify"),
+    ("rank0", 0, "TORCH_EXT_CHECK", "strict", "verify"),
+    ("parent", 0, "TORCH_EXT_CHECK", "strict", "verify"),
     # one rank off: it created no helper group, which the others waited for
-    (1, "TORCH_EXT_CHECK", "off", "verify"),
-    (2, "TORCH_EXT_CHECK", "strict", "verify"),
-    (1, "TORCH_EXT_WARN_AFTER", "5", "10"),
-    (1, "TORCH_EXT_INNER", "cpu:nccl_sim", "cpu:gloo,cuda:nccl"),
+    ("rank0", 1, "TORCH_EXT_CHECK", "off", "verify"),
+    ("parent", 2, "TORCH_EXT_CHECK", "strict", "verify"),
+    ("rank0", 1, "TORCH_EXT_WARN_AFTER", "5", "10"),
+    ("parent", 1, "TORCH_EXT_INNER", "cpu:nccl_sim", "cpu:gloo,cuda:nccl"),
 ])
 def test_a_job_wide_setting_on_one_rank_runs_rank_zeros_value_with_one_line(tmp_path, store, differs, setting,
                                                                               mine, theirs):
@@ -70,6 +70,23 @@ def test_a_job_wide_setting_on_one_rank_runs_rank_zeros_value_with_one_line(tmp_
             assert ("from " + setting if own == mine else "the default") in notes[0], notes[0]
         else:
             assert notes == [], text
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", STORES)
+def test_every_other_job_wide_setting_on_one_rank_is_rank_zeros_with_a_line_each(tmp_path, store):
+    theirs = {"TORCH_EXT_ABORT_AFTER": "600", "TORCH_EXT_END_DEADLOCKS": "0", "TORCH_EXT_STREAM_GATE": "off",
+              "TORCH_EXT_EPOCH_CHECK": "0", "TORCH_EXT_INTERVAL": "0.5", "TORCH_EXT_STORE_BUDGET": "1000",
+              "TORCH_EXT_STRAGGLER": "off"}
+    results, records, text = _launch(tmp_path, 2, store, RANK_ENV=json.dumps({"1": theirs}))
+    for r in results:
+        assert r.returncode == 0 and records[r.rank]["sums"] == _sums(2), text
+    notes = [line for line in results[1].output.splitlines() if NOTE in line]
+    assert NOTE not in results[0].output, text
+    assert len(notes) == len(theirs), text
+    for var in theirs:
+        option = var.removeprefix("TORCH_EXT_").lower()
+        assert sum(f" {option}=" in n and f"from {var}" in n for n in notes) == 1, (option, notes)
 
 
 @pytest.mark.timeout(150)
