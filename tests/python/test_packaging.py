@@ -4,8 +4,9 @@
   pyproject.toml declares, holds every source and header; ``pip wheel
   --no-build-isolation`` builds a wheel from it (with this environment's
   setuptools, the newest we know); installed into a fresh venv as a new user
-  has it (pip installs the wheel and what it declares: torch, packaging; none
-  of the test set-up's packages, numpy among them, is in sight), that wheel
+  has it (the wheel and what it declares: torch, packaging, with their own
+  dependencies; none of the test set-up's packages, numpy among them, is in
+  sight), that wheel
   runs a 2-rank guard job and the ``torch-ext-diagnose`` console script.
 - ``pip install --no-build-isolation .`` (non-editable) from the clean copy,
   with the lowest declared setuptools, does the same.
@@ -18,10 +19,12 @@ build environments reuse this interpreter's packages (torch, pip, build, ninja)
 through a plain-path .pth file, so only the setuptools under test is installed
 (the same torch path keeps ccache's objects valid); an editable torch_ext of
 this interpreter stays out: its .pth hooks are not run. The new user's venv
-installs torch from the package index (about a minute).
+sees only what pip installs with the wheel (torch, packaging and their
+dependencies, linked from here).
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import re
 import shutil
@@ -158,17 +161,41 @@ def wheel_env(work, sdist) -> tuple[Path, Path]:
 
 
 def _newcomer_environment(path: Path, wheel: Path) -> Path:
-    """A new user's environment: a fresh venv that sees nothing of this one's packages (no numpy, no lightning),
-    where pip installs the wheel and what it declares (torch pinned to this one's release, packaging)."""
+    """A new user's environment: a fresh venv that sees none of this one's packages (no numpy, no lightning) but
+    what pip installs with the wheel: what it declares (torch, packaging) and their own dependencies.
+
+    Those are linked from this interpreter's site-packages, where pip put them (installing torch again costs
+    about a minute of the packaging worker); the wheel itself is installed by pip. The README's first command
+    is run in a venv where pip installs torch from the index (.ci/check_demo).
+    """
     _run([sys.executable, "-m", "venv", path])
     python = path / "bin" / "python"
-    release = str(torch.__version__).split("+")[0]
-    _run([python, "-m", "pip", "install", "-q", f"torch=={release}", wheel])
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+    for dist in _dependency_closure(["torch", "packaging"]):
+        tops = {Path(str(f)).parts[0] for f in dist.files or [] if not str(f).startswith("..")}
+        for top in sorted(tops - {"__pycache__"}):
+            if not top.endswith(".pth") and not (site / top).exists():
+                (site / top).symlink_to(Path(str(dist.locate_file(top))))
+    _run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", wheel])
     # What the job below proves holds only where the test set-up's packages are out of sight.
     hidden = _run([python, "-c", "import importlib.util as u; print([m for m in ('numpy', 'lightning', 'pytest') "
                    "if u.find_spec(m)])"]).strip()
     assert hidden == "[]", f"the fresh environment sees {hidden}"
     return python
+
+
+def _dependency_closure(names: list[str]) -> list[importlib.metadata.Distribution]:
+    """The installed distributions ``names`` need, theirs included (extras left out), as pip would install them."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo = list(names)
+    while todo:
+        name = re.match(r"[A-Za-z0-9_.\-]+", todo.pop()).group(0)
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in found:
+            continue
+        found[key] = importlib.metadata.distribution(name)
+        todo += [req for req in found[key].requires or [] if "extra ==" not in req]
+    return list(found.values())
 
 
 @pytest.fixture(scope="module")
