@@ -43,6 +43,7 @@ def _client(port: int, ranks: list[int], world: int, rounds: int, out: "mp.Queue
     stores = {r: dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=300)) for r in ranks}
     control = dist.TCPStore("127.0.0.1", port, world, False, timeout=timedelta(seconds=300))
     control.add("connected", len(ranks))
+    config = _C._resolve({})
     times: dict[tuple[str, int], list[float]] = {}
 
     def rank_main(r: int) -> None:
@@ -53,7 +54,7 @@ def _client(port: int, ranks: list[int], world: int, rounds: int, out: "mp.Queue
                 store.wait([f"go/{mode}{k}"])
                 start = float(store.get(f"go/{mode}{k}").decode())
                 if mode == "join":
-                    _C._join(group, r, world, f"bench{k}", {}, "bench", "bench", "host", os.getpid())
+                    _C._join(group, r, world, f"bench{k}", config, "bench", "bench", "host", os.getpid())
                 else:
                     if group.add("count", 1) == world:
                         group.set("done", b"1")

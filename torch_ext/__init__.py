@@ -8,8 +8,7 @@ from __future__ import annotations
 import torch  # noqa: F401  (loads libtorch before our extension)
 import torch.distributed  # noqa: F401
 
-# The one place the version is written (pyproject.toml reads it from here).
-__version__ = "0.1.0"
+from torch_ext._version import __version__  # noqa: E402,F401  (written in one place, _version.py)
 
 # Refuses, with one clear ImportError, a _C compiled against another torch.
 from torch_ext._core import _C  # noqa: E402

@@ -7,7 +7,8 @@ loading and its messages are in ``torch_ext._extension``.
 """
 from __future__ import annotations
 
-from torch_ext import __version__, _extension
+from torch_ext import _extension
+from torch_ext._version import __version__
 
 # Refuses, with one clear ImportError, a _C compiled against another torch.
 _C = _extension.load(__version__)

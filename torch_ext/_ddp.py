@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_ext import _compat
+from torch_ext import _compat, errors
+from torch_ext._groups import group_state
 
 # A report line about one rank's (or the header's) all_reduce.
 _LINE = re.compile(r"^(?P<lead>\s*(?:ranks? [\d,\-]+:\s+|#\d+\s+|collective #\d+ ))"
@@ -124,12 +125,10 @@ def unfinished_reduction_note() -> str:
     """What the guard knows after DDP's "Expected to have finished reduction" on this rank: which of
     its last backward's gradient buckets it issued, from which line, and what that means for the
     peers. "" when there is no DDP module on a guarded group, or nothing to add."""
-    from torch_ext import backend
-
     notes = []
     for module in _ddp_modules():
         try:
-            state = backend.group_state(module.process_group, 256)
+            state = group_state(module.process_group, 256)
             layout = _layout(module)
         except Exception:  # noqa: BLE001 - not a guarded group, or a module torch cannot describe
             continue
@@ -167,3 +166,23 @@ def unfinished_reduction_note() -> str:
                  + ". Use every parameter in every forward on every rank, or DDP(find_unused_parameters=True).")
         notes.append(text)
     return "\n".join(notes)
+
+
+def explain(exc: BaseException) -> str:
+    """What the guard knows about ``exc``, an error torch raised outside the guard; "" for nothing.
+
+    For DDP's "Expected to have finished reduction in the prior iteration" (a
+    parameter without a gradient on this rank): how many of its last backward's
+    gradient buckets this rank issued, the bucket holding the rest back with its
+    parameters, and the collective from which the other ranks wait for this one.
+    An uncaught one is followed by this text at exit; a program that catches it
+    can log it. Runs on the error path only (it reads every DDP module's buckets).
+    """
+    # Not the guard's own errors: a peer's report may quote DDP's words from the rank that raised them.
+    if isinstance(exc, RuntimeError) and not isinstance(exc, errors.GuardError) and UNFINISHED in str(exc):
+        return unfinished_reduction_note()
+    return ""
+
+
+# A guard error's text names each gradient bucket under its all_reduce lines.
+errors.add_annotator(annotate)

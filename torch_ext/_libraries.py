@@ -35,7 +35,6 @@ from typing import Any, Callable
 
 import torch
 
-import torch_ext
 from torch_ext.labels import Origin, label
 
 __all__ = ["install"]
@@ -54,9 +53,11 @@ _local = threading.local()  # .busy: inside a wrapped call on this thread (the o
 _lock = threading.Lock()
 # torch, torch_ext, and contextlib (torchmetrics' sync_context is a generator
 # context manager) are never the line that asked.
-_SKIP = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in (torch, torch_ext)  # type: ignore[arg-type]
-) + (contextlib.__file__,)
+_SKIP = (
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # torch_ext's own folder
+    contextlib.__file__,
+)
 
 
 def _package_dir(module_name: str) -> str | None:

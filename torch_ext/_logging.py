@@ -40,6 +40,11 @@ import socket
 import sys
 import time
 
+import torch
+
+from torch_ext import _compat
+from torch_ext._core import _C
+
 LOGGER_NAME = "torch_ext"
 
 # Group failures whose report is raised, as is, by every op on the group afterwards.
@@ -72,11 +77,6 @@ def _rank_label() -> str:
 
 def _failure_kind(text: str) -> str | None:
     """The kind of the guarded group failure whose report is ``text``; None if no group failed with it."""
-    import torch
-
-    from torch_ext import _compat
-    from torch_ext._core import _C
-
     try:
         groups = _compat.process_groups()
     except Exception:  # noqa: BLE001 - not initialised, or torch changed: print in full

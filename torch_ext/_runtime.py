@@ -13,6 +13,8 @@ import traceback
 import torch
 
 from torch_ext._core import _C
+from torch_ext._ddp import explain
+from torch_ext.errors import GuardError
 
 _installed = False
 
@@ -74,8 +76,6 @@ def _uncaught() -> str:
     exc = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if exc is None or isinstance(exc, SystemExit):
         return ""
-    from torch_ext.errors import GuardError
-
     if isinstance(exc, GuardError):
         return ""
     text = str(exc).split("\nException raised from")[0].strip()  # torch's C++ backtrace
@@ -103,8 +103,6 @@ def _at_exit() -> None:
         uncaught = ""
     if uncaught:
         try:  # what the guard knows about it (DDP's unfinished reduction), after its traceback
-            from torch_ext.backend import explain
-
             note = explain(getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
         except Exception:  # noqa: BLE001 - a note, never in the exit's way
             note = ""

@@ -13,7 +13,6 @@ backends torch already knows how to create, and hands them to the C++ wrapper.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import socket
@@ -27,9 +26,12 @@ from torch.distributed import Backend, PrefixStore
 
 from torch_ext import _compat, _libraries, _runtime, epochs
 from torch_ext._core import _C
+from torch_ext._ddp import explain
+from torch_ext._groups import group_state
+from torch_ext._groups import guard_backend as _guard_backend
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
-           "store_health", "monitored_barrier"]
+           "explain", "store_health", "monitored_barrier"]
 
 BACKEND_NAME = "guard"
 # The inner backend's own timeout is the group's plus this grace, so the guard's
@@ -161,10 +163,23 @@ def _inner_value(cfg: Mapping[str, Any]) -> tuple[str, str]:
     return source, cfg["raw"]["inner"]
 
 
+# Inner backends that register themselves with torch on import, imported when a
+# guard group first names one: entry points of this group, by backend name, in
+# any installed package (torch_ext's own pyproject.toml lists nccl_sim, the CPU
+# stand-in for NCCL in torch_ext.testing), so the guard imports none by name.
+ON_DEMAND_GROUP = "torch_ext.inner_backends"
+
+
+def _on_demand_backends() -> dict[str, Any]:
+    """Backend name -> its entry point, for every inner backend registered on demand."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ON_DEMAND_GROUP)}
+
+
 def _accepted_backends() -> list[str]:
     names = {"gloo"} if dist.is_gloo_available() else set()
-    if dist.is_gloo_available():
-        names.add("nccl_sim")  # torch_ext.testing.nccl_sim, imported on demand
+    names |= set(_on_demand_backends())
     if dist.is_nccl_available():
         names.add("nccl")
     if dist.is_mpi_available():
@@ -207,10 +222,10 @@ def _make_inner(
         return pg
     if name == "ucc" and dist.is_ucc_available():
         return _compat.ucc_process_group(store, rank, size, timeout)
-    if name == "nccl_sim":
-        # The CPU stand-in for NCCL (torch_ext.testing.nccl_sim) registers itself on import.
-        import torch_ext.testing.nccl_sim  # noqa: F401
     plugin = _compat.backend_plugins().get(name.upper())
+    if plugin is None and name in _on_demand_backends():
+        _on_demand_backends()[name].load()  # its module registers it with torch
+        plugin = _compat.backend_plugins().get(name.upper())
     if plugin is not None and name != BACKEND_NAME:
         if not plugin.extended_api:
             return plugin.creator_fn(store, rank, size, timeout)
@@ -262,7 +277,8 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # Labels for torchmetrics' and Accelerate's collectives, if they are imported.
     _libraries.install()
     overrides = _overrides_from(pg_options)
-    cfg = _C.resolve_config(overrides)  # ValueError naming the bad setting
+    config = _C._resolve(overrides)  # ValueError naming the bad setting; resolved once, here
+    cfg = config.as_dict()
     if list(cfg["library_packages"]) != _runtime.library_packages():
         # Process-wide: call sites are decided per code object, not per group.
         _runtime.set_library_packages(list(cfg["library_packages"]))
@@ -281,13 +297,13 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # (torch names the default group "0" and describes it "default_pg", the name reports use; a
     # subgroup's description reaches the backend only after it is created.)
     shown = "default_pg" if not dist_opts.global_ranks_in_group else group_name
-    adopt, notes = _C._join(store, rank, size, shown, overrides, _version(), torch.__version__,
-                            socket.gethostname(), os.getpid())
+    config, adopt, notes = _C._join(store, rank, size, shown, config, _version(), torch.__version__,
+                                    socket.gethostname(), os.getpid())
     if adopt:
         for note in notes:
             _logger.warning("%s", note)
-        overrides = {**overrides, **adopt}
-        cfg = _C.resolve_config(overrides)
+        overrides = {**overrides, **adopt}  # what this group's subgroups inherit, if it is the default group
+        cfg = config.as_dict()
     if not dist_opts.global_ranks_in_group:
         _default_overrides = dict(overrides)
 
@@ -316,7 +332,7 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     hosted_by, host_rank = _store_host(store, global_ranks)
     backend = _C._create_backend(
-        store, rank, size, timeout.total_seconds(), group_name, global_ranks, overrides, inner, helper,
+        store, rank, size, timeout.total_seconds(), group_name, global_ranks, config, inner, helper,
         hosted_by, host_rank,
     )
     if not dist_opts.global_ranks_in_group:
@@ -356,17 +372,6 @@ def register() -> None:
     _compat.mark_flight_recorder_native(BACKEND_NAME, {"gloo", "nccl"} if torch.cuda.is_available() else {"gloo"})
 
 
-def _guard_backend(group: dist.ProcessGroup | None) -> Any:
-    pg = group if group is not None else _compat.default_group()
-    backend = _compat.group_backend(pg, torch.device("cpu"))
-    if not _C._is_guard(backend):
-        raise TypeError(
-            f"group was created with backend '{dist.get_backend(pg)}', not 'guard': "
-            "use init_process_group(backend='guard') or new_group(..., backend='guard')"
-        )
-    return backend
-
-
 def _backends_by_device(pg: dist.ProcessGroup) -> dict[str, str]:
     """Device type -> name of the backend that runs that device's collectives in ``pg``.
 
@@ -383,21 +388,6 @@ def _backends_by_device(pg: dist.ProcessGroup) -> dict[str, str]:
         else:
             out[device.type] = backend.name()
     return out
-
-
-def group_state(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> dict[str, Any]:
-    """The guard's view of ``group``: identity, progress and its ledger (a dict).
-
-    Under ``check="verify"`` (world size > 1) it has ``"verifier"``: the check
-    rounds run so far (``rounds``), the collectives verified by the check they
-    carried themselves (``in_band``), and the last collective verified and issued.
-    """
-    backend = _guard_backend(group)
-    state = json.loads(_C._group_json(backend, max_entries))
-    stats = _C._verifier_stats(backend)
-    if stats is not None:
-        state["verifier"] = stats
-    return state
 
 
 def ledger(group: dist.ProcessGroup | None = None, max_entries: int = 0) -> list[dict[str, Any]]:
@@ -424,25 +414,6 @@ def inner_backend(group: dist.ProcessGroup | None = None, device: str = "cpu") -
 def failure(group: dist.ProcessGroup | None = None) -> tuple[str, str] | None:
     """``(kind, report)`` if ``group`` has failed, else None."""
     return _C._failure(_guard_backend(group))
-
-
-def explain(exc: BaseException) -> str:
-    """What the guard knows about ``exc``, an error torch raised outside the guard; "" for nothing.
-
-    For DDP's "Expected to have finished reduction in the prior iteration" (a
-    parameter without a gradient on this rank): how many of its last backward's
-    gradient buckets this rank issued, the bucket holding the rest back with its
-    parameters, and the collective from which the other ranks wait for this one.
-    An uncaught one is followed by this text at exit; a program that catches it
-    can log it. Runs on the error path only (it reads every DDP module's buckets).
-    """
-    from torch_ext import _ddp
-    from torch_ext.errors import GuardError
-
-    # Not the guard's own errors: a peer's report may quote DDP's words from the rank that raised them.
-    if isinstance(exc, RuntimeError) and not isinstance(exc, GuardError) and _ddp.UNFINISHED in str(exc):
-        return _ddp.unfinished_reduction_note()
-    return ""
 
 
 def store_health(group: dist.ProcessGroup | None = None) -> tuple[str, str]:

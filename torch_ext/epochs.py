@@ -48,7 +48,6 @@ from torch_ext._core import _C
 __all__: list[str] = []
 
 _log = logging.getLogger("torch_ext")
-_STORE_PREFIX = "torch_ext/epochs/"
 
 
 class _Watch:
@@ -63,6 +62,7 @@ class _Watch:
         # loop has not begun its next one yet.
         self.pending: dict[str, tuple[int, int, str]] = {}
         self.warned: set[str] = set()
+        self.loops: set[str] = set()  # the loops' store names (CRC-32 of the site) this rank wrote records of
 
 
 _watch: _Watch | None = None
@@ -166,8 +166,8 @@ def _ended(it: Any, caller: Any) -> None:
     site = _site(caller)
     epoch = w.ended.get(site, 0)
     w.ended[site] = epoch + 1
-    if site not in w.warned:
-        w.pending[site] = (epoch, _compat.batches_yielded(it), _sampler_name(it))
+    # Also after a warning: the records go on, so that each epoch's are deleted.
+    w.pending[site] = (epoch, _compat.batches_yielded(it), _sampler_name(it))
 
 
 def _began(caller: Any) -> None:
@@ -214,21 +214,28 @@ def _work() -> None:
 
 
 def _compare(w: _Watch, site: str, sampler: str, epoch: int, count: int, next_seq: int) -> None:
-    if site in w.warned:
-        return
-    loop = f"{_STORE_PREFIX}{zlib.crc32(site.encode()):08x}/"
-    key = f"{loop}{epoch}/"
-    w.store.set(f"{key}{w.rank}", f"{count} {next_seq}")
-    keys = [f"{key}{r}" for r in range(w.size)]
+    # The keys and their lifetimes: csrc/guard/store/StoreKeys.h (epochRecord, epochClaim, epochWarned).
+    loop = f"{zlib.crc32(site.encode()):08x}"
+    w.loops.add(loop)
+    w.store.set(_C._epoch_record_key(loop, epoch, w.rank), f"{count} {next_seq}")
+    keys = [_C._epoch_record_key(loop, epoch, r) for r in range(w.size)]
     if not w.store.check(keys):
         return  # a rank has not begun the next epoch yet: the last one to begin it compares
+    if w.store.add(_C._epoch_claim_key(loop, epoch), 1) != 1:
+        return  # another rank found them all first and compares
     records = [tuple(int(v) for v in value.decode().split()) for value in w.store.multi_get(keys)]
+    for key in keys:
+        w.store.delete_key(key)
+    if epoch > 0:
+        w.store.delete_key(_C._epoch_claim_key(loop, epoch - 1))
+    if site in w.warned:
+        return
     counts = [n for n, _ in records]
     seqs = [s for _, s in records]
     if len(set(counts)) < 2 or len(set(seqs)) < 2:
         return  # even, or realigned before the next epoch (Join shadowing the missing steps)
     w.warned.add(site)
-    if w.store.add(f"{loop}warned", 1) != 1:
+    if w.store.add(_C._epoch_warned_key(loop), 1) != 1:
         return  # another rank warned about this loop
     by_count: dict[int, list[int]] = {}
     for r, n in enumerate(counts):

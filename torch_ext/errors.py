@@ -6,6 +6,8 @@ bindings translate them to these classes.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch.distributed as dist
 
 __all__ = [
@@ -19,24 +21,40 @@ __all__ = [
 ]
 
 
+# Notes a guard error's text gains where it is read, registered by the module
+# that knows them (torch_ext/_ddp.py: DDP's gradient buckets), so that this
+# module imports nothing of torch_ext's.
+_annotators: list[Callable[[str], str]] = []
+
+
+def add_annotator(annotate: Callable[[str], str]) -> None:
+    """``annotate(text) -> text`` rewrites every guard error's text when it is first read (in order of adding)."""
+    if annotate not in _annotators:
+        _annotators.append(annotate)
+
+
+def _annotated(text: str) -> str:
+    for annotate in _annotators:
+        try:
+            text = annotate(text)
+        except Exception:  # noqa: BLE001 - the error's own text, whatever a note does
+            pass
+    return text
+
+
 class GuardError(dist.DistBackendError):
     """Base class: a guarded process group failed and says why, naming ranks.
 
     Its text is the guard's report; where this process runs DDP, each all_reduce
     line of a gradient bucket is followed by the bucket and its parameters
-    (torch_ext/_ddp.py), read once, when the text is first read.
+    (torch_ext/_ddp.py, through add_annotator), read once, when the text is first read.
     """
 
     def __str__(self) -> str:
         text = super().__str__()
         noted = self.__dict__.get("_torch_ext_text")
         if noted is None or noted[0] != text:
-            try:
-                from torch_ext._ddp import annotate
-
-                noted = (text, annotate(text))
-            except Exception:  # noqa: BLE001 - the error's own text, whatever the notes do
-                noted = (text, text)
+            noted = (text, _annotated(text))
             self.__dict__["_torch_ext_text"] = noted
         return noted[1]
 

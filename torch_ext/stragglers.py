@@ -25,6 +25,9 @@ from typing import Any
 
 import torch.distributed as dist
 
+from torch_ext._core import _C
+from torch_ext._groups import group_state, guard_backend
+
 __all__ = ["Straggler", "StragglerReport", "stragglers"]
 
 
@@ -128,10 +131,7 @@ def stragglers(group: dist.ProcessGroup | None = None) -> StragglerReport:
     (or with ``straggler="off"``) the report names nobody and
     ``analysed_up_to`` is 0.
     """
-    from torch_ext._core import _C
-    from torch_ext.backend import _guard_backend, group_state
-
-    backend = _guard_backend(group)
+    backend = guard_backend(group)
     text = _C._stragglers(backend)
     if text:
         return StragglerReport.from_json(json.loads(text))

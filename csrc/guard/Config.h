@@ -119,6 +119,11 @@ struct Config {
   // value, as given by GuardOptions). Throws ConfigError on any bad value.
   static Config resolve(const std::map<std::string, std::string>& overrides = {});
 
+  // Takes `values` (option name -> value as Setting::show writes it) from
+  // `whose` settings ("rank 0's": the join handshake's job-wide values), each
+  // with its source "<whose> <option>". Throws ConfigError on a bad value.
+  void adopt(const std::map<std::string, std::string>& values, const std::string& whose);
+
   // The abort deadline for a group whose timeout is `pgTimeout`.
   std::chrono::milliseconds abortAfter(std::chrono::milliseconds pgTimeout) const;
 
@@ -166,32 +171,6 @@ struct Setting {
   std::string (*show)(const Config& cfg);
 };
 const std::vector<Setting>& settings();
-
-// The switches of the nccl_sim test backend (csrc/nccl_sim): testing settings
-// (variables TORCH_EXT_NCCL_SIM_*, no GuardOptions field), listed in the README's
-// testing table. A switch names one rank and one operation of the default group.
-struct NcclSimSettings {
-  struct Fault {
-    int64_t rank = -1;  // -1: off
-    int64_t value = 0;  // the Nth operation (from 1), or milliseconds for `slow`
-  };
-  Fault stall;  // TORCH_EXT_NCCL_SIM_STALL=RANK:N: the stream stops before its Nth op until aborted
-  Fault fail;   // TORCH_EXT_NCCL_SIM_FAIL=RANK:N: that op fails on that rank's stream
-  Fault slow;   // TORCH_EXT_NCCL_SIM_SLOW=RANK:MS: every op of that rank's stream takes MS longer
-  // TORCH_EXT_NCCL_SIM_QUEUE: operations a stream holds before issuing blocks
-  // the host (CUDA's launch queue is finite too).
-  int64_t queueDepth = 1024;
-  // TORCH_EXT_NCCL_SIM_WAIT: what work.wait() does. "stream" (default):
-  // returns at once, as on NCCL, and host code reads results after
-  // synchronize(). "data": blocks until the data is there, for CPU code that
-  // reads results right after wait() (on a GPU such reads are kernels ordered
-  // after the collective; on CPU the host is the compute stream): FSDP2's
-  // copy-out, torch's object collectives, Lightning.
-  bool waitForData = false;
-
-  // Reads TORCH_EXT_NCCL_SIM_*; throws ConfigError naming the variable.
-  static NcclSimSettings fromEnv();
-};
 
 namespace detail {
 // Parses "cpu:gloo,cuda:nccl"; `what` names the source in errors.

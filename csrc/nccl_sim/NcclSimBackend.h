@@ -31,8 +31,8 @@
 // a result must synchronize first where CUDA would do it implicitly (.item(),
 // .cpu(), print); the future completes when the data is there (see SimWork).
 
-#include "guard/Config.h"
 #include "guard/collective/StreamOrdered.h"
+#include "nccl_sim/NcclSimSettings.h"
 #include "nccl_sim/SimStream.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -19,8 +19,8 @@
 // The test switches (TORCH_EXT_NCCL_SIM_STALL/FAIL/SLOW) act here, by position
 // on the stream. The stream is Python-free: the transport is a c10d::Backend.
 
-#include "guard/Config.h"
 #include "nccl_sim/CountAgreement.h"
+#include "nccl_sim/NcclSimSettings.h"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>

@@ -86,10 +86,11 @@ torch_ext::Config resolve(const std::map<std::string, std::string>& overrides) {
   }
 }
 
-// The store protocol of a live request, for the asker outside the job
-// (torch_ext/diagnose/live.py): the keys and values as StoreKeys.h spells them,
-// so that the protocol has one speaker. Keys are relative to the group's prefix
-// (the directory's "prefix"), except the directory itself.
+// The store protocols spoken from Python, keys and values as StoreKeys.h spells
+// them, so that each protocol has one speaker: a live request, for the asker
+// outside the job (torch_ext/diagnose/live.py; keys relative to the group's
+// prefix, the directory's "prefix", except the directory itself), and the
+// epoch check (torch_ext/epochs.py).
 void bindStoreProtocol(py::module& m) {
   namespace keys = torch_ext::keys;
   m.def("_live_directory_key", [] { return std::string(keys::kLiveDirectory); });
@@ -102,6 +103,13 @@ void bindStoreProtocol(py::module& m) {
   m.def("_snapshot_key",
         [](const std::string& incidentId, int groupRank) { return keys::snapshot(incidentId, groupRank); });
   m.def("_status_key", [](int groupRank) { return keys::status(groupRank); });
+  // The epoch check's keys (torch_ext/epochs.py), whole: it uses the group's store as given.
+  m.def("_epoch_record_key", [](const std::string& loop, int64_t epoch, int groupRank) {
+    return keys::kPrefix + keys::epochRecord(loop, epoch, groupRank);
+  });
+  m.def("_epoch_claim_key",
+        [](const std::string& loop, int64_t epoch) { return keys::kPrefix + keys::epochClaim(loop, epoch); });
+  m.def("_epoch_warned_key", [](const std::string& loop) { return keys::kPrefix + keys::epochWarned(loop); });
 }
 
 // The join handshake of a guard group being created (store/JoinHandshake.h).
@@ -109,9 +117,8 @@ void bindJoin(py::module& m) {
   m.def(
       "_join",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& groupName,
-         const std::map<std::string, std::string>& overrides, const std::string& torchExt, const std::string& torch,
-         const std::string& host, int64_t pid) {
-        const torch_ext::Config cfg = resolve(overrides);
+         const torch_ext::Config& cfg, const std::string& torchExt, const std::string& torch, const std::string& host,
+         int64_t pid) {
         torch_ext::JoinContext ctx;
         ctx.group = groupName;
         ctx.rank = rank;
@@ -124,11 +131,17 @@ void bindJoin(py::module& m) {
           py::gil_scoped_release release;
           out = torch_ext::JoinHandshake::join(*store, ctx, mine);
         }
-        return std::make_pair(out.adopt, out.notes);
+        torch_ext::Config adopted = cfg;
+        try {
+          adopted.adopt(out.adopt, "rank 0's");
+        } catch (const torch_ext::ConfigError& e) {
+          throw py::value_error(e.what());
+        }
+        return py::make_tuple(adopted, out.adopt, out.notes);
       },
       "The join handshake of a guard group being created (store/JoinHandshake.h): blocks until the ranks agree; "
-      "returns (the job-wide settings this rank adopts from rank 0, one line to log per setting); raises "
-      "GroupJoinError when the group cannot start.");
+      "returns (the settings this rank runs: its own with rank 0's job-wide values, those values, one line to log "
+      "per value taken); raises GroupJoinError when the group cannot start.");
 }
 
 // Settings, and the creation of a guard group (torch_ext/backend.py).
@@ -147,6 +160,14 @@ void bindSetup(py::module& m) {
       [](const std::map<std::string, std::string>& overrides) { return configDict(resolve(overrides)); },
       py::arg("overrides") = std::map<std::string, std::string>{},
       "Validated settings from TORCH_EXT_* and the given overrides (raises ValueError naming the bad setting).");
+  // A group's settings, resolved once (backend.py's _create_guard) and handed
+  // as they are to the join handshake and the backend.
+  py::class_<torch_ext::Config>(m, "_Config")
+      .def("as_dict", &configDict, "The settings as resolve_config gives them.")
+      .def("__repr__", [](const torch_ext::Config& c) { return "_Config(" + c.describe() + ")"; });
+  m.def("_resolve", &resolve, py::arg("overrides") = std::map<std::string, std::string>{},
+        "Validated settings from TORCH_EXT_* and the given overrides, as one _Config (raises ValueError naming "
+        "the bad setting).");
 
   m.def(
       "env_var_docs",
@@ -172,12 +193,11 @@ void bindSetup(py::module& m) {
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, double timeoutS,
-         const std::string& groupName, const std::vector<int64_t>& globalRanks,
-         const std::map<std::string, std::string>& overrides,
+         const std::string& groupName, const std::vector<int64_t>& globalRanks, const torch_ext::Config& config,
          const std::map<std::string, std::pair<std::string, c10::intrusive_ptr<c10d::Backend>>>& inner,
          const std::optional<c10::intrusive_ptr<c10d::Backend>>& helper, const std::string& storeHostedBy,
          int64_t storeHostRank) -> c10::intrusive_ptr<c10d::Backend> {
-        torch_ext::Config cfg = resolve(overrides);
+        torch_ext::Config cfg = config;
         torch_ext::StoreAddress address = torch_ext::StoreChannel::addressOf(store);
         address.hostedBy = storeHostedBy;
         address.hostRank = storeHostRank;
@@ -189,7 +209,7 @@ void bindSetup(py::module& m) {
                                                  std::move(cfg), std::move(inners), helper.value_or(nullptr));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("group_name"),
-      py::arg("global_ranks"), py::arg("overrides"), py::arg("inner"), py::arg("helper") = py::none(),
+      py::arg("global_ranks"), py::arg("config"), py::arg("inner"), py::arg("helper") = py::none(),
       py::arg("store_hosted_by") = "", py::arg("store_host_rank") = -1);
 }
 

@@ -608,6 +608,13 @@ TEST(Report, VerdictJsonRoundTrip) {
   } catch (const JsonError& e) {
     EXPECT_STREQ(e.what(), "verdict reporter must be an integer, got string");
   }
+  // A kind this release does not know is an unreadable verdict, never "none".
+  try {
+    Verdict::fromJson(Json::parse(R"({"kind":"stall","text":"x","reporter":0,"seq":1})"));
+    ADD_FAILURE() << "no error";
+  } catch (const JsonError& e) {
+    EXPECT_STREQ(e.what(), "verdict kind 'stall' is not one this torch_ext knows");
+  }
 }
 
 TEST(Report, MismatchLinesSeparateRanksWhoseFingerprintsDifferBeyondTheText) {

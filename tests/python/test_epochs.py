@@ -10,6 +10,7 @@ from torch.utils.data import DataLoader
 
 from harness import assert_all_ok, run_ranks
 from torch_ext import epochs
+from torch_ext._core import _C
 
 WARNING = "uneven data: epoch"
 
@@ -60,3 +61,32 @@ def test_even_counts_rank_local_loops_realigned_loops_and_the_setting_off_say_no
     for results in (even, joined, local, off):
         assert all(v["flushed"] for v in assert_all_ok(results))
         assert WARNING not in _logs(results), _logs(results)
+
+
+def _store_keys_left(rank: int, world: int, epochs_run: int) -> dict:
+    loader = DataLoader(list(range(2)), batch_size=1)
+    for _ in range(epochs_run):
+        for _batch in loader:
+            dist.all_reduce(torch.ones(1))
+    dist.barrier()
+    flushed = epochs._flush()
+    dist.barrier()  # every rank's worker is done
+    w = epochs._watch
+    left = []
+    for loop in sorted(w.loops):
+        for e in range(epochs_run):
+            keys = [_C._epoch_record_key(loop, e, r) for r in range(world)] + [_C._epoch_claim_key(loop, e),
+                                                                              _C._epoch_warned_key(loop)]
+            left += [k for k in keys if w.store.check([k])]
+    return {"flushed": flushed, "loops": len(w.loops), "left": sorted(set(left))}
+
+
+def test_the_epoch_check_deletes_its_records():
+    # 4 epochs: the records of epochs 0-2 went out (each when the next began) and were compared;
+    # what stays is the last epoch's claim, one key per loop.
+    results = run_ranks(_store_keys_left, 2, 4, timeout=90)
+    values = assert_all_ok(results)
+    for v in values:
+        assert v["flushed"] and v["loops"] == 1, v
+        assert len(v["left"]) == 1 and v["left"][0].endswith("/2/claim"), v
+        assert v["left"][0].startswith("guard/epochs/"), v

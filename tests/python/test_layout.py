@@ -169,45 +169,93 @@ def _modules() -> dict[str, pathlib.Path]:
     return mods
 
 
-def _module_level_imports(name: str, path: pathlib.Path, mods: dict[str, pathlib.Path]) -> set[str]:
-    """The package's modules `name` imports when it is imported (not in functions, not for type checkers)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    for node in ast.parse(path.read_text()).body:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under ``if TYPE_CHECKING:`` (imports for type checkers, never run)."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def _imports(name: str, path: pathlib.Path, mods: dict[str, pathlib.Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere: at module level and inside functions
+    (an import in a function is a dependency as much as one at the top), not for type checkers."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_only(tree)
+    out = set()
+    for n in ast.walk(tree):
+        if id(n) in skip:
             continue
-        for n in ([node] if not isinstance(node, (ast.If, ast.Try)) else node.body):
-            if isinstance(n, ast.Import):
-                out.update(a.name for a in n.names)
-            elif isinstance(n, ast.ImportFrom):
-                base = n.module or ""
-                if n.level:
-                    up = package.split(".")[: len(package.split(".")) - n.level + 1]
-                    base = ".".join(up + ([n.module] if n.module else []))
-                out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in n.names)
-    # A module's own package is being imported already when the module is.
-    return {m for m in out if m in mods and m != name and not name.startswith(m + ".")}
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                up = package.split(".")[: len(package.split(".")) - n.level + 1]
+                base = ".".join(up + ([n.module] if n.module else []))
+            out.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in n.names)
+    return {m for m in out if m in mods and m != name}
 
 
-def test_the_package_imports_have_no_circle():
+def _import_graph() -> dict[str, set[str]]:
     mods = _modules()
-    graph = {name: _module_level_imports(name, path, mods) for name, path in mods.items()}
+    return {name: _imports(name, path, mods) for name, path in mods.items()}
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     done: set[str] = set()
     path: list[str] = []
 
-    def visit(node: str) -> None:
+    def visit(node: str) -> list[str] | None:
         if node in path:
-            raise AssertionError("an import circle: " + " -> ".join(path[path.index(node):] + [node]))
+            return path[path.index(node):] + [node]
         if node in done:
-            return
+            return None
         path.append(node)
-        for nxt in sorted(graph[node]):
-            visit(nxt)
+        for nxt in sorted(graph.get(node, ())):
+            if (loop := visit(nxt)) is not None:
+                return loop
         path.pop()
         done.add(node)
+        return None
 
     for node in sorted(graph):
-        visit(node)
+        if (loop := visit(node)) is not None:
+            return loop
+    return None
+
+
+def test_the_package_imports_have_no_circle():
+    # Imports inside functions count: `backend` importing `_ddp` in a function while `_ddp`
+    # imports `backend` is a circle that only the order of calls keeps from failing.
+    loop = _circle(_import_graph())
+    assert loop is None, "an import circle: " + " -> ".join(loop)
+
+
+def test_the_circle_check_sees_a_circle_inside_a_function(tmp_path):
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    import a\n")
+    mods = {"a": tmp_path / "a.py", "b": tmp_path / "b.py"}
+    graph = {name: _imports(name, path, mods) for name, path in mods.items()}
+    assert _circle(graph) == ["a", "b", "a"]
+
+
+# The tools on top of the package: the face (torch_ext and its other modules) imports none of them.
+TOOLS = ("torch_ext.testing", "torch_ext.diagnose", "torch_ext.lightning")
+# Except: torch_ext.live_report() is the live diagnose tool's report, asked from a job.
+FACE_USES_TOOL = {("torch_ext.backend", "torch_ext.diagnose.live")}
+
+
+def test_the_package_face_imports_no_tool():
+    # The test backend (nccl_sim) in particular: a guard group imports it by its entry point
+    # (pyproject.toml, "torch_ext.inner_backends"), as any other package's backend.
+    graph = _import_graph()
+    face = [m for m in graph if not m.startswith(TOOLS)]
+    offenders = [f"{m} imports {d}" for m in sorted(face) for d in sorted(graph[m])
+                 if d.startswith(TOOLS) and (m, d) not in FACE_USES_TOOL]
+    assert not offenders, "\n".join(offenders)
 
 
 def test_the_compiled_core_is_taken_from_one_module():

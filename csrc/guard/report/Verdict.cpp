@@ -75,7 +75,12 @@ Json Verdict::toJson() const {
 Verdict Verdict::fromJson(const Json& j) {
   static const std::string empty;
   Verdict v;
-  v.kind = enumFromName<Kind>(j.at("kind").asString("verdict kind")).value_or(Kind::None);
+  const std::string kind = j.at("kind").asString("verdict kind");
+  const auto known = enumFromName<Kind>(kind);
+  // A kind this release does not know (a verdict from another torch_ext; the
+  // join handshake keeps those out) is no verdict to act on as "none".
+  if (!known) throw JsonError("verdict kind '" + kind + "' is not one this torch_ext knows");
+  v.kind = *known;
   v.text = j.at("text").asString("verdict text");
   v.reporter = j.at("reporter").asInt("verdict reporter");
   v.seq = static_cast<uint64_t>(j.at("seq").asInt("verdict seq"));

@@ -184,6 +184,27 @@ inline std::string p2pPrint(int src, int dst, int tag, uint64_t ordinal) {
          std::to_string(ordinal);
 }
 
+// epochs/<loop>/<epoch>/<rank>: a rank's record of one epoch of a DataLoader
+// loop ("<batches> <last collective>"; torch_ext/epochs.py, uneven data), the
+// loop named by its call site's CRC-32 in 8 hex digits. Written by that rank
+// (the default group's) when the loop begins its next epoch. The rank that
+// finds every rank's record and brings epochs/<loop>/<epoch>/claim to 1 (add
+// 1) reads and compares them, then deletes them and the previous epoch's
+// claim (every rank's records of this epoch mean every rank is past that one).
+// epochs/<loop>/warned: add 1 by the rank that warns; the first warns. Python
+// spells them through _C (bindings.cpp), with kPrefix. Outside the lifetime
+// rule above: a loop's last claim and its warned key outlive the group (two
+// keys per loop; a store outlives no job).
+inline std::string epochRecord(const std::string& loop, int64_t epoch, int groupRank) {
+  return "epochs/" + loop + "/" + std::to_string(epoch) + "/" + std::to_string(groupRank);
+}
+inline std::string epochClaim(const std::string& loop, int64_t epoch) {
+  return "epochs/" + loop + "/" + std::to_string(epoch) + "/claim";
+}
+inline std::string epochWarned(const std::string& loop) {
+  return "epochs/" + loop + "/warned";
+}
+
 // stragglers: the straggler analysis of the group (JSON, what
 // torch_ext.stragglers() returns). Written by group rank 0, the analyst, when
 // whom it names changes and at most every 10 s otherwise; read on demand by
