@@ -53,6 +53,16 @@ std::string head(const JoinContext& ctx) {
 std::string recordKey(int rank) {
   return std::string(keys::kPrefix) + keys::joinRecord(rank);
 }
+std::string storeFailedText(const JoinContext& ctx, const std::exception& e) {
+  std::string what = e.what();
+  what = what.substr(0, what.find("\nException raised from"));  // torch's C++ backtrace
+  return head(ctx) + "the store failed while its ranks joined (" + what +
+         "); the store is torchrun's agent, or rank 0's process under plain env://";
+}
+
+std::string seenKey(int rank) {
+  return std::string(keys::kPrefix) + keys::joinSeen(rank);
+}
 const std::string& verdictKey() {
   static const std::string k = std::string(keys::kPrefix) + keys::kJoinVerdict;
   return k;
@@ -269,6 +279,18 @@ std::string JoinHandshake::missingText(const JoinContext& ctx, const std::vector
   return os.str();
 }
 
+void JoinHandshake::holdUntilSeen(c10d::Store& store, const JoinContext& ctx) {
+  store.set(seenKey(ctx.rank), asBytes("1"));
+  if (ctx.rank != 0) return;
+  // Group rank 0 stays until every rank that joined has read the verdict
+  // (bounded: a rank that joined and then died never says so).
+  std::vector<std::string> seen;
+  for (int r = 1; r < ctx.size; ++r) {
+    if (present(store, recordKey(r))) seen.push_back(seenKey(r));
+  }
+  if (!seen.empty()) waitFor(store, seen, kSeenWithin);
+}
+
 JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine) {
   const auto start = Clock::now();
   const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
@@ -339,11 +361,11 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
         }
       }
     }
+    if (!verdict.ok) holdUntilSeen(store, ctx);
   } catch (const GuardError&) {
     throw;
   } catch (const std::exception& e) {
-    throw GroupJoinError(head(ctx) + "the store failed while its ranks joined (" + e.what() +
-                         "); the store is torchrun's agent, or rank 0's process under plain env://");
+    throw GroupJoinError(storeFailedText(ctx, e));
   }
   if (!verdict.ok) throw GroupJoinError(verdict.error);
   return apply(ctx, mine, verdict);

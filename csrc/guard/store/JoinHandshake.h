@@ -110,6 +110,17 @@ class JoinHandshake {
     std::string known;
   };
   static std::string missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS);
+
+  // How long group rank 0 waits for the joined ranks to have read a verdict
+  // that fails the group before it raises (holdUntilSeen).
+  static constexpr std::chrono::milliseconds kSeenWithin{5000};
+
+ private:
+  // A verdict failed the group: this rank says it read it; group rank 0 (whose
+  // process hosts the store under plain env://) waits, at most kSeenWithin,
+  // for every rank that joined to say so, so that its exit does not leave them
+  // with "the store failed" instead of the verdict.
+  static void holdUntilSeen(c10d::Store& store, const JoinContext& ctx);
 };
 
 }  // namespace torch_ext

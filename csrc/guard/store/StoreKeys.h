@@ -42,6 +42,13 @@ inline std::string joinRecord(int groupRank) {
   return "join/" + std::to_string(groupRank);
 }
 inline constexpr const char* kJoinVerdict = "join/verdict";
+// join/seen/<rank>: set by a rank that read a verdict that fails the group;
+// group rank 0 (under plain env:// its process hosts the store) waits, a few
+// seconds at most, for those of the ranks that joined before it raises, so
+// that its exit does not take the verdict from them. Left like the records.
+inline std::string joinSeen(int groupRank) {
+  return "join/seen/" + std::to_string(groupRank);
+}
 
 // Not the guard's: what torch's ProcessGroupGloo writes at the store prefix a
 // backend is given ("<context>/<rank>", context 0 first), read (never
