@@ -40,8 +40,8 @@ constexpr auto CPU = c10::DeviceType::CPU;
 using testkit::MemHelper;
 using testkit::Rendezvous;
 
-CheckMode modeOf(bool strict) {
-  return strict ? CheckMode::Strict : CheckMode::Async;
+CheckPolicy modeOf(bool strict) {
+  return CheckPolicy::of(strict ? CheckMode::Strict : CheckMode::Async);
 }
 
 // `size` ranks (global ranks 10, 11, ...), strict or not, over one store.
@@ -363,11 +363,38 @@ TEST(CollectiveChecks, PlanTruthTable) {
   for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
     const Op op = static_cast<Op>(i);
     SCOPED_TRACE(opName(op));
-    EXPECT_EQ(CollectiveChecks(state, helper, CheckMode::Strict).plan(op).beforeIssue(), op != Op::RecvAnySource);
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Async).plan(op).beforeIssue());
-    EXPECT_FALSE(CollectiveChecks(state, nullptr, CheckMode::Async).plan(op).audit);
+    EXPECT_EQ(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Strict)).plan(op).beforeIssue(),
+              op != Op::RecvAnySource);
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Async)).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, nullptr, CheckPolicy::of(CheckMode::Async)).plan(op).audit);
     // verify: nothing before the op, and no separate audit (its check covers splits).
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Verify).plan(op).beforeIssue());
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckMode::Verify).plan(op).audit);
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).audit);
+  }
+}
+
+TEST(CheckPolicy, WhatEachModeDoes) {
+  // mode: compares, checksBeforeIssue, verifies, resultsWaitForTheCheck, comparesInStatusRing, auditsSplitsAfterIssue
+  struct Row {
+    CheckMode mode;
+    bool answers[6];
+  };
+  const Row rows[] = {
+      {CheckMode::Off, {false, false, false, false, false, false}},
+      {CheckMode::Async, {true, false, false, false, true, true}},
+      {CheckMode::Verify, {true, false, true, true, false, false}},
+      {CheckMode::Strict, {true, true, false, true, false, false}},
+  };
+  for (const auto& row : rows) {
+    SCOPED_TRACE(checkModeName(row.mode));
+    const CheckPolicy p = CheckPolicy::of(row.mode);
+    EXPECT_EQ(p.mode, row.mode);
+    const bool got[6] = {p.compares,
+                         p.checksBeforeIssue,
+                         p.verifies,
+                         p.resultsWaitForTheCheck,
+                         p.comparesInStatusRing,
+                         p.auditsSplitsAfterIssue};
+    for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], row.answers[i]) << "answer " << i;
   }
 }

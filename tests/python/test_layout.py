@@ -146,6 +146,23 @@ def test_store_keys_are_spelled_only_in_store_keys_h():
     assert not offenders, "\n".join(offenders)
 
 
+def test_groups_fail_in_one_place():
+    # Whatever finds that a group cannot go on hands a GroupFailure to
+    # IncidentSink::failGroup: the watchdog implements it (Watchdog.cpp) and so does a
+    # detached group's sink (in GroupState.cpp); GroupState::fail is called nowhere else.
+    call = re.compile(r"(\.|->)fail\(")
+    callers = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if call.search(src.read_text())}
+    assert callers == {"watchdog/Watchdog.cpp", "collective/GroupState.cpp"}, callers
+
+
+def test_the_check_mode_is_decided_in_one_file():
+    # What each mode does is CheckPolicy::of's answer (collective/CheckPolicy.cpp); everything
+    # else asks the group's policy, never the mode (Config parses and names the modes).
+    mode = re.compile(r"CheckMode::(Off|Async|Verify|Strict)")
+    users = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if mode.search(src.read_text())}
+    assert users == {"Config.h", "collective/CheckPolicy.cpp", "collective/CheckPolicy.h"}, users
+
+
 def test_ops_and_states_are_compared_as_enums_not_strings():
     cmp = re.compile(r'\b(state|op|kind|phase|subject)\s*[!=]=\s*"')
     offenders = []

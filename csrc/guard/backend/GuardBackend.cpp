@@ -104,8 +104,8 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
                            Config config, std::map<std::string, InnerBackend> inner,
                            c10::intrusive_ptr<c10d::Backend> helper)
     : c10d::Backend(rank, size), inner_(std::move(inner)), helper_(std::move(helper)) {
-  strict_ = config.check == CheckMode::Strict;
-  TORCH_CHECK(!strict_ || helper_, "guard: strict mode needs a helper backend for its check collective");
+  TORCH_CHECK(!CheckPolicy::of(config.check).checksBeforeIssue || helper_,
+              "guard: strict mode needs a helper backend for its check collective");
   for (auto& kv : inner_) {
     TORCH_CHECK(kv.second.backend, "guard: inner backend for device '", kv.first, "' is null");
     kv.second.streamOrdered = isStreamOrdered(*kv.second.backend);
@@ -132,12 +132,12 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
                                                  std::move(opened.root), std::move(opened.rootPrefix));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   state_->setJobStore(std::move(jobStore));
-  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->config().check);
+  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->policy());
   for (const auto& kv : inner_) {
     if (kv.second.streamOrdered) state_->setStreamOrdered(true);
   }
   // A lone rank cannot disagree with itself: no verifier at world size 1.
-  if (state_->config().check == CheckMode::Verify && helper_ && size > 1) {
+  if (state_->policy().verifies && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
     pairing_ = std::make_unique<P2PPairing>(state_, helper_);
     if (state_->streamOrdered() && state_->config().streamGate != StreamGateMode::Off) {
@@ -619,8 +619,9 @@ c10::intrusive_ptr<c10d::Backend::Options> GuardBackend::getBackendOptions() {
 }
 
 void GuardBackend::abort() {
-  state_->fail(GuardErrorKind::Failure, "process group \"" + state_->label() + "\" was aborted on rank " +
-                                            std::to_string(getRank()) + " (abort() was called)");
+  state_->incidents().failGroup(
+      *state_, GroupFailure{GuardErrorKind::Failure, "process group \"" + state_->label() + "\" was aborted on rank " +
+                                                         std::to_string(getRank()) + " (abort() was called)"});
   stopWatchdog();
 }
 

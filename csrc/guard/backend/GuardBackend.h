@@ -186,7 +186,6 @@ class GuardBackend : public c10d::Backend {
   bool cudaStreamOrdered_ = false;
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;
-  bool strict_;
 
   // Strict checks and the split audit (CollectiveChecks.h).
   std::unique_ptr<CollectiveChecks> checks_;

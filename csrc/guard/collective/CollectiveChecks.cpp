@@ -28,16 +28,16 @@ std::string describeSite(uint32_t callSite) {
 }  // namespace
 
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
-                                   CheckMode mode)
-    : state_(std::move(state)), helper_(std::move(helper)), mode_(mode) {}
+                                   CheckPolicy policy)
+    : state_(std::move(state)), helper_(std::move(helper)), policy_(policy) {}
 
 CollectiveChecks::Plan CollectiveChecks::plan(Op op) const {
   Plan p;
   const bool p2p = isP2P(op);
-  const bool strict = mode_ == CheckMode::Strict;
+  const bool strict = policy_.checksBeforeIssue;
   p.strict = strict && !p2p;
   p.strictP2P = strict && p2p && op != Op::RecvAnySource;
-  p.audit = helper_ && mode_ == CheckMode::Async && isAllToAll(op);
+  p.audit = helper_ && policy_.auditsSplitsAfterIssue && isAllToAll(op);
   return p;
 }
 
@@ -97,18 +97,12 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   // full fingerprints through the store and raise the same report everywhere.
   const int size = state_->id().size;
   // This rank's metric syncs around #seq (the op at hand carries the current label).
-  auto metricOf = [](uint32_t labelId) -> std::optional<std::string> {
-    if (labelId == 0) return std::nullopt;
-    for (const auto& [k, v] : LabelTable::instance().get(labelId).fields) {
-      if (k == "metric") return v;
-    }
-    return std::nullopt;
-  };
+  const LabelTable& labels = LabelTable::instance();
   const Ledger& ledger = state_->ledger();
   auto metricAt = [&](uint64_t s) -> std::optional<std::string> {
-    if (s == seq) return metricOf(LabelTable::current());
+    if (s == seq) return labels.metricOf(LabelTable::current());
     auto e = ledger.bySeq(s);
-    return e ? metricOf(e->label) : std::nullopt;
+    return e ? labels.metricOf(e->label) : std::nullopt;
   };
   std::vector<RankMetrics> metrics(1);
   metrics[0].known = metricAt(seq).has_value();
@@ -123,7 +117,7 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   }
   std::string report = formatMismatch(state_->label(), size, seq, ops, same ? messages::kSplitsDoNotPair : "",
                                       metricSync ? formatMetricSyncs(metrics) : std::string());
-  state_->fail(GuardErrorKind::Mismatch, report);
+  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, report});
   state_->throwFailure("");
 }
 
@@ -159,7 +153,7 @@ bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& t
   v.text = os.str();
   v.reporter = state->id().globalRank(me);
   state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
-  state->fail(GuardErrorKind::Mismatch, v.text);
+  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text});
   if (raise) state->throwFailure("");
   return false;
 }
@@ -300,7 +294,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
     // A short-lived poster: it drains the queue and ends. It holds the queue
     // and this object's state, never the backend.
     auto queue = deferred_;
-    auto checks = std::make_shared<CollectiveChecks>(state_, helper_, mode_);
+    auto checks = std::make_shared<CollectiveChecks>(state_, helper_, policy_);
     std::thread([queue, checks] {
       auto cancelAll = [&queue] {
         std::lock_guard<std::mutex> lock(queue->mu);
@@ -340,7 +334,8 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
           // The group failed (a mismatch, a lost store) or the inner receive
           // could not be posted: nothing behind it will be posted either.
           if (!st.failed())
-            st.fail(GuardErrorKind::Failure, std::string("guard: a deferred receive failed: ") + e.what());
+            st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Failure,
+                                                      std::string("guard: a deferred receive failed: ") + e.what()});
           cancelAll();
           return;
         }

@@ -40,7 +40,7 @@ bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& t
 class CollectiveChecks {
  public:
   // `helper` may be null when checks are off (then only plan() is called).
-  CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper, CheckMode mode);
+  CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper, CheckPolicy policy);
 
   struct Plan {
     bool strict = false;     // collective: the check all_reduce before the op
@@ -79,7 +79,7 @@ class CollectiveChecks {
 
   std::shared_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;
-  CheckMode mode_;
+  CheckPolicy policy_;
   // Strict receives waiting for their sender's print (CollectiveChecks.cpp).
   std::shared_ptr<DeferredReceives> deferred_;
 };

@@ -8,6 +8,7 @@ GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore>
                        std::chrono::milliseconds timeout)
     : id_(std::move(id)),
       cfg_(std::move(cfg)),
+      policy_(CheckPolicy::of(cfg_.check)),
       store_(std::move(store)),
       timeout_(timeout),
       ledger_(static_cast<size_t>(cfg_.ledgerSize)) {
@@ -117,6 +118,34 @@ bool GroupState::waitUntil(const std::function<bool()>& pred, std::chrono::milli
     return true;
   }
   return cv_.wait_for(lock, timeout, done);
+}
+
+// --- the sink of a group no watchdog watches (IncidentSink.h) ---
+
+namespace {
+
+class DetachedSink final : public IncidentSink {
+ public:
+  void requestIncident(const std::shared_ptr<GroupState>&, const Incident&) override {}
+  bool publishVerdict(const std::shared_ptr<GroupState>&, const Incident&, const Verdict&) override {
+    return true;
+  }
+  std::string failureReport(const std::shared_ptr<GroupState>&, uint64_t, const std::string& error) override {
+    return error;
+  }
+  std::string writeDump(const std::string&, const std::string&, const GroupState*) override {
+    return std::string();
+  }
+  bool failGroup(GroupState& state, const GroupFailure& failure) override {
+    return state.fail(failure.kind, failure.report);
+  }
+};
+
+}  // namespace
+
+IncidentSink& detachedIncidentSink() {
+  static DetachedSink sink;  // stateless; lives as long as the process
+  return sink;
 }
 
 }  // namespace torch_ext

@@ -7,6 +7,7 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
+#include "guard/collective/CheckPolicy.h"
 #include "guard/collective/IncidentSink.h"
 #include "guard/collective/Ledger.h"
 #include "guard/device/StreamGate.h"
@@ -51,6 +52,10 @@ class GroupState {
   }
   const Config& config() const {
     return cfg_;
+  }
+  // What the group's check mode does (CheckPolicy.h: the one place that says).
+  const CheckPolicy& policy() const {
+    return policy_;
   }
   // Seconds between two store exchanges of this rank (the interval, stretched
   // for large groups by the store budget); the waits of the cross-rank protocol
@@ -162,6 +167,7 @@ class GroupState {
  private:
   GroupIdentity id_;
   Config cfg_;
+  CheckPolicy policy_;
   std::shared_ptr<GroupStore> store_;
   std::chrono::milliseconds timeout_;
   Ledger ledger_;

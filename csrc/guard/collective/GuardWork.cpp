@@ -357,10 +357,11 @@ void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeo
   if (verifier->blocked(seq_)) {
     constexpr auto kReportBound = std::chrono::seconds(30);
     if (!state_->waitUntil([] { return false; }, kReportBound)) {
-      state_->fail(GuardErrorKind::Mismatch,
-                   describe() +
-                       " differs across ranks (found by the check before its result was released); "
-                       "the cross-rank report did not come within 30 s");
+      state_->incidents().failGroup(
+          *state_,
+          GroupFailure{GuardErrorKind::Mismatch,
+                       describe() + " differs across ranks (found by the check before its result was released); "
+                                    "the cross-rank report did not come within 30 s"});
     }
     state_->throwFailure("");
   }

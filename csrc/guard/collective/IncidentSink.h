@@ -9,19 +9,39 @@
 // speaks to an IncidentSink, the watchdog implements it and attaches itself to
 // every group it watches (Watchdog::add, before the group's first collective).
 //
+// It is also the one way a group fails: whatever finds that a group cannot go
+// on (a difference every rank's words show, a check's transport gone, abort())
+// hands a GroupFailure to failGroup, and the watchdog dumps, logs and fails the
+// group (GroupState::fail is called in Watchdog.cpp and, for a detached group,
+// in GroupState.cpp; tests/python/test_layout.py holds it).
+//
 // A group never attached (a unit test's bare GroupState) speaks to a detached
-// sink: nothing is published, the failure report is the inner error as given.
+// sink: nothing is published or dumped, the failure report is the inner error
+// as given, and failGroup fails the group.
 
+#include "guard/Errors.h"
 #include "guard/report/Incident.h"
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace torch_ext {
 
 class GroupState;
 struct Verdict;
+
+// A group failure found on the per-collective path, as it is told.
+struct GroupFailure {
+  GuardErrorKind kind = GuardErrorKind::Failure;
+  std::string report;
+  // A difference this rank found with every rank's words in hand (verify's
+  // gather): every rank dumps under the incident of this collective (with
+  // dump_dir set) while its ledger still shows it, and group rank 0 logs the
+  // report, as an incident's verdict is told.
+  std::optional<uint64_t> differenceAt;
+};
 
 class IncidentSink {
  public:
@@ -41,9 +61,13 @@ class IncidentSink {
   // This process's snapshot written for incident `reason` about `about`'s group,
   // into `dir` ("": the configured dump dir); returns the path, "" for none.
   virtual std::string writeDump(const std::string& reason, const std::string& dir, const GroupState* about) = 0;
+  // Fails `state`'s group with `failure` (dumped and logged as it says); false
+  // when the group had failed already (its first failure stands).
+  virtual bool failGroup(GroupState& state, const GroupFailure& failure) = 0;
 };
 
-// The sink of a group no watchdog watches: publishes nothing.
+// The sink of a group no watchdog watches: publishes nothing, fails the group
+// (defined in GroupState.cpp, beside GroupState::fail).
 IncidentSink& detachedIncidentSink();
 
 }  // namespace torch_ext

@@ -21,14 +21,12 @@ void appendField(std::string& key, const std::string& s) {
 
 // FNV-1a over the metric's name, finished by mix64; never 0 for a metric.
 uint64_t metricIdentity(const Label& label) {
-  for (const auto& [k, v] : label.fields) {
-    if (k != "metric") continue;
-    uint64_t h = 0xcbf29ce484222325ULL;
-    for (unsigned char ch : v) h = (h ^ ch) * 0x100000001b3ULL;
-    const uint64_t id = detail::mix64(h);
-    return id ? id : 1;
-  }
-  return 0;
+  const std::string* metric = label.metric();
+  if (metric == nullptr) return 0;
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : *metric) h = (h ^ ch) * 0x100000001b3ULL;
+  const uint64_t id = detail::mix64(h);
+  return id ? id : 1;
 }
 
 }  // namespace
@@ -85,6 +83,14 @@ void LabelTable::resolve(uint32_t id) const {
   if (s.pending.empty()) return;  // another reader resolved it meanwhile
   for (auto& f : frames) s.label.origin.push_back(std::move(f));
   s.pending.clear();
+}
+
+std::optional<std::string> LabelTable::metricOf(uint32_t id) const {
+  if (id == 0) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);  // the fields only: no origin to resolve
+  if (id >= labels_.size()) return std::nullopt;
+  const std::string* metric = labels_[id].label.metric();
+  return metric ? std::optional<std::string>(*metric) : std::nullopt;
 }
 
 Label LabelTable::get(uint32_t id) const {

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -55,6 +56,8 @@ class LabelTable {
   uint32_t intern(const Label& label, const std::vector<OriginRef>& lazyOrigin = {});
   // The label of `id`, its origin resolved; empty for 0 or an unknown id.
   Label get(uint32_t id) const;
+  // The metric label `id` is for (Label::metric); nullopt for none (id 0 included).
+  std::optional<std::string> metricOf(uint32_t id) const;
 
   void setResolver(Resolver resolver) {
     resolver_.store(resolver, std::memory_order_release);

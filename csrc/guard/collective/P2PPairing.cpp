@@ -102,7 +102,7 @@ class PairedReceiveWork : public c10d::Work {
          << ") on group \"" << state_->label() << "\": its data came, but not the pairing words its sender posts "
          << "with it under check=\"verify\" (" << e.what() << "). Does rank " << state_->id().globalRank(src)
          << " run torch_ext with another check mode (TORCH_EXT_CHECK) or another version?";
-      state_->fail(GuardErrorKind::Failure, os.str());
+      state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Failure, os.str()});
       state_->throwFailure("recv");
     }
     const int64_t* w = buffer_.data_ptr<int64_t>();

@@ -434,11 +434,7 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   auto& ledger = st->ledger();
   auto metricAt = [&ledger](uint64_t s) -> std::optional<std::string> {
     auto e = ledger.bySeq(s);
-    if (!e || e->label == 0) return std::nullopt;
-    for (const auto& [k, v] : LabelTable::instance().get(e->label).fields) {
-      if (k == "metric") return v;
-    }
-    return std::nullopt;
+    return e ? LabelTable::instance().metricOf(e->label) : std::nullopt;
   };
   words.metricSync = metricAt(first).has_value();
   words.metrics = metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt);
@@ -487,15 +483,8 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
 }
 
 void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& report) {
-  // As an incident's verdict does: the dumps first (every rank, while the
-  // ledgers still show the differing collective), the report logged once (by
-  // the group's rank 0), then the group fails and every wait raises it.
-  if (!st.config().dumpDir.empty()) {
-    st.incidents().writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
-                             st.config().dumpDir, &st);
-  }
-  if (st.id().rank == 0) logMessage(LogLevel::Error, report);
-  st.fail(GuardErrorKind::Mismatch, report);
+  // Told as an incident's verdict is (dumps, rank 0's log line, then the failure).
+  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, report, seq});
 }
 
 void Verifier::helperFailed(const std::string& what) {
@@ -521,7 +510,7 @@ void Verifier::helperFailed(const std::string& what) {
   std::thread([weak, text = os.str()] {
     if (auto s = weak.lock()) {
       s->waitUntil([] { return false; }, std::chrono::milliseconds(2000));
-      s->fail(GuardErrorKind::Failure, text);
+      s->incidents().failGroup(*s, GroupFailure{GuardErrorKind::Failure, text});
     }
   }).detach();
 }

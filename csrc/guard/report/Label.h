@@ -24,6 +24,14 @@ struct Label {
   bool empty() const {
     return text.empty();
   }
+  // The metric a sync with this label is for (its "metric" field: ddp_guard's
+  // epoch-end syncs, torchmetrics, label(..., metric=...)); nullptr for none.
+  const std::string* metric() const {
+    for (const auto& [k, v] : fields) {
+      if (k == "metric") return &v;
+    }
+    return nullptr;
+  }
   // "metric 'val_loss' (asked for at model.py:41 in validation_step)"; "" when empty.
   // The origin is left out when it is the line of `site` (the call site the
   // label is appended to, innermost first): a library called from the line that

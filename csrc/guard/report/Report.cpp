@@ -38,11 +38,7 @@ std::string stackText(const MainThreadStack& st) {
 // synced and which are missing where.
 
 const std::string* metricOf(const EntryView* e) {
-  if (e == nullptr) return nullptr;
-  for (const auto& [k, v] : e->label.fields) {
-    if (k == "metric") return &v;
-  }
-  return nullptr;
+  return e == nullptr ? nullptr : e->label.metric();
 }
 
 std::vector<std::string> runAround(const GroupView& g, uint64_t seq, uint64_t upTo) {

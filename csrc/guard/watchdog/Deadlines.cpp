@@ -13,7 +13,7 @@ int64_t ns(std::chrono::milliseconds d) {
 }  // namespace
 
 Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
-                     CheckMode check)
+                     bool checksP2P)
     : warnNs_(ns(warnAfter)),
       abortNs_(ns(abortAfter)),
       // A send/recv pending this long is worth a pairing check.
@@ -22,7 +22,7 @@ Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseco
       // replaced after 3 s or 12 ticks), so this fires only when the store
       // itself is too slow for the protocol.
       fallbackNs_(std::max<int64_t>(5'000'000'000, static_cast<int64_t>(25 * intervalS * 1e9))),
-      check_(check) {}
+      checksP2P_(checksP2P) {}
 
 int64_t Deadlines::warnAfterNs(uint32_t site) const {
   auto it = siteLongestNs_.find(site);
@@ -65,7 +65,7 @@ DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) 
     out.raise = Incident{IncidentKind::Hang, subject, groupRank, ""};
     return out;
   }
-  if (e.seq == 0 && check_ != CheckMode::Off && out.waitedNs > p2pCheckNs_ && p2pCheckedId_ != e.id) {
+  if (e.seq == 0 && checksP2P_ && out.waitedNs > p2pCheckNs_ && p2pCheckedId_ != e.id) {
     p2pCheckedId_ = e.id;
     out.raise = Incident{IncidentKind::P2P, subject, groupRank, ""};
     return out;

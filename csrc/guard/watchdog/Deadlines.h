@@ -31,7 +31,7 @@ struct DeadlineActions {
 class Deadlines {
  public:
   Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
-            CheckMode check);
+            bool checksP2P);
 
   // `p` is the group's progress, `groupRank` this rank's rank in it.
   DeadlineActions check(const Progress& p, int groupRank, int64_t nowSteadyNs);
@@ -51,7 +51,7 @@ class Deadlines {
 
  private:
   int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_;
-  CheckMode check_;
+  bool checksP2P_;  // CheckPolicy::compares: a send/recv pending long is looked into
   uint64_t warnedId_ = 0, abortedId_ = 0, p2pCheckedId_ = 0;
   int64_t warnedAtNs_ = 0, abortedAtNs_ = 0;
   std::optional<IncidentSubject> warnedSubject_;

@@ -129,9 +129,8 @@ GroupWait groupWait(GroupState& state) {
     w.op = e.fp.describe();
     w.where = describeCallSite(CallSites::instance().frames(e.callSite));
     w.startNs = e.startNs;
-    const CheckMode check = state.config().check;
     w.blocked = p.hasPending && state.ledger().blockedIn() == e.id &&
-                !e.fp.mayFinishAlone(id.rank, e.seq != 0 && (check == CheckMode::Verify || check == CheckMode::Strict));
+                !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck);
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
       w.recv = e.fp.op == Op::Recv;

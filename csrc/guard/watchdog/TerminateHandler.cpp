@@ -223,7 +223,7 @@ void parkTransportThread(const std::string& what);
 // the process is terminated as before.
 bool someGroupChecks() {
   for (const auto& st : Watchdog::instance().groupStates()) {
-    if (st->id().size > 1 && st->config().check != CheckMode::Off) return true;
+    if (st->id().size > 1 && st->policy().compares) return true;
   }
   return false;
 }

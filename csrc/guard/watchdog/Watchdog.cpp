@@ -87,7 +87,7 @@ Watchdog& Watchdog::instance() {
 
 Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
     : state(std::move(s)),
-      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->config().check),
+      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->policy().compares),
       protocol(*state, IncidentProtocol::Hooks{
                            [&dog, st = state.get()](const Incident& inc) {
                              const size_t window =
@@ -448,6 +448,20 @@ void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
   }
 }
 
+bool Watchdog::failGroup(GroupState& st, const GroupFailure& f) {
+  if (f.differenceAt) {
+    // As an incident's verdict is told: the dumps first (every rank, while the
+    // ledgers still show the differing collective), the report logged once
+    // (by the group's rank 0), then the group fails and every wait raises it.
+    if (!st.config().dumpDir.empty()) {
+      writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(*f.differenceAt), -1, ""}.id(),
+                st.config().dumpDir, &st);
+    }
+    if (st.id().rank == 0) logMessage(LogLevel::Error, f.report);
+  }
+  return st.fail(f.kind, f.report);
+}
+
 void Watchdog::reportPolledFailures(GroupCtx& ctx) {
   GroupState& st = *ctx.state;
   for (const auto& [id, error] : st.ledger().takePolledFailures()) {
@@ -459,11 +473,11 @@ void Watchdog::reportPolledFailures(GroupCtx& ctx) {
     auto e = st.ledger().byId(id);
     const std::string shortError = error.substr(0, error.find("\nException raised from"));
     if (!e) {
-      if (st.fail(GuardErrorKind::Failure, "an operation on group \"" + st.label() +
-                                               "\" failed in the inner backend "
-                                               "(rank " +
-                                               std::to_string(st.id().globalRank(st.id().rank)) +
-                                               " saw: " + shortError + ")")) {
+      if (failGroup(st, GroupFailure{GuardErrorKind::Failure, "an operation on group \"" + st.label() +
+                                                                  "\" failed in the inner backend "
+                                                                  "(rank " +
+                                                                  std::to_string(st.id().globalRank(st.id().rank)) +
+                                                                  " saw: " + shortError + ")"})) {
         logMessage(LogLevel::Error, st.failure()->report);
       }
       return;
@@ -482,7 +496,7 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
   ctx.storeLossHandled = true;
   LocalFacts facts = localFacts(ctx, p);
   const std::string text = formatStoreLost(facts, st.store().channel().describeLoss());
-  if (st.fail(GuardErrorKind::StoreLost, text)) {
+  if (failGroup(st, GroupFailure{GuardErrorKind::StoreLost, text})) {
     // One line per group: the whole report where an op waits on it (or just
     // failed for it); otherwise the first line (the next op raises it in full), and nothing
     // above debug level at the end of a job whose ranks all left.
@@ -546,7 +560,7 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
     LocalFacts facts = localFacts(ctx, p);
     if (a.localAbort) {
       const std::string text = formatLocalTimeout(facts, std::chrono::duration<double>(st.abortAfter()).count(), why);
-      if (st.fail(GuardErrorKind::Timeout, text)) logMessage(LogLevel::Error, text);
+      if (failGroup(st, GroupFailure{GuardErrorKind::Timeout, text})) logMessage(LogLevel::Error, text);
       cv_.notify_all();
     } else {
       logMessage(LogLevel::Warning, formatLocalHang(facts, why));
@@ -601,9 +615,8 @@ void Watchdog::exchange(GroupCtx& ctx) {
       // verify: only while a collective that carries its check (and so starts
       // no round) is unverified: the rounds cover the others.
       const Verifier* verifier = st.verifier();
-      const bool ring =
-          (st.config().check == CheckMode::Async || (verifier != nullptr && verifier->carriedUnverified())) &&
-          !st.failed() && p.lastSeq > 0;
+      const bool ring = (st.policy().comparesInStatusRing || (verifier != nullptr && verifier->carriedUnverified())) &&
+                        !st.failed() && p.lastSeq > 0;
       for (size_t i = 0; values.ok() && i < values.value.size(); ++i) {
         auto ns = StatusRecord::decode(values.value[i]);
         if (!ns) continue;

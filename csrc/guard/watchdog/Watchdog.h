@@ -86,6 +86,11 @@ class Watchdog final : public IncidentSink {
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
                             const std::string& error) override;
 
+  // The one place a group fails (IncidentSink::failGroup): a difference found
+  // with every rank's words is dumped and logged by group rank 0 first; the
+  // watchdog's own verdicts come here too.
+  bool failGroup(GroupState& state, const GroupFailure& failure) override;
+
   // A process being terminated (TerminateHandler) that hosts `state`'s store: stays,
   // bounded, until the peers have left, so that they can still read the
   // verdict its termination led to (lingerForPeers).

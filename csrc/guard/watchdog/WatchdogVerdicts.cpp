@@ -80,14 +80,14 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
   }
   switch (v.kind) {
     case Verdict::Kind::Mismatch:
-      if (st.config().check != CheckMode::Off) {
+      if (st.policy().compares) {
         if (reporter) logMessage(LogLevel::Error, text);
-        st.fail(GuardErrorKind::Mismatch, text);
+        failGroup(st, GroupFailure{GuardErrorKind::Mismatch, text});
       } else if (inc.kind == IncidentKind::Abort) {
         // Checks are off, but the deadline is not: abort, saying what differs.
         text = abortText(st, text);
         if (reporter) logMessage(LogLevel::Error, text);
-        st.fail(GuardErrorKind::Timeout, text);
+        failGroup(st, GroupFailure{GuardErrorKind::Timeout, text});
       } else if (reporter) {
         logMessage(LogLevel::Warning, text);  // checks are off: say what is wrong, fail nothing
       }
@@ -108,12 +108,12 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
           std::lock_guard<std::mutex> lock(mu_);
           if (loggedDeadlocks_.insert(v.cycleGroups).second) logMessage(LogLevel::Error, text);
         }
-        st.fail(GuardErrorKind::Deadlock, text);
+        failGroup(st, GroupFailure{GuardErrorKind::Deadlock, text});
         endCycleGroups(st, v, text);
       } else if (inc.kind == IncidentKind::Abort) {
         text = abortText(st, text);
         if (reporter) logMessage(LogLevel::Error, text);
-        st.fail(GuardErrorKind::Timeout, text);
+        failGroup(st, GroupFailure{GuardErrorKind::Timeout, text});
       } else {
         {
           std::lock_guard<std::mutex> lock(ctx.localMu);
@@ -127,7 +127,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       // With a rank gone the group cannot recover: fail it on every rank, so
       // ranks that have not reached the collective yet fail fast too. Nor can
       // a stream-ordered communicator after one of its operations failed.
-      if (!v.gone.empty() || st.streamOrdered()) st.fail(GuardErrorKind::Failure, text);
+      if (!v.gone.empty() || st.streamOrdered()) failGroup(st, GroupFailure{GuardErrorKind::Failure, text});
       break;
     case Verdict::Kind::None:
       logMessage(LogLevel::Debug, text);
@@ -178,7 +178,7 @@ void Watchdog::endCycleGroups(const GroupState& from, const Verdict& v, const st
     st.store().channel().post([this, ctx, inc, v] {
       if (!ctx->removed && ctx->protocol.publishVerdict(inc, v)) ++incidents_;
     });
-    st.fail(GuardErrorKind::Deadlock, text);
+    failGroup(st, GroupFailure{GuardErrorKind::Deadlock, text});
   }
 }
 

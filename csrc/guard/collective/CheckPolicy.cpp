@@ -1,0 +1,17 @@
+#include "guard/collective/CheckPolicy.h"
+
+namespace torch_ext {
+
+CheckPolicy CheckPolicy::of(CheckMode mode) {
+  CheckPolicy p;
+  p.mode = mode;
+  p.compares = mode != CheckMode::Off;
+  p.checksBeforeIssue = mode == CheckMode::Strict;
+  p.verifies = mode == CheckMode::Verify;
+  p.resultsWaitForTheCheck = mode == CheckMode::Verify || mode == CheckMode::Strict;
+  p.comparesInStatusRing = mode == CheckMode::Async;
+  p.auditsSplitsAfterIssue = mode == CheckMode::Async;
+  return p;
+}
+
+}  // namespace torch_ext
