@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <thread>
 
 namespace torch_ext {
 
@@ -104,16 +105,24 @@ JoinVerdict settle(c10d::Store& store, const JoinVerdict& mine) {
   return *theirs;
 }
 
-// Waits up to `slice` for every key, in the store (no polling: the server
-// answers when the last one is set); false if one did not come.
-bool waitFor(c10d::Store& store, const std::vector<std::string>& keys, std::chrono::milliseconds slice) {
-  try {
-    store.wait(keys, slice);
-    return true;
-  } catch (const c10::Error&) {
-    return store.check(keys);  // a timeout; a dead store throws here again
+// Asks the store whether every key is there, and paces the next ask: 5 ms at
+// first, doubling to 250 ms, so that a join whose ranks start together ends in
+// milliseconds and a long wait for a late rank costs each rank 4 asks a
+// second. Not store.wait with a timeout: the TCPStore client logs two c10d
+// warnings every time such a wait times out, which a join that waits seconds
+// for a late rank would print again and again on every rank.
+class Poll {
+ public:
+  bool there(c10d::Store& store, const std::vector<std::string>& keys) {
+    if (store.check(keys)) return true;
+    std::this_thread::sleep_for(pace_);
+    pace_ = std::min(pace_ * 2, std::chrono::milliseconds(250));
+    return store.check(keys);
   }
-}
+
+ private:
+  std::chrono::milliseconds pace_{5};
+};
 
 }  // namespace
 
@@ -288,7 +297,9 @@ void JoinHandshake::holdUntilSeen(c10d::Store& store, const JoinContext& ctx) {
   for (int r = 1; r < ctx.size; ++r) {
     if (present(store, recordKey(r))) seen.push_back(seenKey(r));
   }
-  if (!seen.empty()) waitFor(store, seen, kSeenWithin);
+  const auto until = Clock::now() + kSeenWithin;
+  Poll poll;
+  while (!seen.empty() && Clock::now() < until && !poll.there(store, seen)) continue;
 }
 
 JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine) {
@@ -305,9 +316,10 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
     const auto warnAt = start + ctx.warnAfter;
     bool warned = false;
     auto nextLook = start + std::chrono::seconds(1);
+    Poll poll;
     for (;;) {
       if (ctx.rank == 0) {
-        if (waitFor(store, records, std::chrono::milliseconds(500))) {
+        if (poll.there(store, records)) {
           std::vector<JoinRecord> all;
           for (const auto& value : store.multiGet(records)) {
             auto rec = JoinRecord::decode(asText(value));
@@ -324,7 +336,7 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
           verdict = settle(store, JoinVerdict{});  // another rank gave up first: its verdict
           break;
         }
-      } else if (waitFor(store, {verdictKey()}, std::chrono::milliseconds(500))) {
+      } else if (poll.there(store, {verdictKey()})) {
         verdict = settle(store, JoinVerdict{});
         break;
       }

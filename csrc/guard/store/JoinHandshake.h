@@ -22,10 +22,13 @@
 // join_timeout passed first, so that no rank proceeds into the inner
 // rendezvous while another has given up.
 //
-// Cost: each rank writes its record, then waits on the verdict key (blocking
-// in the store, no polling); rank 0 waits on every record the same way and
-// reads them with one multi_get. O(1) store operations per rank and O(W)
-// bytes on rank 0, beside the inner rendezvous's O(W) gets per rank
+// Cost: each rank writes its record, then asks whether the verdict key is
+// there (store.check), 5 ms after the first ask and at most every 250 ms
+// after that (a store.wait that times out makes the TCPStore client log
+// c10d warnings); rank 0 asks after every record the same way and reads them
+// with one multi_get. O(1) store operations per rank for a join whose ranks
+// start together, 4 a second while a late rank is awaited, and O(W) bytes on
+// rank 0, beside the inner rendezvous's O(W) gets per rank
 // (docs/performance.md, "Group creation").
 
 #include "guard/Config.h"
