@@ -23,8 +23,8 @@
 // rendezvous while another has given up.
 //
 // Cost: each rank writes its record, then asks whether the verdict key is
-// there (store.check), 5 ms after the first ask and at most every 250 ms
-// after that (a store.wait that times out makes the TCPStore client log
+// there (store.check), pacing its asks at a tenth of the time waited so far
+// (1 ms to 250 ms) (a store.wait that times out makes the TCPStore client log
 // c10d warnings); rank 0 asks after every record the same way and reads them
 // with one multi_get. O(1) store operations per rank for a join whose ranks
 // start together, 4 a second while a late rank is awaited, and O(W) bytes on
