@@ -223,8 +223,8 @@ def _make_inner(
     if name == "ucc" and dist.is_ucc_available():
         return _compat.ucc_process_group(store, rank, size, timeout)
     plugin = _compat.backend_plugins().get(name.upper())
-    if plugin is None and name in _on_demand_backends():
-        _on_demand_backends()[name].load()  # its module registers it with torch
+    if plugin is None and (entry := _on_demand_backends().get(name)) is not None:
+        entry.load()  # its module registers it with torch
         plugin = _compat.backend_plugins().get(name.upper())
     if plugin is not None and name != BACKEND_NAME:
         if not plugin.extended_api:
