@@ -144,11 +144,20 @@ Fingerprint recv(int src, int64_t n, int tag, c10::ScalarType dtype = at::kFloat
   return FingerprintBuilder(Op::Recv).meta(dtype, {n}, CPU).peer(src, tag).finish();
 }
 
+// `fp` as the pipeline describes it at `seq` (collectives) or `ordinal` (p2p).
+Operation operation(const CollectiveChecks& checks, const Fingerprint& fp, uint64_t seq, uint64_t ordinal) {
+  Operation op = checks.plan(fp.op);
+  op.seq = seq;
+  op.ordinal = ordinal;
+  op.kept = fp;
+  return op;
+}
+
 // Runs the strict check of `fps[r]` at `seq` on every rank.
 std::vector<World::Result> check(World& w, const std::vector<Fingerprint>& fps, uint64_t seq) {
   return w.run([&](int r) {
-    const auto plan = w.checks[r]->plan(fps[r].op);
-    w.checks[r]->beforeIssue(plan, fps[r], seq, 0, 0);
+    Operation op = operation(*w.checks[r], fps[r], seq, 0);
+    w.checks[r]->beforeInner(op);
   });
 }
 
@@ -262,12 +271,19 @@ TEST(CollectiveChecks, StrictSendAndRecvPairThroughTheStore) {
   World w(2, /*strict=*/true);
   const std::vector<Fingerprint> fps{send(1, 4, 3), recv(0, 4, 3)};
   for (uint64_t ordinal = 1; ordinal <= 2; ++ordinal) {
-    const auto results = w.run([&](int r) {
-      const auto plan = w.checks[r]->plan(fps[r].op);
-      ASSERT_TRUE(plan.strictP2P);
-      w.checks[r]->beforeIssue(plan, fps[r], 0, ordinal, 0);
-    });
-    for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
+    // A receive issued before its sender published is deferred, not held.
+    Operation early = operation(*w.checks[1], fps[1], 0, ordinal);
+    ASSERT_TRUE(early.strictP2P);
+    w.checks[1]->beforeInner(early);
+    EXPECT_EQ(early.route, Route::Deferred);
+    // Once the send published its print, the receive pairs at issue.
+    Operation sent = operation(*w.checks[0], fps[0], 0, ordinal);
+    ASSERT_TRUE(sent.strictP2P);
+    w.checks[0]->beforeInner(sent);
+    EXPECT_EQ(sent.route, Route::Inner);
+    Operation received = operation(*w.checks[1], fps[1], 0, ordinal);
+    w.checks[1]->beforeInner(received);
+    EXPECT_EQ(received.route, Route::Inner);
   }
   EXPECT_TRUE(w.guardKeys().empty());   // the receiver deleted the sender's prints
   EXPECT_TRUE(w.rv->calls(0).empty());  // p2p checks use the store, not the helper
@@ -288,11 +304,17 @@ TEST(CollectiveChecks, AStrictRecvThatDoesNotPairFailsTheReceiver) {
     SCOPED_TRACE(c.name);
     World w(2, /*strict=*/true);
     const std::vector<Fingerprint> fps{send(1, 4, 3), c.recv};
-    const auto results = w.run([&](int r) { w.checks[r]->beforeIssue(w.checks[r]->plan(fps[r].op), fps[r], 0, 1, 0); });
-    // The sender published its print and went on; the receiver raises.
-    EXPECT_FALSE(results[0].threw) << text(results);
-    ASSERT_TRUE(results[1].mismatch) << text(results);
-    const std::string& t = results[1].text;
+    // The sender publishes its print and goes on; the receiver raises.
+    Operation sent = operation(*w.checks[0], fps[0], 0, 1);
+    w.checks[0]->beforeInner(sent);
+    std::string t;
+    try {
+      Operation received = operation(*w.checks[1], fps[1], 0, 1);
+      w.checks[1]->beforeInner(received);
+      ADD_FAILURE() << "the receive that does not pair was let through";
+    } catch (const CollectiveMismatchError& e) {
+      t = e.what_without_backtrace();
+    }
     EXPECT_NE(t.find("send/recv on group \"default_pg\" do not pair"), std::string::npos) << t;
     EXPECT_NE(t.find("rank 10: send(float32[4], dst=1, tag=3) (#1)"), std::string::npos) << t;
     EXPECT_NE(t.find("but rank 11 has " + c.theirs + " (#1)"), std::string::npos) << t;
@@ -305,10 +327,13 @@ TEST(CollectiveChecks, TheAsyncAllToAllAuditGathersThePairingSumsNextToTheOp) {
   World w(3, /*strict=*/false);
   const auto plan = w.checks[0]->plan(Op::AllToAll);
   ASSERT_TRUE(plan.audit);
-  ASSERT_FALSE(plan.beforeIssue());
+  ASSERT_FALSE(plan.checksBeforeIssue());
   const auto results = w.run([&](int r) {
-    w.checks[r]->beforeIssue(plan, allReduce(8), 1, 0, 0);  // nothing before the op
-    w.checks[r]->afterIssue(plan, 100 + r, 200 + r);
+    Operation op = w.checks[r]->plan(Op::AllToAll);
+    op.splitSend = 100 + r;
+    op.splitRecv = 200 + r;
+    w.checks[r]->beforeInner(op);  // nothing before the op
+    w.checks[r]->afterInner(op, /*issued=*/true);
   });
   for (const auto& r : results) EXPECT_FALSE(r.threw) << text(results);
   for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rv->calls(r), (std::vector<std::string>{"allgather x2"}));
@@ -356,19 +381,19 @@ TEST(CollectiveChecks, PlanTruthTable) {
     EXPECT_EQ(p.strict, row.wantStrict);
     EXPECT_EQ(p.strictP2P, row.wantP2P);
     EXPECT_EQ(p.audit, row.wantAudit);
-    EXPECT_EQ(p.beforeIssue(), row.wantStrict || row.wantP2P);
+    EXPECT_EQ(p.checksBeforeIssue(), row.wantStrict || row.wantP2P);
   }
   // Every op: strict mode checks each one before it is issued, except a
   // receive from any source; async mode never does.
   for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
     const Op op = static_cast<Op>(i);
     SCOPED_TRACE(opName(op));
-    EXPECT_EQ(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Strict)).plan(op).beforeIssue(),
+    EXPECT_EQ(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Strict)).plan(op).checksBeforeIssue(),
               op != Op::RecvAnySource);
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Async)).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Async)).plan(op).checksBeforeIssue());
     EXPECT_FALSE(CollectiveChecks(state, nullptr, CheckPolicy::of(CheckMode::Async)).plan(op).audit);
     // verify: nothing before the op, and no separate audit (its check covers splits).
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).beforeIssue());
+    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).checksBeforeIssue());
     EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).audit);
   }
 }

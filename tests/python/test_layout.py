@@ -32,7 +32,7 @@ def test_the_layers_exist_and_hold_every_source():
     layers = {p.name for p in GUARD.iterdir() if p.is_dir()}
     assert layers == set(STACK) - {"root"}, layers
     at_root = {p.stem for p in GUARD.iterdir() if p.is_file()}
-    assert at_root == {"Clock", "Config", "Errors", "Runtime", "TorchCompat"}, at_root
+    assert at_root == {"Clock", "Config", "Errands", "Errors", "Runtime", "TorchCompat"}, at_root
 
 
 def test_no_include_points_up_the_stack():
@@ -131,6 +131,46 @@ def test_the_long_function_check_sees_a_long_function(tmp_path):
     assert [n for _, n, _ in _long_functions(src)] == [89]
     src.write_text(f"// Long: a table.\nint f(int x) {{\n{body}\n  return x;\n}}\n")
     assert _long_functions(src) == []
+
+
+def _function_length(src: pathlib.Path, signature: str) -> int:
+    """Lines from the line that holds `signature` to the function's closing brace."""
+    lines = src.read_text().splitlines()
+    head = next(i for i, line in enumerate(lines) if signature in line)
+    end = next(i for i in range(head, len(lines)) if lines[i].startswith("}"))
+    return end - head + 1
+
+
+def test_every_operation_takes_one_pipeline_that_reads_in_a_screen():
+    # GuardBackend::issue is the path of every operation: record, checks before, the inner
+    # call (or the route the checks chose), checks after, the work handed out. What a mode
+    # does at each step is CollectiveChecks' (issue 56: 110 lines before, ~40 asked).
+    n = _function_length(GUARD / "backend" / "GuardBackend.cpp", "GuardBackend::issue(")
+    assert n <= 45, f"GuardBackend::issue is {n} lines: move a step into CollectiveChecks or a helper"
+
+
+def test_the_pipeline_length_check_sees_a_long_issue(tmp_path):
+    src = tmp_path / "a.cpp"
+    body = "\n".join(f"  x += {i};" for i in range(50))
+    src.write_text(f"int GuardBackend::issue(int x) {{\n{body}\n  return x;\n}}\n")
+    assert _function_length(src, "GuardBackend::issue(") == 53
+
+
+# Where a thread may be let go unjoined, and why: each is stuck, or may be, somewhere that must
+# not hold the process (a frozen store, a dying process, a stuck watchdog at exit), or is the
+# thread that drops its own owner. A one-off background task is an Errand (guard/Errands.h):
+# named, owned, joined at exit.
+DETACH_ALLOWED = {
+    "store/StoreChannel.cpp": "a call blocked in a frozen store owns the channel",
+    "watchdog/TerminateHandler.cpp": "the dying process's last words, bounded by the process's end",
+    "watchdog/Watchdog.cpp": "the watchdog thread stuck at exit",
+    "collective/Verifier.cpp": "the pacer holding the verifier's last reference cannot join itself",
+}
+
+
+def test_no_one_off_thread_is_detached():
+    users = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if ".detach()" in src.read_text()}
+    assert users <= set(DETACH_ALLOWED), f"run it as an errand (guard/Errands.h): {sorted(users - set(DETACH_ALLOWED))}"
 
 
 def test_store_keys_are_spelled_only_in_store_keys_h():

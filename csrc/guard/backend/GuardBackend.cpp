@@ -6,6 +6,7 @@
 #include "guard/collective/GuardWork.h"
 #include "guard/collective/InBandCheck.h"
 #include "guard/collective/LabelTable.h"
+#include "guard/collective/P2PPairing.h"
 #include "guard/collective/PairExchange.h"
 #include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
@@ -132,18 +133,19 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
                                                  std::move(opened.root), std::move(opened.rootPrefix));
   state_ = std::make_shared<GroupState>(std::move(id), std::move(config), std::move(guardStore), timeout);
   state_->setJobStore(std::move(jobStore));
-  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->policy());
   for (const auto& kv : inner_) {
     if (kv.second.streamOrdered) state_->setStreamOrdered(true);
   }
   // A lone rank cannot disagree with itself: no verifier at world size 1.
+  std::unique_ptr<P2PPairing> pairing;
   if (state_->policy().verifies && helper_ && size > 1) {
     state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
-    pairing_ = std::make_unique<P2PPairing>(state_, helper_);
+    pairing = std::make_unique<P2PPairing>(state_, helper_);
     if (state_->streamOrdered() && state_->config().streamGate != StreamGateMode::Off) {
       state_->setStreamGate(std::make_shared<device::StreamGate>(state_->config().streamGate == StreamGateMode::On));
     }
   }
+  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->policy(), std::move(pairing));
   pg_uid_ = state_->id().name;
 
   // On failure (abortGroup): the inner backends are aborted, never destroyed.
@@ -222,15 +224,49 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
   return surfacing([&] { return issue(std::move(builder), device, std::forward<Call>(call), inBand); });
 }
 
-// Long: the per-collective path in one place (fingerprint, ledger record,
-// checks, inner call, its failures, the work): read top to bottom, it is the
-// order every collective takes; pieces split out would hide that order.
+// The path every operation takes, top to bottom: described once (record),
+// checked before the inner call, issued by the route its checks chose, checked
+// after, handed back as the work the program waits on. What the group's check
+// mode does at each step is CollectiveChecks' (CheckPolicy.h).
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
                                                    const InBandRequest* inBand) {
   Fingerprint fp = builder.finish();
-  fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
-  const Op op = fp.op;
+  c10d::Backend& inner = admit(fp.op, device);
+  Operation op = checks_->record(std::move(fp), device, streamOrdered(device), inner, inBand, coalescing_);
+  try {
+    checks_->beforeInner(op);
+  } catch (const GuardError&) {
+    state_->ledger().complete(op.id, false, "strict check failed");
+    throw;
+  } catch (const std::exception& e) {
+    failWhileIssuing(op.id, e);  // the check's own transport failed (a peer is gone?)
+  }
+  joinNativeCoalescing(inner, device);
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    switch (op.route) {
+      case Route::Inner:
+        work = call(inner);
+        break;
+      case Route::InBand:
+        work = checks_->carry(op, inner, *inBand);
+        break;
+      case Route::Deferred:  // the caller goes on: its isend may be what the sender waits for
+        work = checks_->deferReceive([call, target = innerFor(device)]() mutable { return call(*target); }, op);
+        break;
+    }
+  } catch (c10::Error& e) {
+    innerRefused(op, inner, e);
+    throw;
+  } catch (const std::exception& e) {
+    failWhileIssuing(op.id, e);  // not a c10::Error: the transport failed (gloo found a peer's connection closed)
+  }
+  checks_->afterInner(op, static_cast<bool>(work));
+  return handOut(op, std::move(work));
+}
+
+c10d::Backend& GuardBackend::admit(Op op, c10::DeviceType device) {
   if (state_->failed()) state_->throwFailure(opName(op));
   if (shutdown_) {
     throw c10::DistBackendError(std::string("guard: ") + opName(op) + " on group \"" + state_->label() +
@@ -243,97 +279,44 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder,
     descSynced_ = true;
     state_->setDesc(pg_desc_);
   }
-  const uint32_t site = state_->config().callSites ? CallSites::instance().capture() : 0;
-  const uint32_t label = LabelTable::current();  // one thread_local load
-  // A metric sync: the metric is part of what ranks must agree on (two ranks
-  // syncing different metrics of one shape would mix their values silently).
-  if (const uint64_t identity = LabelTable::currentIdentity(); identity != 0 && !isP2P(op)) {
-    fp.hash = detail::combine(fp.hash, identity);
-  }
-  const CollectiveChecks::Plan checks = checks_->plan(op);
-  const uint64_t splitSend = fp.splitSend, splitRecv = fp.splitRecv, hash = fp.hash;
-  Fingerprint strictCopy;
-  if (checks.beforeIssue()) strictCopy = fp;
-  // check="verify" pairs a send with its receive (P2PPairing) on CPU transports.
-  const bool paired = pairing_ && (op == Op::Send || op == Op::Recv) && !streamOrdered(device);
-  std::optional<Fingerprint> pairCopy;  // constructed only for a paired send/recv
-  if (paired) pairCopy = fp;
-  uint64_t seq = 0, ordinal = 0, rolling = 0;
-  const uint64_t id = state_->ledger().record(std::move(fp), site, &seq, &ordinal, &rolling, label);
-  // check="verify" carried by the collective itself (InBandCheck.h): decided
-  // from what every rank issuing the same collective has alike.
-  Verifier* verifier = seq > 0 ? state_->verifier() : nullptr;
-  const bool carries = inBand != nullptr && verifier != nullptr && !coalescing_ && !streamOrdered(device) &&
-                       !checks.beforeIssue() && inBand->carries(inner, getSize());
-  if (verifier != nullptr) verifier->issued(seq, rolling, hash, splitSend, splitRecv, carries);
-  bool deferReceive = false;  // strict: a receive whose sender has not published yet
-  if (checks.beforeIssue()) {
-    try {
-      if (checks.strictP2P && op == Op::Recv) {
-        deferReceive = !checks_->receiveReady(strictCopy, ordinal, site);
-      } else {
-        checks_->beforeIssue(checks, strictCopy, seq, ordinal, site);
-      }
-    } catch (const GuardError&) {
-      state_->ledger().complete(id, false, "strict check failed");
-      throw;
-    } catch (const std::exception& e) {
-      failWhileIssuing(id, e);  // the check's own transport failed (a peer is gone?)
-    }
-  }
+  return inner;
+}
+
+void GuardBackend::joinNativeCoalescing(c10d::Backend& inner, c10::DeviceType device) {
   if (coalescing_ && nativeCoalescing_ == nullptr && coalescedWorks_.empty() && inner.supportsCoalescing()) {
     inner.startCoalescing();
     nativeCoalescing_ = &inner;
     coalescedDevice_ = device;
   }
-  c10::intrusive_ptr<c10d::Work> work;
-  try {
-    if (deferReceive) {
-      // Posted by the checks once the sender's print is there: the caller
-      // goes on (its isend may be what the sender is waiting for).
-      work = checks_->deferReceive([call, target = innerFor(device)]() mutable { return call(*target); }, strictCopy,
-                                   ordinal, site);
-    } else if (carries) {
-      std::weak_ptr<Verifier> weak = state_->verifierPtr();
-      work = inBand->issue(inner, rolling, getSize(), [weak, seq](bool agree) {
-        if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
-      });
-    } else {
-      work = call(inner);
-    }
-  } catch (c10::Error& e) {
-    state_->ledger().complete(id, false, e.what_without_backtrace());
-    // The inner backend refused because the group failed meanwhile (a
-    // stream-ordered backend aborted while the host waited for room in its
-    // queue): the group's typed error, not the abort's side effect.
-    if (state_->failed()) state_->throwFailure(opName(op));
-    std::ostringstream os;
-    os << "guard: inner backend '" << deviceName(device) << ":" << inner.getBackendName() << "' failed " << opName(op);
-    if (seq) os << " #" << seq;
-    os << " on group \"" << state_->label() << "\" (rank " << getRank() << ")";
-    e.add_context(os.str());
-    throw;
-  } catch (const std::exception& e) {
-    // Not a c10::Error: the transport failed while issuing (e.g. gloo found the
-    // connection to a peer closed).
-    failWhileIssuing(id, e);
-  }
-  checks_->afterIssue(checks, splitSend, splitRecv);
-  if (paired && op == Op::Send && work) pairing_->sent(*pairCopy, site);
+}
+
+void GuardBackend::innerRefused(const Operation& op, c10d::Backend& inner, c10::Error& e) {
+  state_->ledger().complete(op.id, false, e.what_without_backtrace());
+  // The inner backend refused because the group failed meanwhile (a
+  // stream-ordered backend aborted while the host waited for room in its
+  // queue): the group's typed error, not the abort's side effect.
+  if (state_->failed()) state_->throwFailure(opName(op.op));
+  std::ostringstream os;
+  os << "guard: inner backend '" << deviceName(op.device) << ":" << inner.getBackendName() << "' failed "
+     << opName(op.op);
+  if (op.seq) os << " #" << op.seq;
+  os << " on group \"" << state_->label() << "\" (rank " << getRank() << ")";
+  e.add_context(os.str());
+}
+
+c10::intrusive_ptr<c10d::Work> GuardBackend::handOut(const Operation& op, c10::intrusive_ptr<c10d::Work> work) {
   if (coalescing_ && nativeCoalescing_ != nullptr) {
     // Native coalescing: the block's work comes from endCoalescing().
-    coalescedIds_.push_back(id);
+    coalescedIds_.push_back(op.id);
     return work;
   }
   if (!work) {
-    state_->ledger().complete(id, true);
+    state_->ledger().complete(op.id, true);
     return work;
   }
-  c10::intrusive_ptr<c10d::Work> wrapped =
-      GuardWork::wrap(state_, std::move(work), id, seq, op, streamOrdered(device), carries);
-  if (paired && op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), *pairCopy, ordinal, site);
-  if (coalescing_) coalescedWorks_.push_back(wrapped);
-  return wrapped;
+  c10::intrusive_ptr<c10d::Work> released = checks_->release(op, std::move(work));
+  if (coalescing_) coalescedWorks_.push_back(released);
+  return released;
 }
 
 void GuardBackend::failWhileIssuing(uint64_t id, const std::exception& e) {
@@ -698,8 +681,7 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
-  checks_.reset();   // holds the helper too; run() refuses every op from here on
-  pairing_.reset();  // so does the send/recv pairing, and its words still in flight
+  checks_.reset();  // holds the helper too, and the send/recv pairing with its words still in flight
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
   WorkRetirement::instance().sweepAll();

@@ -25,7 +25,6 @@
 #include "guard/Config.h"
 #include "guard/TorchCompat.h"
 #include "guard/collective/CollectiveChecks.h"
-#include "guard/collective/P2PPairing.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
 #include "guard/store/StoreChannel.h"
@@ -166,6 +165,14 @@ class GuardBackend : public c10d::Backend {
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
                                        const InBandRequest* inBand);
+  // issue()'s steps: the group takes the op (not failed, not shut down) and
+  // names its inner backend; a native coalescing block starts on its first
+  // op; a refusal of the inner backend gets the op's context; the work goes
+  // to the program (or to the coalescing block).
+  c10d::Backend& admit(Op op, c10::DeviceType device);
+  void joinNativeCoalescing(c10d::Backend& inner, c10::DeviceType device);
+  void innerRefused(const Operation& op, c10d::Backend& inner, c10::Error& e);
+  c10::intrusive_ptr<c10d::Work> handOut(const Operation& op, c10::intrusive_ptr<c10d::Work> work);
   c10d::Backend& innerOrThrow(c10::DeviceType device, Op op);
   [[noreturn]] void failWhileIssuing(uint64_t id, const std::exception& e);
   void stopWatchdog();
@@ -187,10 +194,8 @@ class GuardBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;
 
-  // Strict checks and the split audit (CollectiveChecks.h).
+  // The group's check mode applied to each op (CollectiveChecks.h).
   std::unique_ptr<CollectiveChecks> checks_;
-  // check="verify" on send/recv (null in other modes, alone, or stream-ordered).
-  std::unique_ptr<P2PPairing> pairing_;
 
   // Coalescing state (one block at a time per group, as in torch).
   bool coalescing_ = false;

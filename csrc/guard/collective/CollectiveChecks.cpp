@@ -1,15 +1,19 @@
 #include "guard/collective/CollectiveChecks.h"
 
+#include "guard/Errands.h"
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
+#include "guard/collective/GuardWork.h"
+#include "guard/collective/InBandCheck.h"
 #include "guard/collective/LabelTable.h"
+#include "guard/collective/P2PPairing.h"
 #include "guard/collective/StrictExchange.h"
+#include "guard/collective/Verifier.h"
 #include "guard/report/Messages.h"
 #include "guard/store/StoreKeys.h"
 
 #include <sstream>
-#include <thread>
 #include <mutex>
 #include <deque>
 #include <condition_variable>
@@ -28,27 +32,81 @@ std::string describeSite(uint32_t callSite) {
 }  // namespace
 
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
-                                   CheckPolicy policy)
-    : state_(std::move(state)), helper_(std::move(helper)), policy_(policy) {}
+                                   CheckPolicy policy, std::unique_ptr<P2PPairing> pairing)
+    : state_(std::move(state)), helper_(std::move(helper)), policy_(policy), pairing_(std::move(pairing)) {}
 
-CollectiveChecks::Plan CollectiveChecks::plan(Op op) const {
-  Plan p;
+CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper,
+                                   CheckPolicy policy)
+    : CollectiveChecks(std::move(state), std::move(helper), policy, nullptr) {}
+
+CollectiveChecks::~CollectiveChecks() = default;
+
+Operation CollectiveChecks::plan(Op op) const {
+  Operation o;
+  o.op = op;
   const bool p2p = isP2P(op);
   const bool strict = policy_.checksBeforeIssue;
-  p.strict = strict && !p2p;
-  p.strictP2P = strict && p2p && op != Op::RecvAnySource;
-  p.audit = helper_ && policy_.auditsSplitsAfterIssue && isAllToAll(op);
-  return p;
+  o.strict = strict && !p2p;
+  o.strictP2P = strict && p2p && op != Op::RecvAnySource;
+  o.audit = helper_ && policy_.auditsSplitsAfterIssue && isAllToAll(op);
+  return o;
 }
 
-void CollectiveChecks::beforeIssue(const Plan& plan, const Fingerprint& fp, uint64_t seq, uint64_t ordinal,
-                                   uint32_t callSite) {
-  if (plan.strict) strictCheck(fp, seq, callSite);
-  if (plan.strictP2P) strictP2PCheck(fp, ordinal, callSite);
+Operation CollectiveChecks::record(Fingerprint fp, c10::DeviceType device, bool streamOrdered,
+                                   const c10d::Backend& inner, const InBandRequest* inBand, bool coalescing) {
+  fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
+  Operation o = plan(fp.op);
+  o.device = device;
+  o.streamOrdered = streamOrdered;
+  o.site = state_->config().callSites ? CallSites::instance().capture() : 0;
+  o.label = LabelTable::current();  // one thread_local load
+  // A metric sync: the metric is part of what ranks must agree on (two ranks
+  // syncing different metrics of one shape would mix their values silently).
+  if (const uint64_t identity = LabelTable::currentIdentity(); identity != 0 && !isP2P(o.op)) {
+    fp.hash = detail::combine(fp.hash, identity);
+  }
+  o.hash = fp.hash;
+  o.splitSend = fp.splitSend;
+  o.splitRecv = fp.splitRecv;
+  // verify pairs a send with its receive on CPU transports.
+  o.paired = pairing_ && (o.op == Op::Send || o.op == Op::Recv) && !streamOrdered;
+  if (o.checksBeforeIssue() || o.paired) o.kept = fp;
+  o.id = state_->ledger().record(std::move(fp), o.site, &o.seq, &o.ordinal, &o.rolling, o.label);
+  // verify, carried by the collective itself (InBandCheck.h): decided from
+  // what every rank issuing the same collective has alike.
+  Verifier* verifier = o.seq > 0 ? state_->verifier() : nullptr;
+  if (verifier == nullptr) return o;
+  const int size = state_->id().size;
+  if (inBand != nullptr && !coalescing && !streamOrdered && !o.checksBeforeIssue() && inBand->carries(inner, size)) {
+    o.route = Route::InBand;
+  }
+  verifier->issued(o.seq, o.rolling, o.hash, o.splitSend, o.splitRecv, o.route == Route::InBand);
+  return o;
 }
 
-void CollectiveChecks::afterIssue(const Plan& plan, uint64_t splitSend, uint64_t splitRecv) {
-  if (plan.audit) auditSplits(splitSend, splitRecv);
+void CollectiveChecks::beforeInner(Operation& op) {
+  if (op.strict) strictCheck(*op.kept, op.seq, op.site);
+  if (op.strictP2P && !strictP2PCheck(*op.kept, op.ordinal, op.site)) op.route = Route::Deferred;
+}
+
+c10::intrusive_ptr<c10d::Work> CollectiveChecks::carry(const Operation& op, c10d::Backend& inner,
+                                                       const InBandRequest& inBand) {
+  std::weak_ptr<Verifier> weak = state_->verifierPtr();
+  return inBand.issue(inner, op.rolling, state_->id().size, [weak, seq = op.seq](bool agree) {
+    if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
+  });
+}
+
+void CollectiveChecks::afterInner(const Operation& op, bool issued) {
+  if (op.audit) auditSplits(op.splitSend, op.splitRecv);
+  if (op.paired && op.op == Op::Send && issued) pairing_->sent(*op.kept, op.site);
+}
+
+c10::intrusive_ptr<c10d::Work> CollectiveChecks::release(const Operation& op, c10::intrusive_ptr<c10d::Work> work) {
+  c10::intrusive_ptr<c10d::Work> wrapped =
+      GuardWork::wrap(state_, std::move(work), op.id, op.seq, op.op, op.streamOrdered, op.route == Route::InBand);
+  if (op.paired && op.op == Op::Recv) wrapped = pairing_->received(std::move(wrapped), *op.kept, op.ordinal, op.site);
+  return wrapped;
 }
 
 void CollectiveChecks::waitForHelper(const c10::intrusive_ptr<c10d::Work>& work) {
@@ -119,43 +177,6 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
                                       metricSync ? formatMetricSyncs(metrics) : std::string());
   state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, report});
   state_->throwFailure("");
-}
-
-void CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite) {
-  const int me = state_->id().rank;
-  const bool send = fp.op == Op::Send;
-  const int src = send ? me : fp.root;
-  const int dst = send ? fp.root : me;
-  const std::string key = keys::p2pPrint(src, dst, fp.tag, ordinal);
-  const std::string where = describeSite(callSite);
-  if (send) {
-    // A store that does not take it is lost: the watchdog fails the group, and
-    // the receiver's wait ends with that failure.
-    publishP2PPrint(*state_, key, P2PPrint{fp.describe(), where, fp.p2pPairHash()});
-    return;
-  }
-  const P2PPrint theirs = awaitP2PPrint(*state_, key, opName(fp.op));
-  p2pPairsOrFails(state_, theirs, fp, ordinal, src, where, /*raise=*/true);
-}
-
-bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& theirs, const Fingerprint& fp,
-                     uint64_t ordinal, int src, const std::string& where, bool raise) {
-  if (theirs.pair == fp.p2pPairHash()) return true;
-  const int me = state->id().rank;
-  std::ostringstream os;
-  os << messages::p2pDoNotPair(state->label()) << "\n  rank " << state->id().globalRank(src) << ": " << theirs.text
-     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state->id().globalRank(me) << " has "
-     << fp.describe() << " (#" << ordinal << ") at " << where;
-  // Tell the sender and the others before raising here: they act on the
-  // published verdict even if this process exits right after.
-  Verdict v;
-  v.kind = Verdict::Kind::Mismatch;
-  v.text = os.str();
-  v.reporter = state->id().globalRank(me);
-  state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
-  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text});
-  if (raise) state->throwFailure("");
-  return false;
 }
 
 // --- strict receives posted before their sends ------------------------------------
@@ -257,30 +278,37 @@ struct DeferredReceives {
   bool posting = false;  // a poster thread is running
 };
 
-bool CollectiveChecks::receiveReady(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite) {
+bool CollectiveChecks::strictP2PCheck(const Fingerprint& fp, uint64_t ordinal, uint32_t callSite) {
+  const int me = state_->id().rank;
+  if (fp.op == Op::Send) {
+    // A store that does not take it is lost: the watchdog fails the group, and
+    // the receiver's wait ends with that failure.
+    publishP2PPrint(*state_, keys::p2pPrint(me, fp.root, fp.tag, ordinal),
+                    P2PPrint{fp.describe(), describeSite(callSite), fp.p2pPairHash()});
+    return true;
+  }
   if (deferred_) {
     std::lock_guard<std::mutex> lock(deferred_->mu);
     if (!deferred_->queue.empty()) return false;  // posted in issue order: behind the waiting ones
   }
   const int src = fp.root;
-  const std::string key = keys::p2pPrint(src, state_->id().rank, fp.tag, ordinal);
-  auto theirs = takeP2PPrintIfThere(*state_, key, opName(fp.op));
+  auto theirs = takeP2PPrintIfThere(*state_, keys::p2pPrint(src, me, fp.tag, ordinal), opName(fp.op));
   if (!theirs) return false;
   p2pPairsOrFails(state_, *theirs, fp, ordinal, src, describeSite(callSite), /*raise=*/true);
   return true;
 }
 
 c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,
-                                                              const Fingerprint& fp, uint64_t ordinal,
-                                                              uint32_t callSite) {
+                                                              const Operation& op) {
+  const Fingerprint& fp = *op.kept;
   if (!deferred_) deferred_ = std::make_shared<DeferredReceives>();
   auto work = c10::make_intrusive<DeferredReceiveWork>();
   DeferredReceives::Entry e;
   e.src = fp.root;
-  e.key = keys::p2pPrint(e.src, state_->id().rank, fp.tag, ordinal);
+  e.key = keys::p2pPrint(e.src, state_->id().rank, fp.tag, op.ordinal);
   e.fp = fp;
-  e.ordinal = ordinal;
-  e.where = describeSite(callSite);
+  e.ordinal = op.ordinal;
+  e.where = describeSite(op.site);
   e.post = std::move(post);
   e.work = work;
   bool start = false;
@@ -291,18 +319,17 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
     deferred_->posting = true;
   }
   if (start) {
-    // A short-lived poster: it drains the queue and ends. It holds the queue
-    // and this object's state, never the backend.
+    // A short-lived poster (an errand): it drains the queue and ends. It
+    // holds the queue and the group's state, never the backend.
     auto queue = deferred_;
-    auto checks = std::make_shared<CollectiveChecks>(state_, helper_, policy_);
-    std::thread([queue, checks] {
+    Errands::instance().run("strict receive poster of group " + state_->label(), [queue, state = state_] {
       auto cancelAll = [&queue] {
         std::lock_guard<std::mutex> lock(queue->mu);
         for (auto& q : queue->queue) q.work->cancel();
         queue->queue.clear();
         queue->posting = false;
       };
-      GroupState& st = *checks->state_;
+      GroupState& st = *state;
       while (true) {
         DeferredReceives::Entry* front = nullptr;
         {
@@ -324,7 +351,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
             continue;
           }
           // A mismatch fails the group (the wait raises it), it is not raised here.
-          if (!p2pPairsOrFails(checks->state_, *theirs, front->fp, front->ordinal, front->src, front->where,
+          if (!p2pPairsOrFails(state, *theirs, front->fp, front->ordinal, front->src, front->where,
                                /*raise=*/false)) {
             cancelAll();
             return;
@@ -342,7 +369,7 @@ c10::intrusive_ptr<c10d::Work> CollectiveChecks::deferReceive(std::function<c10:
         std::lock_guard<std::mutex> lock(queue->mu);
         queue->queue.pop_front();
       }
-    }).detach();
+    });
   }
   return work;
 }

@@ -2,7 +2,7 @@
 
 #include "guard/Errors.h"
 #include "guard/collective/CallSite.h"
-#include "guard/collective/CollectiveChecks.h"
+#include "guard/collective/Fingerprint.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/StrictExchange.h"
 

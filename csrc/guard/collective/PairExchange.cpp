@@ -1,5 +1,7 @@
 #include "guard/collective/PairExchange.h"
 
+#include "guard/Errands.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -8,7 +10,6 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -130,7 +131,8 @@ class ExchangeWork : public c10d::Work {
       if (state_ != State::Idle) return;
       state_ = State::Running;
     }
-    std::thread([self = c10::intrusive_ptr<ExchangeWork>::reclaim_copy(this)] { self->run(); }).detach();
+    Errands::instance().run("pair exchange drain",
+                            [self = c10::intrusive_ptr<ExchangeWork>::reclaim_copy(this)] { self->run(); });
   }
   // Once Done (ok_ and error_ final); by run() or getFuture(), whichever sees
   // both the future and the end.

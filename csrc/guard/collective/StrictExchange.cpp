@@ -3,6 +3,9 @@
 #include "guard/Errors.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/report/Json.h"
+#include "guard/report/Messages.h"
+
+#include <sstream>
 
 namespace torch_ext {
 
@@ -124,6 +127,26 @@ P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string
   p.where = j.at("where").asString();
   p.pair = parseHex64(j.at("pair").asString(), "pair hash");
   return p;
+}
+
+bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& theirs, const Fingerprint& fp,
+                     uint64_t ordinal, int src, const std::string& where, bool raise) {
+  if (theirs.pair == fp.p2pPairHash()) return true;
+  const int me = state->id().rank;
+  std::ostringstream os;
+  os << messages::p2pDoNotPair(state->label()) << "\n  rank " << state->id().globalRank(src) << ": " << theirs.text
+     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state->id().globalRank(me) << " has "
+     << fp.describe() << " (#" << ordinal << ") at " << where;
+  // Tell the sender and the others before raising here: they act on the
+  // published verdict even if this process exits right after.
+  Verdict v;
+  v.kind = Verdict::Kind::Mismatch;
+  v.text = os.str();
+  v.reporter = state->id().globalRank(me);
+  state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
+  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text});
+  if (raise) state->throwFailure("");
+  return false;
 }
 
 }  // namespace torch_ext

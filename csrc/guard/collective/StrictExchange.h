@@ -13,10 +13,12 @@
 // failure (a deadline, a lost store) ends them with the group's error instead
 // of a hang.
 
+#include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
 #include "guard/report/Report.h"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -46,5 +48,11 @@ bool publishP2PPrint(GroupState& st, const std::string& key, const P2PPrint& pri
 P2PPrint awaitP2PPrint(GroupState& st, const std::string& key, const std::string& op);
 // The same without waiting: the print if the sender has published it.
 std::optional<P2PPrint> takeP2PPrintIfThere(GroupState& st, const std::string& key, const std::string& op);
+
+// True when `theirs` (the sender's print) pairs with receive `fp`; else the
+// difference is published to every rank as a verdict, fails the group, and
+// with `raise` is thrown here too (strict receives, P2PPairing).
+bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& theirs, const Fingerprint& fp,
+                     uint64_t ordinal, int src, const std::string& where, bool raise);
 
 }  // namespace torch_ext

@@ -1,6 +1,7 @@
 #include "guard/collective/Verifier.h"
 
 #include "guard/Clock.h"
+#include "guard/Errands.h"
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
@@ -507,12 +508,12 @@ void Verifier::helperFailed(const std::string& what) {
      << "\" could not run (its helper backend failed: " << what.substr(0, what.find('\n'))
      << "); their results are not released, since they cannot be verified";
   std::weak_ptr<GroupState> weak = st;
-  std::thread([weak, text = os.str()] {
+  Errands::instance().run("check backend failure of group " + st->label(), [weak, text = os.str()] {
     if (auto s = weak.lock()) {
       s->waitUntil([] { return false; }, std::chrono::milliseconds(2000));
       s->incidents().failGroup(*s, GroupFailure{GuardErrorKind::Failure, text});
     }
-  }).detach();
+  });
 }
 
 void Verifier::whenVerified(uint64_t seq, std::function<void()> release,

@@ -1,5 +1,6 @@
 #include "guard/watchdog/Watchdog.h"
 #include "guard/Clock.h"
+#include "guard/Errands.h"
 
 #include "guard/report/Messages.h"
 #include "guard/collective/CallSite.h"
@@ -24,6 +25,9 @@ constexpr int64_t kHeartbeatNs = 500'000'000;
 // At exit, how long saying "exited" may take, and how long the thread gets to stop.
 constexpr std::chrono::milliseconds kExitStatusBound{300};
 constexpr std::chrono::milliseconds kExitJoinBound{2000};
+// How long the exit waits for errands still running (Errands.h): they end
+// within milliseconds unless stuck on a peer that is gone.
+constexpr std::chrono::milliseconds kErrandsExitBound{200};
 // While an incident is open, the watchdog ticks (and exchanges) this often.
 constexpr double kOpenIntervalS = 0.05;
 // An exchange comes due this much before its period ends, so that one due at
@@ -298,14 +302,20 @@ std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
   // A call in progress returns at once once its channel is closed.
   for (auto& g : groups) g->state->store().channel().close();
   cv_.notify_all();
-  if (!toStop.joinable()) return mismatches;
-  std::unique_lock<std::mutex> lock(mu_);
-  const bool done = cv_.wait_for(lock, kExitJoinBound, [this] { return threadDone_; });
-  lock.unlock();
-  if (done) {
-    toStop.join();
-  } else {
-    toStop.detach();  // stuck somewhere it should not be: never block the exit on it
+  if (toStop.joinable()) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool done = cv_.wait_for(lock, kExitJoinBound, [this] { return threadDone_; });
+    lock.unlock();
+    if (done) {
+      toStop.join();
+    } else {
+      toStop.detach();  // stuck somewhere it should not be: never block the exit on it
+    }
+  }
+  // The guard's errands are joined; one stuck in a transport (a pair
+  // exchange whose peer is gone) is named and left to the exit.
+  for (const auto& name : Errands::instance().finish(kErrandsExitBound)) {
+    logMessage(LogLevel::Debug, "guard: at exit, the errand '" + name + "' still runs; the process exits over it");
   }
   return mismatches;
 }
