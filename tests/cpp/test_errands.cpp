@@ -73,9 +73,8 @@ TEST(Errands, AnErrandMayStartAnotherAndAThrowingOneDoesNotStopTheOthers) {
   };
   auto drop = std::make_shared<StartsOnDrop>();
   drop->ran = &ran;
-  errands.run("starts another", [&ran, drop = std::move(drop)] {
-    Errands::instance().run("started inside", [&ran] { ++ran; });
-  });
+  errands.run("starts another",
+              [&ran, drop = std::move(drop)] { Errands::instance().run("started inside", [&ran] { ++ran; }); });
   // Each finish joins what ended; an errand started meanwhile is waited for by the next.
   for (int i = 0; i < 3 && errands.running() > 0; ++i) errands.finish(milliseconds(5000));
   EXPECT_TRUE(errands.finish(milliseconds(5000)).empty());

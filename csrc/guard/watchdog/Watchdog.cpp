@@ -644,10 +644,7 @@ void Watchdog::exchange(GroupCtx& ctx) {
     }
   }
 
-  if (rank == 0 && size > 1 && st.config().stragglerThreshold > 0 && !st.failed() &&
-      ++ctx.exchanges % static_cast<uint64_t>(stragglerLookEvery(size)) == 0) {
-    lookForStragglers(ctx);
-  }
+  ctx.stragglers.afterExchange(st);
 
   // Incidents.
   ctx.protocol.progress(now);
@@ -747,6 +744,11 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
                                       "); training goes on without dump files");
   }
   return path;
+}
+
+std::string Watchdog::stragglers(const GroupState* state) {
+  auto ctx = find(state);
+  return ctx ? ctx->stragglers.latest(*ctx->state) : "";
 }
 
 }  // namespace torch_ext

@@ -31,6 +31,7 @@
 
 #include "guard/watchdog/Deadlines.h"
 #include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/GroupStragglers.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
 #include "guard/collective/IncidentSink.h"
@@ -39,7 +40,6 @@
 #include "guard/report/Report.h"
 #include "guard/report/Snapshot.h"
 #include "guard/report/StatusRecord.h"
-#include "guard/report/StragglerBoard.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -165,16 +165,8 @@ class Watchdog final : public IncidentSink {
     // the loop has left by then (its own abort came first).
     std::optional<std::pair<IncidentSubject, std::vector<std::string>>> deadlock;
     int64_t lastPublishNs = 0;
-    // Straggler analysis (I/O thread; on group rank 0 only).
-    uint64_t exchanges = 0;
-    bool allStatusSeen = false;
-    std::unique_ptr<StragglerBoard> board;
-    std::map<std::pair<int, uint64_t>, int64_t> stragglerWarnedNs;  // (group rank, site) -> steady ns
-    int64_t stragglersPublishedNs = 0;
-    std::string stragglersPublishedWho;
-    std::map<uint64_t, std::string> stragglerSites;  // call site key -> its description
-    std::mutex stragglersMu;
-    std::string stragglersJson;  // the last analysis, for stragglers()
+    // Straggler analysis (on group rank 0; GroupStragglers.h).
+    GroupStragglers stragglers;
     // Written by the I/O thread, read for local reports.
     std::mutex peersMu;
     std::map<int, PeerState> peers;  // last status read of each watched peer
@@ -204,9 +196,6 @@ class Watchdog final : public IncidentSink {
   // I/O thread: status, neighbours (ring check), incidents.
   void exchange(GroupCtx& ctx);
   void post(GroupCtx& ctx, const Incident& inc);
-  // Group rank 0: reads every rank's status, analyses new wait windows, warns
-  // about named stragglers (rate-limited) and publishes the analysis.
-  void lookForStragglers(GroupCtx& ctx);
   void applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v);
   // A certain deadlock's verdict (`text`: its error) reached group `from`: ends
   // this process's other groups on the cycle and publishes it to their peers.

@@ -1,11 +1,12 @@
 #include "guard/watchdog/Watchdog.h"
 
-// The watchdog's verdict policy: what a verdict does to this rank's groups
-// (fail them, end the other groups of a certain deadlock's cycle), verdicts a
-// check reached alone, incidents raised from other threads, and the report of
-// an operation the inner backend failed.
+// The watchdog's verdicts: carrying out what a verdict does to this rank's
+// groups (decided by VerdictPolicy: fail them, end the other groups of a
+// certain deadlock's cycle), verdicts a check reached alone, incidents raised
+// from other threads, and the report of an operation the inner backend failed.
 
 #include "guard/Runtime.h"
+#include "guard/watchdog/VerdictPolicy.h"
 #include "guard/report/Messages.h"
 #include "guard/store/StoreKeys.h"
 
@@ -49,8 +50,8 @@ void Watchdog::post(GroupCtx& ctx, const Incident& inc) {
   if (ctx.protocol.post(inc)) ++incidents_;
 }
 
-// Long: the verdict policy, one decision table (log, warn, abort, end a
-// cycle, fail every rank) over one verdict; split, its cases would hide each other.
+// What a verdict does is decideVerdict's (VerdictPolicy.h); this gathers its
+// facts and carries its actions out.
 void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v) {
   GroupState& st = *ctx.state;
   bool reporter = st.id().globalRank(st.id().rank) == v.reporter;
@@ -70,69 +71,59 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
     if (v.shape == WaitShape::Cycle) text = text.substr(text.find(": ") + 2);
     text = deadlockHeadline(ctx.deadlock->second) + ": " + text;
   }
-  if (v.kind == Verdict::Kind::Mismatch && reporter) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (loggedMismatches_.size() < 1024) {
-      reporter = loggedMismatches_.insert(text).second;
-    } else {
-      reporter = !loggedMismatches_.count(text);
+  VerdictFacts facts;
+  facts.verdict = v.kind;
+  facts.incident = inc.kind;
+  facts.cycle = v.kind == Verdict::Kind::Hang && v.shape == WaitShape::Cycle;
+  facts.certain = v.certain;
+  facts.compares = st.policy().compares;
+  facts.endDeadlocks = st.config().endDeadlocks;
+  facts.rankGone = !v.gone.empty();
+  facts.streamOrdered = st.streamOrdered();
+  const VerdictActions act = decideVerdict(facts);
+  if (act.remembersCycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
+  if (act.wording == VerdictWording::Abort) text = abortText(st, text);
+  if (act.wording == VerdictWording::Deadlock) text = deadlockText(text);
+  bool logs = false;
+  switch (act.logger) {
+    case VerdictLogger::Nobody:
+      break;
+    case VerdictLogger::Reporter:
+      logs = reporter;
+      // One mismatch reaches here more than once (its incident, then each
+      // failure it caused, whose analysis finds it first): logged once, by
+      // what was found (the first wording wins).
+      if (logs && v.kind == Verdict::Kind::Mismatch) {
+        std::lock_guard<std::mutex> lock(mu_);
+        logs = loggedMismatches_.size() < 1024 ? loggedMismatches_.insert(v.text).second
+                                               : !loggedMismatches_.count(v.text);
+      }
+      break;
+    case VerdictLogger::LowestOfLoop: {
+      // Once, by the lowest rank of the loop, whichever group's verdict
+      // reaches it first (endCycleGroups hands each one to every group on the
+      // cycle, so the owner's may come second or not at all).
+      int64_t lowest = -1;
+      for (const auto& s : v.sites) {
+        for (auto r : s.waiters) lowest = lowest < 0 ? r : std::min(lowest, r);
+      }
+      if (st.id().globalRank(st.id().rank) == lowest) {
+        std::lock_guard<std::mutex> lock(mu_);
+        logs = loggedDeadlocks_.insert(v.cycleGroups).second;
+      }
+      break;
     }
-  }
-  switch (v.kind) {
-    case Verdict::Kind::Mismatch:
-      if (st.policy().compares) {
-        if (reporter) logMessage(LogLevel::Error, text);
-        failGroup(st, GroupFailure{GuardErrorKind::Mismatch, text});
-      } else if (inc.kind == IncidentKind::Abort) {
-        // Checks are off, but the deadline is not: abort, saying what differs.
-        text = abortText(st, text);
-        if (reporter) logMessage(LogLevel::Error, text);
-        failGroup(st, GroupFailure{GuardErrorKind::Timeout, text});
-      } else if (reporter) {
-        logMessage(LogLevel::Warning, text);  // checks are off: say what is wrong, fail nothing
-      }
-      break;
-    case Verdict::Kind::Hang:
-      if (v.shape == WaitShape::Cycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
-      if (v.shape == WaitShape::Cycle && v.certain && st.config().endDeadlocks && inc.kind != IncidentKind::Abort) {
-        // Waiting longer cannot resolve it (WaitFinding::certain): end it now.
-        text = deadlockText(text);
-        // Logged once, by the lowest rank of the loop, whichever group's
-        // verdict reaches it first (endCycleGroups hands each one to every
-        // group on the cycle, so the owner's may come second or not at all).
-        int64_t lowest = -1;
-        for (const auto& s : v.sites) {
-          for (auto r : s.waiters) lowest = lowest < 0 ? r : std::min(lowest, r);
-        }
-        if (st.id().globalRank(st.id().rank) == lowest) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (loggedDeadlocks_.insert(v.cycleGroups).second) logMessage(LogLevel::Error, text);
-        }
-        failGroup(st, GroupFailure{GuardErrorKind::Deadlock, text});
-        endCycleGroups(st, v, text);
-      } else if (inc.kind == IncidentKind::Abort) {
-        text = abortText(st, text);
-        if (reporter) logMessage(LogLevel::Error, text);
-        failGroup(st, GroupFailure{GuardErrorKind::Timeout, text});
-      } else {
-        {
-          std::lock_guard<std::mutex> lock(ctx.localMu);
-          ctx.deadlines.reported(inc.subject);
-        }
-        if (reporter) logMessage(LogLevel::Warning, text);
-      }
-      break;
-    case Verdict::Kind::Failure:
-      if (reporter) logMessage(LogLevel::Error, text);
-      // With a rank gone the group cannot recover: fail it on every rank, so
-      // ranks that have not reached the collective yet fail fast too. Nor can
-      // a stream-ordered communicator after one of its operations failed.
-      if (!v.gone.empty() || st.streamOrdered()) failGroup(st, GroupFailure{GuardErrorKind::Failure, text});
-      break;
-    case Verdict::Kind::None:
-      logMessage(LogLevel::Debug, text);
+    case VerdictLogger::Everyone:
+      logs = true;
       break;
   }
+  if (logs) logMessage(act.level, text);
+  if (act.deadlineReported) {
+    std::lock_guard<std::mutex> lock(ctx.localMu);
+    ctx.deadlines.reported(inc.subject);
+  }
+  if (act.fail) failGroup(st, GroupFailure{*act.fail, text});
+  if (act.endCycle) endCycleGroups(st, v, text);
   {
     std::lock_guard<std::mutex> lock(mu_);
     results_[st.id().name + "/" + inc.id()] = text;

@@ -1,11 +1,7 @@
-#include "guard/watchdog/Watchdog.h"
-
-// The watchdog's straggler analysis: the group's rank 0 reads every rank's
-// closed wait windows (StragglerBoard), names who keeps the others waiting,
-// warns once per rank and call site, and publishes the analysis for the other
-// ranks and torch_ext.stragglers().
+#include "guard/watchdog/GroupStragglers.h"
 
 #include "guard/Clock.h"
+#include "guard/Config.h"
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
 #include "guard/store/StoreKeys.h"
@@ -58,17 +54,22 @@ StragglerContext stragglerContext(GroupState& st, const StragglerBoard& board, c
 
 }  // namespace
 
-void Watchdog::lookForStragglers(GroupCtx& ctx) {
-  GroupState& st = *ctx.state;
+void GroupStragglers::afterExchange(GroupState& st) {
+  const int size = st.id().size;
+  if (st.id().rank != 0 || size <= 1 || st.config().stragglerThreshold <= 0 || st.failed()) return;
+  if (++exchanges_ % static_cast<uint64_t>(stragglerLookEvery(size)) == 0) look(st);
+}
+
+void GroupStragglers::look(GroupState& st) {
   GroupStore& store = st.store();
   const int size = st.id().size;
   std::vector<std::string> statusKeys;
   for (int r = 0; r < size; ++r) statusKeys.push_back(keys::status(r));
-  if (!ctx.allStatusSeen) {
+  if (!allStatusSeen_) {
     // multi_get waits for a missing key: read only once every rank has said something.
     auto there = store.check(statusKeys);
     if (!there.ok() || !there.value) return;
-    ctx.allStatusSeen = true;
+    allStatusSeen_ = true;
   }
   auto values = store.multiGet(statusKeys);
   if (!values.ok() || values.value.size() != statusKeys.size()) return;
@@ -77,41 +78,38 @@ void Watchdog::lookForStragglers(GroupCtx& ctx) {
     auto rec = StatusRecord::decode(values.value[r]);
     if (rec && rec->phase == RankPhase::Running && !rec->waits.empty()) ranks[r] = RankWaits::decode(rec->waits);
   }
-  if (!ctx.board) ctx.board = std::make_unique<StragglerBoard>(st.config().stragglerThreshold);
-  if (ctx.board->look(ranks) == 0) return;
+  if (!board_) board_ = std::make_unique<StragglerBoard>(st.config().stragglerThreshold);
+  if (board_->look(ranks) == 0) return;
 
-  const std::vector<Straggler> named = ctx.board->named();
-  StragglerContext names = stragglerContext(st, *ctx.board, named, ctx.stragglerSites);
+  const std::vector<Straggler> named = board_->named();
+  StragglerContext names = stragglerContext(st, *board_, named, siteNames_);
   const int64_t now = steadyNs();
   for (const auto& s : named) {
-    auto& warned = ctx.stragglerWarnedNs[{s.rank, s.siteKey}];
+    auto& warned = warnedNs_[{s.rank, s.siteKey}];
     if (warned != 0 && now - warned < kStragglerRewarnNs) continue;
     warned = now;
     logMessage(LogLevel::Warning, "guard: " + stragglerText(s, static_cast<size_t>(size), names));
   }
-  std::string json = stragglersJson(*ctx.board, named, static_cast<size_t>(size), names, kStragglerJsonWindows).dump();
+  std::string json = stragglersJson(*board_, named, static_cast<size_t>(size), names, kStragglerJsonWindows).dump();
   std::string who;  // the ranks and sites named, to publish at once when they change
   for (const auto& s : named) who += std::to_string(s.rank) + "@" + std::to_string(s.siteKey) + " ";
   {
-    std::lock_guard<std::mutex> lock(ctx.stragglersMu);
-    ctx.stragglersJson = json;
+    std::lock_guard<std::mutex> lock(jsonMu_);
+    json_ = json;
   }
-  const bool due = ctx.stragglersPublishedNs == 0 || who != ctx.stragglersPublishedWho ||
-                   now - ctx.stragglersPublishedNs >= kStragglerRepublishNs;
+  const bool due = publishedNs_ == 0 || who != publishedWho_ || now - publishedNs_ >= kStragglerRepublishNs;
   if (due && store.set(keys::kStragglers, json)) {
-    ctx.stragglersPublishedNs = now;
-    ctx.stragglersPublishedWho = who;
+    publishedNs_ = now;
+    publishedWho_ = who;
   }
 }
 
-std::string Watchdog::stragglers(const GroupState* state) {
-  auto ctx = find(state);
-  if (!ctx) return "";
-  if (ctx->state->id().rank == 0) {
-    std::lock_guard<std::mutex> lock(ctx->stragglersMu);
-    return ctx->stragglersJson;
+std::string GroupStragglers::latest(GroupState& st) {
+  if (st.id().rank == 0) {
+    std::lock_guard<std::mutex> lock(jsonMu_);
+    return json_;
   }
-  return ctx->state->store().get(keys::kStragglers).value_or("");
+  return st.store().get(keys::kStragglers).value_or("");
 }
 
 }  // namespace torch_ext
