@@ -217,6 +217,33 @@ def test_fr_export_of_a_mismatch_names_the_same_culprit_and_seq_in_torchfrtrace(
     assert "SIZE_OR_SYNTAX_MISMATCH" in out.stderr
 
 
+def _strict_mismatch(rank: int, world: int) -> str:
+    dist.all_reduce(torch.ones(4))  # #1
+    try:
+        dist.all_reduce(torch.ones(96 if rank == 1 else 128))  # #2: rank 1 has fewer features
+    except torch_ext.CollectiveMismatchError as e:
+        return str(e)
+    return "no error"
+
+
+@pytest.mark.parametrize("mode", ["strict", "verify"])
+def test_a_mismatch_writes_every_ranks_dump_by_itself_in_every_mode(tmp_path, mode):
+    # The program keeps no evidence of its own: TORCH_EXT_DUMP_DIR alone makes the dumps, in strict
+    # (before any data moved) as in verify; diagnose reads the same mismatch from them.
+    dumps = tmp_path / "dumps"
+    results = run_ranks(_strict_mismatch, 3, env={"TORCH_EXT_CHECK": mode, "TORCH_EXT_DUMP_DIR": str(dumps)},
+                        timeout=60)
+    for text in assert_all_ok(results):
+        assert "collective #2" in text and "float32[96]" in text, text
+    assert sorted(p.name for p in dumps.glob("rank*.json")) == ["rank0.json", "rank1.json", "rank2.json"]
+    for p in dumps.glob("rank*.json"):
+        d = json.loads(p.read_text())
+        assert "mismatch" in d["written_at"] and d["state"] == "failed", (p.name, d["written_at"], d["state"])
+    ours = _verdict(dumps)
+    assert ours["kind"] == "mismatch" and ours["seq"] == 2, ours
+    assert culprits(ours) == {1: "differs: all_reduce(float32[96], SUM)"}
+
+
 def test_fr_export_of_a_killed_rank_names_it_in_torchfrtrace(tmp_path):
     dumps = tmp_path / "dumps"
     results = run_ranks(_killed, 3, env=dict(FAST, TORCH_EXT_DUMP_DIR=str(dumps)), timeout=60)

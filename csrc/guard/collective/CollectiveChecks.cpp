@@ -175,7 +175,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   }
   std::string report = formatMismatch(state_->label(), size, seq, ops, same ? messages::kSplitsDoNotPair : "",
                                       metricSync ? formatMetricSyncs(metrics) : std::string());
-  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, report});
+  // As verify's: the watchdog dumps (TORCH_EXT_DUMP_DIR), group rank 0 logs, the group fails.
+  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, report, seq});
   state_->throwFailure("");
 }
 
