@@ -83,8 +83,11 @@ TEST(JoinHandshake, RanksWhoseProtocolsDifferFailSideBySide) {
   const JoinVerdict v = JoinHandshake::conclude(context(0, 3), {zero, other, zero});
   ASSERT_FALSE(v.ok);
   EXPECT_NE(v.error.find("guard group \"g\" (3 ranks) cannot start"), std::string::npos) << v.error;
-  EXPECT_NE(v.error.find("ranks 0,2: torch_ext 0.1.0 (join protocol 1), torch 2.13.0"), std::string::npos) << v.error;
-  EXPECT_NE(v.error.find("rank 1:    torch_ext 9.9.9 (join protocol 2), torch 2.13.0"), std::string::npos) << v.error;
+  const std::string ours = std::to_string(kJoinProtocol), theirs = std::to_string(kJoinProtocol + 1);
+  EXPECT_NE(v.error.find("ranks 0,2: torch_ext 0.1.0 (join protocol " + ours + "), torch 2.13.0"), std::string::npos)
+      << v.error;
+  EXPECT_NE(v.error.find("rank 1:    torch_ext 9.9.9 (join protocol " + theirs + "), torch 2.13.0"), std::string::npos)
+      << v.error;
 }
 
 TEST(JoinHandshake, MissingRanksAreNamedWithWhatIsKnown) {

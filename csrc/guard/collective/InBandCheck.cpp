@@ -269,14 +269,16 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
+  // One element summed: the ring's cheap path, even between two ranks, where
+  // an exchange's two messages cost more once a core is busy (issue 56).
+  if (compact(tensors, opts.reduceOp, worldSize)) {
+    return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
+  }
   if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
     const auto combine = opts.reduceOp == c10d::ReduceOp::MAX   ? PairExchange::Combine::Max
                          : opts.reduceOp == c10d::ReduceOp::MIN ? PairExchange::Combine::Min
                                                                 : PairExchange::Combine::Sum;
     return PairExchange::issue(inner, user, combine, rolling, std::move(verdict));
-  }
-  if (compact(tensors, opts.reduceOp, worldSize)) {
-    return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
   }
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
   const auto k = static_cast<int64_t>(mine.size());
@@ -308,8 +310,13 @@ bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
+  // A floating element only between two ranks: there the ring adds the two
+  // operands once, and their sum in float64 rounds to the element type's own
+  // sum (float64's 53 bits hold twice float32's 24 and two more; a float64
+  // element is not widened at all).
   return tensors.size() == 1 && worldSize >= 2 && worldSize <= (1 << 20) && op == c10d::ReduceOp::SUM &&
-         denseCpu(tensors[0]) && reducible(tensors[0]) && orderFree(tensors[0]) && tensors[0].numel() == 1;
+         denseCpu(tensors[0]) && reducible(tensors[0]) && (orderFree(tensors[0]) || worldSize == 2) &&
+         tensors[0].numel() == 1;
 }
 
 int InBandCheck::compactBits(int worldSize) {
@@ -330,23 +337,38 @@ bool InBandCheck::compactAgree(int64_t reduced, uint64_t word, int worldSize) {
 c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                              const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                              int worldSize, Verdict verdict) {
-  // [the element widened to int64, compactWord]: two elements, gloo's cheap
-  // path (InBandCheck.h). Integer types only (compact()).
-  at::Tensor buffer = at::empty({2}, user.options().dtype(at::kLong));
+  // [the element widened, compactWord]: two elements, gloo's cheap path
+  // (InBandCheck.h). Widened to int64 (an integer) or float64 (a floating
+  // element, world 2 only: compact()); the word is exact in both.
+  const bool floating = at::isFloatingType(user.scalar_type());
+  at::Tensor buffer = at::empty({2}, user.options().dtype(floating ? at::kDouble : at::kLong));
   const uint64_t word = compactWord(rolling, worldSize);
   typed(user, [&](auto* u) {
-    buffer.data_ptr<int64_t>()[0] = static_cast<int64_t>(u[0]);
-    buffer.data_ptr<int64_t>()[1] = static_cast<int64_t>(word);
+    if (floating) {
+      buffer.data_ptr<double>()[0] = static_cast<double>(u[0]);
+      buffer.data_ptr<double>()[1] = static_cast<double>(word);
+    } else {
+      buffer.data_ptr<int64_t>()[0] = static_cast<int64_t>(u[0]);
+      buffer.data_ptr<int64_t>()[1] = static_cast<int64_t>(word);
+    }
   });
   std::vector<at::Tensor> carried{buffer};
   return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
-                   [buffer, user, word, worldSize, verdict = std::move(verdict)] {
-                     const int64_t* p = buffer.data_ptr<int64_t>();
+                   [buffer, user, word, worldSize, floating, verdict = std::move(verdict)] {
+                     int64_t reducedWord = 0;
                      typed(user, [&](auto* u) {
                        using T = std::remove_pointer_t<decltype(u)>;
-                       u[0] = static_cast<T>(static_cast<uint64_t>(p[0]));  // wraps as T's own sum would
+                       if (floating) {
+                         const double* p = buffer.data_ptr<double>();
+                         u[0] = static_cast<T>(p[0]);  // rounds as T's own sum of the two
+                         reducedWord = static_cast<int64_t>(p[1]);
+                       } else {
+                         const int64_t* p = buffer.data_ptr<int64_t>();
+                         u[0] = static_cast<T>(static_cast<uint64_t>(p[0]));  // wraps as T's own sum would
+                         reducedWord = p[1];
+                       }
                      });
-                     verdict(compactAgree(p[1], word, worldSize));
+                     verdict(compactAgree(reducedWord, word, worldSize));
                    });
 }
 

@@ -97,24 +97,28 @@ class InBandCheck {
                                                       int worldSize, Verdict verdict);
 
   // Between two ranks on gloo, a SUM, MAX or MIN of one dense tensor of the
-  // four dtypes up to PairExchange::kMaxDataBytes (a loss, a metric vector, an
-  // early-stop flag) is no ring all_reduce but a pair exchange
+  // four dtypes up to PairExchange::kMaxDataBytes (a metric vector, an
+  // early-stop flag; a one-element SUM is carried compact instead, below) is
+  // no ring all_reduce but a pair exchange
   // (PairExchange.h): one message each way where gloo's ring sends two in
   // turn (less than gloo's cost in a loop of syncs, more right after CPU work
   // on shared cores: docs/performance.md), reduced as gloo's ring reduces it.
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
 
-  // A one-element integer SUM (a count, a flag) carries one word instead: the
-  // element widened to int64 beside compactWord. gloo's ring reduces two
+  // A one-element integer SUM (a count, a flag), or between two ranks any
+  // one-element SUM (a loss), carries one word instead: the element widened
+  // to int64 (float64 for a floating one) beside compactWord. gloo's ring reduces two
   // elements on the cheap path one element takes (most of its 2W segments
   // stay empty: at world 4, one or two elements take 0.7-1.0 ms where three or
   // more take 2.4-4.8), and W words sum exactly (below 2^53): each rank reads
   // W times its own word exactly when the others' sum to it. The widened sum
   // wraps as the narrower type's own would. A floating element is not carried
   // so: widened, a float32 sum among more than two ranks rounds once where the
-  // ring rounds W - 1 times, and may differ from it in the last bit (issue 56).
-  // Every rank that issues the same collective carries it so (compact).
+  // ring rounds W - 1 times, and may differ from it in the last bit (issue 56);
+  // between two ranks the ring adds once, and float64's sum narrowed is the
+  // element type's own. Every rank that issues the same collective carries it
+  // so (compact).
   static bool compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize);
   // The word: the top compactBits(W) - 1 bits of `rolling` with bit
   // compactBits(W) - 1 set, so W words stay below 2^53 and none is 0. Ranks

@@ -46,7 +46,7 @@ namespace torch_ext {
 
 // Bumped whenever what ranks exchange about a group changes shape (records,
 // check words, status records): ranks whose versions differ fail at creation.
-inline constexpr int kJoinProtocol = 1;
+inline constexpr int kJoinProtocol = 2;
 
 // What one rank says when it joins: who it is, what it runs, and its job-wide
 // settings (option -> Setting::show, exact and parseable) with their sources.
