@@ -140,7 +140,7 @@ def test_a_rank_that_never_reaches_init_fails_the_others_naming_it(tmp_path, sto
         assert results[r].returncode == 3, text
         rec = records[r]
         assert rec["error"] == "GroupJoinError", text
-        assert 2.5 < rec["after_s"] < 20, text
+        assert rec["after_s"] < 20, text
         names = "rank 2" if absent == [2] else "ranks 0,2"
         assert f"{names} did not join it within join_timeout (3 s)" in rec["message"], rec["message"]
         for a in absent:
@@ -148,3 +148,7 @@ def test_a_rank_that_never_reaches_init_fails_the_others_naming_it(tmp_path, sto
         # Three seconds of waiting print nothing of torch's (a store.wait that timed out every
         # half second made the TCPStore client log two c10d warnings each time).
         assert "[c10d]" not in results[r].output, results[r].output
+    # The lowest joined rank decides at its own join_timeout; a rank that started
+    # later hears that verdict sooner after its own start (CI's busy cores start
+    # processes a second or more apart), so only the decider's wait is bounded below.
+    assert records[joined[0]]["after_s"] > 2.5, text
