@@ -47,6 +47,8 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONWARNINGS"] = "ignore"
+    # Every run leaves its ranks' dumps in its folder (the same output): tests replay them (--repro).
+    env["TORCH_EXT_DUMP_DIR"] = "torch_ext_dumps"
     env.update(extra or {})
     return env
 
@@ -106,6 +108,25 @@ def _straggler(cwd: str) -> str:
     return out + "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
 
 
+def _repro(cwd: str) -> str:
+    """examples/bugs/rank0_only_reduce.py, ``diagnose torch_ext_dumps --repro repro.py``, then ``python repro.py``."""
+    out = _run([os.path.join(ROOT, "examples", "bugs", "rank0_only_reduce.py")], cwd, 180)
+    cmd = "python -m torch_ext.diagnose torch_ext_dumps --repro repro.py"
+    out += "\n" + _run(cmd.split()[1:], cwd, 60, echo=cmd)
+    # What sed prints (python here: the same lines, from "RANKS = {" to the "}" that closes it).
+    show = "t = open('repro.py').read(); print(t[t.index('RANKS = {'):t.index('\\n}\\n') + 2])"
+    out += "\n" + _run(["-c", show], cwd, 60, echo="sed -n '/^RANKS = {/,/^}/p' repro.py")
+    return out + "\n" + _run(["repro.py"], cwd, 240, echo="python repro.py")
+
+
+def _replay_summary(out: str) -> str:
+    """``python repro.py``'s first line and its summary (the ranks' own lines between them interleave)."""
+    lines = out.splitlines()
+    start = lines.index("$ python repro.py")
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("rank 0 exit code"))
+    return "\n".join(lines[start:start + 2] + ["..."] + lines[first:]).rstrip("\n")
+
+
 def _post_mortem(cwd: str) -> str:
     out = _run([os.path.join(ROOT, "examples", "post_mortem.py")], cwd, 240)
     # One entry of rank 0's Flight Recorder file, as pickle.load gives it.
@@ -115,7 +136,7 @@ def _post_mortem(cwd: str) -> str:
 # name -> what runs it (in a fresh temporary folder, which it may fill).
 SOURCES: dict[str, Callable[[str], str]] = {
     "demo": _demo,
-    "rank0_only_reduce": _example("examples/bugs/rank0_only_reduce.py"),
+    "rank0_only_reduce": _repro,  # the example, then its dumps replayed (--repro)
     "mixed_metrics": _example("examples/bugs/mixed_metrics.py"),
     "deferred_metric": _example("examples/bugs/deferred_metric.py"),
     "lightning_metric_keys": _example("examples/bugs/lightning_metric_keys.py"),
@@ -365,6 +386,9 @@ SAMPLES: dict[str, Sample] = {
     "demo-mismatch": Sample("demo", _demo_error("CollectiveMismatchError")),
     "demo-hang": Sample("demo", _demo_hang),
     "rank0-only-reduce": Sample("rank0_only_reduce", _raised(1, "CollectiveMismatchError")),
+    "repro-diagnose": Sample("rank0_only_reduce", _command("python -m torch_ext.diagnose")),
+    "repro-file": Sample("rank0_only_reduce", _command("sed -n")),
+    "repro-run": Sample("rank0_only_reduce", _replay_summary),
     "mixed-metrics": Sample("mixed_metrics", _raised(0, "CollectiveMismatchError")),
     "deferred-metric": Sample("deferred_metric", _raised(0, "CollectiveMismatchError")),
     "lightning-metric-keys": Sample("lightning_metric_keys", _raised(0, "CollectiveMismatchError")),

@@ -49,6 +49,33 @@ def _per_rank(pattern: str, out: str) -> dict[int, tuple[str, ...]]:
     return found
 
 
+def _raised(out: str) -> dict[int, str]:
+    """Each rank's error type, as the examples and replays print it ("[rank1] raised CollectiveMismatchError:")."""
+    return {int(r): kind for r, kind in re.findall(r"\[rank(\d)\] raised (\w+):", out)}
+
+
+def _replays(cwd, job_out: str) -> str:
+    """The example's dumps -> ``--repro`` -> ``python repro.py`` on CPU (issue 58): the same verdict (kind, culprits,
+    differing collectives, seq), the job's call sites named, each rank that left a dump raising the job's error
+    type; returns the replay's output."""
+    job_report = _run(["-m", "torch_ext.diagnose", "torch_ext_dumps", "--repro", "repro.py"], cwd, 60)
+    # The call sites of the verdict's own lines (not the stacks under them: the replay has no user code).
+    sites = {s for line in job_report.splitlines() if re.match(r"  (waiting: |ranks? \d)", line)
+             for s in re.findall(r"\b[\w]+\.py:\d+ in [\w.]+", line)}
+    assert sites, job_report
+    proc = run_script(["repro.py"], cwd, 240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "torch_ext replay: the same verdict as the job" in out, out[-8000:]
+    verdict = out.split("torch_ext replay: the same verdict as the job")[1]
+    for site in sites:
+        assert site in verdict, (site, verdict)
+    files = " ".join(os.listdir(os.path.join(cwd, "torch_ext_dumps")))
+    dumped = {int(m) for m in re.findall(r"rank(\d+)\.json", files)}
+    job_raised = {r: kind for r, kind in _raised(job_out).items() if r in dumped}
+    assert {r: k for r, k in _raised(out).items() if r in dumped} == job_raised, (out[-6000:], job_out[-4000:])
+    return out
+
+
 # ---------------------------------------------------------------------------
 # The README demo
 # ---------------------------------------------------------------------------
@@ -71,11 +98,16 @@ def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
 @pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation", "deferred_metric",
                                   "rank0_metric_compute", "mixed_metrics"])
 def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
-    out = _source(name, tmp_path)  # python examples/bugs/<name>.py
+    whole = _source(name, tmp_path)  # python examples/bugs/<name>.py (rank0_only_reduce: then its replay)
+    out = whole.split("\n$ python")[0]
     assert sorted(re.findall(r"\[rank(\d)\] raised CollectiveMismatchError", out)) == ["0", "1", "2"], out[-8000:]
     assert "differs across ranks" in out, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
-    doc_samples.check_source(name, out)
+    doc_samples.check_source(name, whole)
+    if "$ python repro.py" in whole:  # this source replays its dumps itself: docs/diagnostics.md shows that run
+        assert "torch_ext replay: the same verdict as the job" in whole, whole[-8000:]
+    else:
+        _replays(tmp_path, out)
 
 
 def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_path):
@@ -98,6 +130,7 @@ def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_pat
                      r"ddp_uneven_steps.py:\d+ in train, where rank 0 issued a 22nd all_reduce there", out), out[-8000:]
     assert "rank 1 left that loop earlier (fewer batches than rank 0" in out, out[-8000:]
     doc_samples.check_source("ddp_uneven_steps", out)
+    _replays(tmp_path, out)
 
 
 def test_ddp_unused_parameter_example_follows_ddps_error_with_the_bucket_held_back(tmp_path):
@@ -112,6 +145,7 @@ def test_ddp_unused_parameter_example_follows_ddps_error_with_the_bucket_held_ba
                      r"DDP gradient bucket 1 of 2: head.bias, head.weight", out), out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
     doc_samples.check_source("ddp_unused_parameter", out)
+    _replays(tmp_path, out)
 
 
 def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_path):
@@ -128,6 +162,7 @@ def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_pa
     assert "val_acc_c3 is synced on rank 0 only: ranks 1,2 never synced it here" in out, out[-8000:]
     assert "hint: a metric logged with sync_dist=True on some ranks only" in out, out[-8000:]
     doc_samples.check_source("lightning_metric_keys", out)
+    _replays(tmp_path, out)
 
 
 def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(tmp_path):
@@ -139,6 +174,7 @@ def test_stalled_stream_example_names_the_stuck_collective_not_the_last_issued(t
     assert out.count("rank 2: issued #10, but its stream has not begun it") >= 3, out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1"), ("2", "1")], out
     doc_samples.check_source("stalled_stream", out)
+    _replays(tmp_path, out)
 
 
 def test_looks_stuck_example_is_looked_at_live_and_goes_on(tmp_path):
@@ -160,6 +196,7 @@ def test_killed_rank_example_names_the_gone_rank(tmp_path):
     assert re.search(r"\[rank\d\] \d\d:\d\d:\d\d torch_ext ERROR:   rank 2: no heartbeat", out), out[-8000:]
     assert "rank 2 exit code: -9" in out, out
     doc_samples.check_source("killed_rank", out)
+    _replays(tmp_path, out)
 
 
 @pytest.mark.parametrize("fault", ["raise", "stop"])
@@ -191,6 +228,7 @@ def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
     assert "rank 2 has not arrived" in post and "state: failed on rank(s) 0,1,2" in post, post
     assert (tmp_path / "report.html").stat().st_size > 0
     doc_samples.check_source("slow_rank", out)
+    _replays(tmp_path, run)
 
 
 def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path):
@@ -206,6 +244,7 @@ def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "1"), ("1", "1"), ("2", "1")], run
     assert 'deadlock across groups dp and mp: collective #1 all_reduce(float32[4], SUM) on group "dp"' in post, post
     doc_samples.check_source("crossed_groups", out)
+    _replays(tmp_path, run)
 
 
 def test_pipeline_deadlock_example_names_the_loop_through_send_recv_live_and_draws_it(tmp_path):
@@ -222,6 +261,7 @@ def test_pipeline_deadlock_example_names_the_loop_through_send_recv_live_and_dra
     page = (tmp_path / "report.html").read_text()
     assert page.count("<svg class='cycle'") == 1 and page.count("class='wait'") == 4, page[:2000]
     doc_samples.check_source("pipeline_deadlock", out)
+    _replays(tmp_path, run)
 
 
 def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished(tmp_path):

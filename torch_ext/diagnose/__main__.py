@@ -1,4 +1,4 @@
-"""``python -m torch_ext.diagnose DUMP_DIR [--html FILE] [--trace FILE] [--fr OUT_DIR] [--json]``.
+"""``python -m torch_ext.diagnose DUMP_DIR [--html FILE] [--trace FILE] [--fr OUT_DIR] [--repro OUT.py] [--json]``.
 
 ``torch-ext-diagnose live HOST:PORT [--json] [--ranks 0-7,12] [--timeout S] [--watch S]``: a running job (live.py).
 """
@@ -177,6 +177,28 @@ def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
             print("\n" + "=" * 79)
 
 
+def _write_repro(analysis, args: argparse.Namespace, wrote: list[str], errors: list[str]) -> None:
+    from torch_ext.diagnose import repro
+
+    try:
+        job, ranks = repro.build(analysis, args.dump_dir, repro.command_line())
+    except repro.ReproError as e:
+        errors.append(f"error: --repro: {e}")
+        return
+    count = sum(len(r["ops"]) for r in ranks.values())
+    for path, text, flag, run in ((args.repro, repro.script, "--repro", "python {}"),
+                                  (args.repro_test, repro.pytest_file, "--repro-test", "python -m pytest {}")):
+        if not path:
+            continue
+        body = text(job, ranks)
+        err = _write_text(path, body, flag)
+        if err:
+            errors.append(err)
+        else:
+            wrote.append(f"wrote {path} ({body.count(chr(10))} lines: {count} operation(s) of {job['world']} ranks); "
+                         f"run it: {run.format(path)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -196,6 +218,11 @@ def main(argv: list[str] | None = None) -> int:
                     "(an empty or new folder), for `torchfrtrace OUT_DIR -p PREFIX`")
     ap.add_argument("--fr-prefix", default=DEFAULT_PREFIX, metavar="PREFIX",
                     help=f"file name prefix of the Flight Recorder files (default {DEFAULT_PREFIX}; the rank follows)")
+    ap.add_argument("--repro", metavar="OUT.py", help="also write a script that replays the job's collectives on this "
+                    "machine's CPU (no code, data or model of the job) and checks that it ends in the same verdict: "
+                    "python OUT.py")
+    ap.add_argument("--repro-test", metavar="OUT_test.py", help="also write the same replay as a pytest test that "
+                    "asserts the verdict")
     ap.add_argument("--json", action="store_true", help="print the analysis as JSON instead of text")
     ap.add_argument("--version", action=_PrintVersion,
                     help="print torch_ext's version and the torch it was compiled against, and exit")
@@ -254,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 line += " --allow-incomplete-ranks (no dump from rank(s) " + ",".join(map(str, missing)) + ")"
             wrote.append(line)
+    if args.repro or args.repro_test:
+        _write_repro(analysis, args, wrote, errors)
     if wrote and not args.json:
         print("\n" + "\n".join(wrote))
     for e in errors:
