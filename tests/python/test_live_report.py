@@ -160,6 +160,10 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert hang and sorted(hang[0]["not_arrived"]) == [1, 2] and sorted(hang[0]["waiting"]) == [0, 3], data
         html = open(page).read()
         assert '"culprits":{"1":"has not arrived","2":"has not arrived"}' in html, html[-3000:]
+        # --repro: the live state as a replay (issue 58); run below, once the job has ended.
+        repro_file = os.path.join(ctl, "repro.py")
+        p = _cli(address, "--repro", repro_file, "--timeout", str(DEADLINE_S))
+        assert p.returncode == 0 and f"wrote {repro_file} (" in p.stdout, p.stdout[-3000:] + p.stderr
 
         # --ranks: only those ranks are asked (and answer); the verdict covers them alone.
         p = _cli(address, "--json", "--ranks", "0,2-2", "--timeout", str(DEADLINE_S))
@@ -195,6 +199,12 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
     values = assert_all_ok(results)  # every rank returned normally: no exception, no timeout
     assert [v["value"] for v in values] == [[10.0] * 4] * 4  # the same result as a job nobody looked at
     assert all(r.exitcode == 0 for r in results)
+    if store == "parent":  # the replay does not depend on how the job was launched: once is enough
+        replay = subprocess.run([sys.executable, repro_file], capture_output=True, text=True, timeout=240, cwd=ctl,
+                                env=dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")))
+        assert replay.returncode == 0, replay.stdout[-6000:] + replay.stderr[-3000:]
+        assert "torch_ext replay: the same verdict as the job" in replay.stdout, replay.stdout[-6000:]
+        assert "rank 1 has not arrived" in replay.stdout and "rank 2 has not arrived" in replay.stdout
 
 
 def _plain_job(rank: int, world: int, ctl: str, gone_rank: int) -> dict:

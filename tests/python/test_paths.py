@@ -8,7 +8,9 @@ away, dying (SIGKILL), or (nccl_sim) its stream stalling while every host is
 inside the collective. Every surviving rank must end by itself with the
 guard's typed error (``except torch_ext.GuardError`` catches it, whatever torch
 code it crossed), naming rank 1, and (mismatch, absence) the user's own
-file:line; ``torch_ext.failure()`` must say the group failed.
+file:line; ``torch_ext.failure()`` must say the group failed. Each cell's dumps
+then go through ``--repro`` (issue 58): the replay, on CPU, must end in the
+same verdict (kind, culprit, differing collectives, seq) at the same lines.
 
 The mismatch and the dead rank run at the default settings (nothing set); the
 absence and the stall need ``abort_after`` shorter than the test (the default
@@ -28,6 +30,9 @@ import pytest
 
 from harness import launch_script, report, run_ranks
 from jobs import paths_job
+from torch_ext.diagnose import analyze_dir
+from torch_ext.diagnose.repro import build
+from torch_ext.testing import replay
 
 PATHS = ["direct", "ddp", "fsdp2", "lightning", "accelerate"]
 FAULTS = {"mismatch": "CollectiveMismatchError", "absent": "CollectiveTimeoutError",
@@ -75,15 +80,21 @@ CELLS = [(p, f, i) for p in PATHS for f in FAULTS for i in INNERS if not (f == "
 
 
 @pytest.mark.parametrize("path,fault,inner", CELLS, ids=["-".join(c) for c in CELLS])
-def test_every_path_raises_the_typed_error_naming_the_rank(path, fault, inner):
+def test_every_path_raises_the_typed_error_naming_the_rank_and_replays_from_its_dumps(tmp_path, path, fault, inner):
     if path in ("lightning", "accelerate"):
         pytest.importorskip(path)
     # The store in this process, as in torchrun's agent: run_ranks' ranks end
     # with os._exit, so a rank 0 hosting it would not linger for its peers
     # the way a program's exit does (the tests below launch real programs).
+    dumps = tmp_path / "dumps"
     results = run_ranks(paths_job.run_rank, 2, path, fault, backend=None, store="parent", timeout=90,
-                        env=_env(inner, fault, path))
+                        env={**_env(inner, fault, path), "TORCH_EXT_DUMP_DIR": str(dumps)})
     _check_survivors(results, fault, FAULTS[fault])
+    job, ranks = build(analyze_dir(dumps), str(dumps))
+    assert job["backend"] == inner, job
+    outcome = replay.run(job, ranks, keep=tmp_path / "replay")
+    assert outcome.same, outcome.describe()
+    assert USER_LINE in "".join(v["text"] for v in outcome.verdicts) or fault == "dead", outcome.describe()
 
 
 def _launch(tmp_path, store: str, **env: str):

@@ -6,7 +6,9 @@ This reads those files alone (no running job needed), runs the same cross-rank
 analysis as the live reports, and prints it. It can also write the dumps out for
 other tools: ``--fr`` PyTorch Flight Recorder files for ``torchfrtrace``
 (``flight_recorder.py``), ``--trace`` a Chrome Trace Event / Perfetto JSON
-(``trace.py``) and ``--html`` a self-contained page (``html.py``).
+(``trace.py``) and ``--html`` a self-contained page (``html.py``); and ``--repro``
+a script that replays the verdict on any machine's CPU (``repro.py``, run by
+``torch_ext.testing.replay``).
 """
 from __future__ import annotations
 

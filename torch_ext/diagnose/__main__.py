@@ -130,6 +130,9 @@ def live_main(argv: list[str]) -> int:
                     "op and the culprits marked) for the live state; rewritten at each --watch refresh")
     ap.add_argument("--watch", type=float, default=None, metavar="S",
                     help="ask again every S seconds until interrupted (Ctrl-C)")
+    ap.add_argument("--repro", metavar="OUT.py", help="also write a script that replays the live state's verdict on "
+                    "this machine's CPU (see the post-mortem's --repro); rewritten at each --watch refresh")
+    ap.add_argument("--repro-test", metavar="OUT_test.py", help="also write the same replay as a pytest test")
     args = ap.parse_args(argv)
     if args.timeout is not None and args.timeout <= 0:
         print(f"error: --timeout {args.timeout:g}: expected a positive number of seconds", file=sys.stderr)
@@ -164,6 +167,16 @@ def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
                 return 1
             if not args.json:
                 print(f"\nwrote {args.html}")
+        if args.repro or args.repro_test:
+            wrote: list[str] = []
+            errors: list[str] = []
+            _write_repro(rep.analysis(), f"the live report of {args.address}", args, wrote, errors)
+            for line in errors:
+                print(line, file=sys.stderr)
+            if errors:
+                return 1
+            if not args.json:
+                print("\n" + "\n".join(wrote))
         if args.watch is None:
             return 0
         # Every rank reads each request once (2 store ops): at most one request per 2 exchange periods, and
@@ -177,11 +190,12 @@ def _live_loop(args: argparse.Namespace, wanted: list[int] | None) -> int:
             print("\n" + "=" * 79)
 
 
-def _write_repro(analysis, args: argparse.Namespace, wrote: list[str], errors: list[str]) -> None:
+def _write_repro(analysis, source: str, args: argparse.Namespace, wrote: list[str], errors: list[str]) -> None:
+    """``--repro`` / ``--repro-test``: the replay of ``analysis``'s verdict (diagnose/repro.py)."""
     from torch_ext.diagnose import repro
 
     try:
-        job, ranks = repro.build(analysis, args.dump_dir, repro.command_line())
+        job, ranks = repro.build(analysis, source, repro.command_line())
     except repro.ReproError as e:
         errors.append(f"error: --repro: {e}")
         return
@@ -282,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 line += " --allow-incomplete-ranks (no dump from rank(s) " + ",".join(map(str, missing)) + ")"
             wrote.append(line)
     if args.repro or args.repro_test:
-        _write_repro(analysis, args, wrote, errors)
+        _write_repro(analysis, args.dump_dir, args, wrote, errors)
     if wrote and not args.json:
         print("\n" + "\n".join(wrote))
     for e in errors:

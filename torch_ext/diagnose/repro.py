@@ -39,6 +39,7 @@ _REPLAYED_OPS = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_
 MAX_WORLD = 64
 # A replay that waits for abort_after waits at most this long past warn_after.
 _ABORT_CAP_S = 6.0
+_P2P = ("send", "recv", "recv_any_source")
 _SPLITS = re.compile(r"send=\[([\d,]*)\], recv=\[([\d,]*)\]")
 
 
@@ -299,15 +300,17 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
             notes.append(f"nccl_sim's stream stalls as the job's did (TORCH_EXT_NCCL_SIM_STALL={stall}: rank, "
                          "then the replayed operation of the default group that never began)")
     unreplayable: set[str] = set()
+    verdict_seq = {v.get("group_name"): int(v.get("seq") or 0) for v in analysis.verdicts}
     ranks: dict[int, dict[str, Any]] = {}
     entries_of: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
     for d in dumps:
         rows = []
         for g in d.data.get("groups", []):
-            # The window ends CONTEXT collectives after the first this rank never saw complete.
+            # The window ends CONTEXT collectives after the first this rank never saw complete, or after the
+            # verdict's (a stream backend's ledger may hold completed collectives as not yet seen complete).
             stuck = [int(e.get("collective_seq_id") or 0) for e in g.get("entries", [])
                      if not e.get("is_p2p") and e.get("state") != "completed"]
-            end = min(stuck) + CONTEXT if stuck else None
+            end = max(min(stuck), verdict_seq.get(g["name"], 0)) + CONTEXT if stuck else None
             for e in g.get("entries", []):
                 seq = int(e.get("collective_seq_id") or 0)
                 if not e.get("is_p2p") and (seq <= start.get(g["name"], 0) or (end is not None and seq > end)):
@@ -329,7 +332,9 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
             if r in gone:
                 ranks[r]["end"] = "gone"
             continue
-        # No dump: the collectives its groups' dumped members all completed, in one member's order.
+        # No dump: the collectives before the one its group's verdict names (every rank got past them, as far
+        # as the guard knows; a ledger may not have seen the last of them complete when the rank died), or else
+        # those its groups' dumped members all completed; in one member's order.
         ops = []
         for name, rs in members.items():
             if r not in rs:
@@ -337,14 +342,15 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
             peer = next((d for d in dumps if d.rank in rs), None)
             if peer is None:
                 continue
+            through = verdict_seq[name] - 1 if verdict_seq.get(name) else agreed.get(name, 0)
             for row in entries_of[peer.rank]:
                 op = row.op
-                if op["group"] == name and "peer" not in op and op["seq"] and op["seq"] <= agreed.get(name, 0):
+                if op["group"] == name and op["op"] not in _P2P and op["seq"] and op["seq"] <= through:
                     ops.append(row)
         ops.sort(key=lambda x: (x.created, x.record))
         ranks[r] = {"ops": _with_waits(ops), "end": "gone" if r in gone else "stops", "stand_in": True}
-        notes.append(f"rank {r} left no dump: it stands in with the collectives its groups' other ranks all "
-                     f"completed, then {'is gone' if r in gone else 'stops issuing'}")
+        notes.append(f"rank {r} left no dump: it stands in with the collectives its groups' other ranks got past, "
+                     f"then {'is gone' if r in gone else 'stops issuing'}")
     if unreplayable:
         notes.append("not replayed (no replay for these operations yet): " + ", ".join(sorted(unreplayable)))
     import torch

@@ -24,6 +24,10 @@ installed; ``-p no:torch_ext`` disables it) runs whole test functions this way:
 :mod:`torch_ext.testing.nccl_sim` (registered on import as the ``nccl_sim``
 backend) runs NCCL's host semantics on CPU tensors: a training loop written for
 NCCL, and the guard's device path, can be tested without a GPU.
+
+:mod:`torch_ext.testing.replay` runs what ``torch-ext-diagnose DUMP_DIR --repro
+OUT.py`` wrote: a job's collectives replayed on CPU, checked against the job's
+verdict (``replay.run(JOB, RANKS).same``).
 """
 from __future__ import annotations
 

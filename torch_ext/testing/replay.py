@@ -103,7 +103,7 @@ def run(job: dict[str, Any], ranks: dict[int, dict[str, Any]], *, backend: str |
     if keep is None:
         tmp = tempfile.TemporaryDirectory(prefix="torch_ext_replay_")
         keep = tmp.name
-    keep = os.fspath(keep)
+    keep = os.path.abspath(os.fspath(keep))
     dumps = os.path.join(keep, "dumps")
     os.makedirs(dumps, exist_ok=True)
     plan_path = os.path.join(keep, "plan.json")
