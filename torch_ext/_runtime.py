@@ -45,6 +45,10 @@ def install() -> None:
     # the real paths and the paths as seen, in case of symlinks.
     internal += [os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep]
     _C._install_runtime(sorted(set(internal)), stdlib, sorted(sites), main)
+    # What this process runs, in every dump: a replay (--repro) names it next to its own.
+    from torch_ext._version import __version__
+
+    _C._set_software(f"torch {torch.__version__}, torch_ext {__version__}, Python {sys.version.split()[0]}")
     try:
         listed = _C.resolve_config({})["library_packages"]
     except ValueError:

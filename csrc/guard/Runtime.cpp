@@ -92,4 +92,14 @@ void Runtime::log(LogLevel level, const std::string& msg) const {
   }
 }
 
+void Runtime::setSoftware(std::string text) {
+  std::lock_guard<std::mutex> lock(mu_);
+  software_ = std::move(text);
+}
+
+std::string Runtime::software() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return software_;
+}
+
 }  // namespace torch_ext

@@ -45,6 +45,10 @@ class Runtime {
   std::vector<ThreadStack> threadStacks(std::chrono::milliseconds budget) const;
   void setLiveReport(LiveHook hook);
   void liveReport(int signal) const;
+  // What this process runs ("torch 2.13.0, torch_ext 0.1.0, Python 3.11.7"), set
+  // by the host at import; every snapshot and dump carries it.
+  void setSoftware(std::string text);
+  std::string software() const;
 
  private:
   mutable std::mutex mu_;
@@ -53,6 +57,7 @@ class Runtime {
   IdleHook idle_;
   LiveHook live_;
   ThreadsHook threads_;
+  std::string software_;
 };
 
 inline void logMessage(LogLevel level, const std::string& msg) {

@@ -8,6 +8,7 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
+#include "guard/Runtime.h"
 #include "guard/backend/GuardBackend.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/Verifier.h"
@@ -527,6 +528,9 @@ void bindRuntime(py::module& m) {
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");
   m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
+  m.def(
+      "_set_software", [](const std::string& text) { torch_ext::Runtime::instance().setSoftware(text); },
+      "What this process runs (torch, torch_ext and Python versions), for every snapshot and dump.");
   m.def(
       "_intern_label",
       [](const std::string& text, const std::vector<std::pair<std::string, std::string>>& fields,

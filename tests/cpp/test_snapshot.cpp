@@ -62,6 +62,7 @@ RankSnapshot sampleSnapshot() {
   s.rank = 5;
   s.pid = 4242;
   s.hostname = "node-3";
+  s.software = "torch 2.13.0, torch_ext 0.1.0, Python 3.11.7";
   s.timeNs = 1700000000123456789;
   s.incident = "hang:57";
   s.config = "check=async";
@@ -208,6 +209,7 @@ TEST(Snapshot, RoundTripsThroughJson) {
   EXPECT_EQ(back.rank, s.rank);
   EXPECT_EQ(back.pid, s.pid);
   EXPECT_EQ(back.hostname, s.hostname);
+  EXPECT_EQ(back.software, s.software);
   EXPECT_EQ(back.timeNs, s.timeNs);
   EXPECT_EQ(back.incident, s.incident);
   EXPECT_EQ(back.config, s.config);

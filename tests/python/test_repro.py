@@ -19,6 +19,7 @@ import torch_ext
 from harness import run_ranks, run_script
 from torch_ext.diagnose import analyze_dir
 from torch_ext.diagnose.repro import ReproError, build, compare, summarize
+from torch_ext.testing import replay
 
 MISMATCH = {"kind": "mismatch", "group": "default_pg", "group_name": "0", "seq": 7, "text": "",
             "ranks": [{"rank": 0, "issued": True, "op": "reduce(float32[1], SUM, dst=0)", "where": "t.py:3 in f"},
@@ -95,6 +96,36 @@ def test_repro_test_writes_a_pytest_case_that_passes_and_a_changed_replay_fails(
     assert "group \"default_pg\": kind: the job 'mismatch', the replay 'hang'" in out, out[-6000:]
     assert "group \"default_pg\": culprits: the job {'0': 'differs: reduce(float32[1], SUM, dst=0)'}, the replay " \
            "{'0': 'has not arrived'}" in out, out[-6000:]
+
+
+def _rank0_reduce_synced(rank: int, world: int) -> None:
+    from torch_ext.testing import nccl_sim
+
+    _rank0_reduce(rank, world)
+    nccl_sim.synchronize()  # where a GPU program would read a result
+
+
+@pytest.mark.timeout(300)
+def test_an_nccl_jobs_dumps_replay_on_nccl_sim_on_a_machine_without_gpus(tmp_path):
+    # An NCCL job's dumps, made on nccl_sim: the same ledger, with the device and the inner backend
+    # an NCCL job's dumps carry (a GPU run, where one is lent, writes them for real: scripts/gpu.sh).
+    dumps = tmp_path / "dumps"
+    res = run_ranks(_rank0_reduce_synced, 3, timeout=90, check=False,
+                    env={"TORCH_EXT_DUMP_DIR": str(dumps), "TORCH_EXT_INNER": "cpu:nccl_sim"})
+    assert all(r.error_type == "CollectiveMismatchError" for r in res), res
+    for path in dumps.glob("rank*.json"):
+        data = json.loads(path.read_text())
+        assert data["software"].startswith(f"torch {torch.__version__}, torch_ext {torch_ext.__version__}, Python ")
+        data["config"] = data["config"].replace("inner=cpu:nccl_sim", "inner=cpu:gloo,cuda:nccl")
+        for g in data["groups"]:
+            for e in g["entries"]:
+                assert e["device"] == "cpu"
+                e["device"] = "cuda"
+        path.write_text(json.dumps(data))
+    job, ranks = build(analyze_dir(dumps), str(dumps))
+    assert job["backend"] == "nccl_sim", job
+    outcome = replay.run(job, ranks, keep=tmp_path / "replay")
+    assert outcome.same, outcome.describe()
 
 
 def _dump_only(rank: int, world: int, dump_dir: str) -> None:

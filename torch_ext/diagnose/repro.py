@@ -367,6 +367,7 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
         "skipped": {name: n for name, n in sorted(start.items()) if n},
         "source": {"dump_dir": dump_dir, "command": command or "", "written_ns": max(written) if written else None,
                    "job_config": dumps[0].data.get("config", ""), "dumped_ranks": analysis.ranks,
+                   "job_software": dumps[0].data.get("software") or "(not in the dumps: written by an older torch_ext)",
                    "made_with": f"torch {torch.__version__}, torch_ext {torch_ext.__version__}, "
                                 f"Python {platform.python_version()}"},
         "notes": notes,
@@ -415,7 +416,7 @@ def _header(job: dict[str, Any], ranks: dict[int, dict[str, Any]], what: str) ->
     head = [
         f'"""{what} of the verdict in {src["dump_dir"]}, written by torch_ext --repro.',
         "",
-        f"The job: {job['world']} ranks; its guard config: {src['job_config']}",
+        f"The job: {job['world']} ranks, on {src['job_software']}; its guard config: {src['job_config']}",
         f"Made with {src['made_with']} by: {src['command']}",
         f"Replays {count} operation(s) on {job['world']} CPU process(es) over {job['backend']}, with no code, data",
         "or model of the job: zeros of the recorded shapes and dtypes, issued at the job's call sites.",

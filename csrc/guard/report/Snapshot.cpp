@@ -222,6 +222,7 @@ Json toJson(const RankSnapshot& s) {
   j.set("rank", s.rank);
   j.set("pid", s.pid);
   j.set("hostname", s.hostname);
+  if (!s.software.empty()) j.set("software", s.software);
   j.set("time_ns", s.timeNs);
   j.set("incident", s.incident);
   j.set("config", s.config);
@@ -386,6 +387,7 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.rank = j.at("rank").asInt("rank");
   s.pid = j.intOr("pid");
   s.hostname = j.stringOr("hostname");
+  s.software = j.stringOr("software");
   s.timeNs = j.at("time_ns").asInt("time_ns");
   s.incident = j.stringOr("incident");
   s.config = j.stringOr("config");

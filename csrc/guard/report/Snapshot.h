@@ -175,6 +175,7 @@ struct RankSnapshot {
   int64_t rank = 0;  // global rank
   int64_t pid = 0;
   std::string hostname;
+  std::string software;  // "torch 2.13.0, torch_ext 0.1.0, Python 3.11.7" (empty: not set, or an older dump)
   int64_t timeNs = 0;
   std::string incident;  // what triggered it ("hang:57", "dump", ...)
   std::string config;

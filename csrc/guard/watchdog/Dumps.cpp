@@ -146,6 +146,7 @@ RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shar
   RankSnapshot s;
   s.pid = static_cast<int64_t>(getpid());
   s.hostname = hostname();
+  s.software = Runtime::instance().software();
   s.timeNs = wallNs();
   s.incident = reason;
   for (const auto& st : states) {
