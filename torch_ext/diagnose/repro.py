@@ -7,10 +7,12 @@ replays them on CPU (``torch_ext/testing/replay.py``) and checks that the
 replay ends in the job's verdict: the same kind, culprit ranks and differing
 collectives, named at the job's lines.
 
-The window: per group, from a few collectives before the last one every dumped
-rank completed; point-to-point operations as the ledgers hold them. A rank
-without a dump stands in as its group peers saw it: it issues the collectives
-they all completed, then is gone (the verdict says so) or stops issuing.
+The window: per group, from CONTEXT collectives before the last one every
+dumped rank completed to CONTEXT after the first one a rank never saw complete
+(or the verdict's); point-to-point operations as the ledgers hold them. A rank
+without a dump stands in as its groups' other ranks saw it: it issues the
+collectives before its group's verdict, then is gone (the verdict says so) or
+stops issuing. docs/diagnostics.md ("A repro that runs anywhere") says the rest.
 """
 from __future__ import annotations
 
