@@ -227,6 +227,8 @@ _MASKS = [
     (re.compile(r'(deadlock across groups [^:\n]+: )(?:collective #\d+ )?[^\n]*? on group "[^"]+" '
                 r"(?:<waited or failed>|has waited <n> s)(; it can never complete)"),
      r"\1<a collective of the cycle> <waited or failed>\2"),
+    # A written replay's length: its JOB literal wraps the job's paths, which differ between machines.
+    (re.compile(r"\(\d+ lines: (\d+ operation)"), r"(<n> lines: \1"),
     # When a straggler is first named: the windows of collectives seen by then.
     (re.compile(r"collectives \d+-\d+"), "collectives <a>-<b>"),
     (re.compile(r"\(\d+ windows of collectives out of \d+ there\)"), "(<n> windows of collectives out of <n> there)"),
