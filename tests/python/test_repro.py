@@ -55,6 +55,10 @@ def test_a_gone_rank_seen_as_a_hang_or_a_failure_is_the_same_verdict_and_nothing
     assert compare(want, [_with(GONE, kind="hang", gone=[], not_arrived=[1])]) != []
     absent = _with(GONE, kind="hang", gone=[], not_arrived=[1])
     assert compare([summarize(absent)], [_with(absent, kind="failure")]) != []
+    # DDP's buckets pending together when the rank died: the verdict may name either, in the job as in a replay.
+    pending = {**summarize(GONE), "pending": [[11, "all_reduce(float32[68], SUM)"], [12, "all_reduce(...)"]]}
+    assert compare([pending], [_with(GONE, seq=3, op="all_reduce(float32[68], SUM)")], {"0": 8}) == []
+    assert compare([pending], [_with(GONE, seq=5, op="all_reduce(float32[68], SUM)")], {"0": 8}) != []
 
 
 def _rank0_reduce(rank: int, world: int) -> None:

@@ -84,11 +84,17 @@ def compare(expected: list[dict[str, Any]], verdicts: list[dict[str, Any]],
         have = dict(have)
         if isinstance(have.get("seq"), int):
             have["seq"] += (skipped or {}).get(want.get("group_name"), 0)
-        if want.get("gone") and {want.get("kind"), have.get("kind")} == {"hang", "failure"}:
+        if want.get("gone"):
             # A gone rank, seen at another moment: whether the inner backend's error had reached the last
-            # pending collective when the dump was written (a failure) or not yet (a hang) is a race.
-            have["kind"] = want["kind"]
+            # pending collective when the dump was written (a failure) or not yet (a hang) is a race, and so is
+            # which of the collectives pending together (DDP's buckets) the verdict names.
+            if {want.get("kind"), have.get("kind")} == {"hang", "failure"}:
+                have["kind"] = want["kind"]
+            if [have.get("seq"), have.get("op")] in want.get("pending", []):
+                have["seq"], have["op"] = want.get("seq"), want.get("op")
         for key, value in want.items():
+            if key == "pending":
+                continue
             if have.get(key) != value:
                 out.append(f'group "{group}": {key}: the job {value!r}, the replay {have.get(key)!r}')
     for name, have in got.items():
@@ -252,6 +258,21 @@ def _comebacks(analysis: Analysis) -> dict[int, dict[str, Any]]:
     return out
 
 
+def _pending_together(dumps: list[Dump], want: dict[str, Any]) -> list[list[Any]]:
+    """[seq, op] of the collectives the waiting ranks had pending on the verdict's group (a gone rank's verdict
+    may name any of them)."""
+    out: list[list[Any]] = []
+    for d in dumps:
+        for g in d.data.get("groups", []):
+            if g["name"] != want.get("group_name"):
+                continue
+            for e in g.get("entries", []):
+                pair = [int(e.get("collective_seq_id") or 0), e.get("fingerprint")]
+                if not e.get("is_p2p") and e.get("state") != "completed" and pair not in out:
+                    out.append(pair)
+    return sorted(out, key=lambda p: p[0])
+
+
 def _completed_through(group: dict[str, Any]) -> int:
     """The last collective seq before which every one completed on this rank (a failed one did not)."""
     done = int(group.get("last_completed_seq", 0))
@@ -268,6 +289,9 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
     if not dumps:
         raise ReproError(f"no torch_ext dump in {dump_dir!r}: nothing to replay")
     expected = [summarize(v) for v in analysis.verdicts if v.get("kind") not in (None, "none")]
+    for want in expected:
+        if want.get("gone"):
+            want["pending"] = _pending_together(dumps, want)
     if not expected:
         raise ReproError("the dumps hold no verdict (no hang, mismatch or failure was pending when they were "
                          "written): there is nothing to reproduce")
