@@ -229,6 +229,8 @@ _MASKS = [
      r"\1<a collective of the cycle> <waited or failed>\2"),
     # A written replay's length: its JOB literal wraps the job's paths, which differ between machines.
     (re.compile(r"\(\d+ lines: (\d+ operation)"), r"(<n> lines: \1"),
+    # The job's store_timeout, replayed: the tests' environment raises it for every rank (conftest.py).
+    (re.compile(r"(the job's guard settings: .*\bstore_timeout=)\d+"), r"\1<s>"),
     # When a straggler is first named: the windows of collectives seen by then.
     (re.compile(r"collectives \d+-\d+"), "collectives <a>-<b>"),
     (re.compile(r"\(\d+ windows of collectives out of \d+ there\)"), "(<n> windows of collectives out of <n> there)"),

@@ -460,6 +460,10 @@ void bindWatchdog(py::module& m) {
           j.set("group_name", f.groupName);
           j.set("pending", f.pending);
           j.set("dump_incident", f.dumpIncident);
+          if (f.storeLostHost >= 0) {
+            j.set("store_lost_host", f.storeLostHost);
+            j.set("store_health", torch_ext::enumName(f.storeHealth));
+          }
           out.push_back(j.dump());
         }
         return out;

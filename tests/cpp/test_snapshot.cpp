@@ -3,6 +3,7 @@
 // the JSON round trip, and validation errors that name the problem.
 #include "guard/report/Snapshot.h"
 #include "guard/Clock.h"
+#include "guard/report/DumpAnalysis.h"
 #include "guard/collective/CallSite.h"
 #include "guard/watchdog/Dumps.h"
 
@@ -66,6 +67,9 @@ RankSnapshot sampleSnapshot() {
   s.timeNs = 1700000000123456789;
   s.incident = "hang:57";
   s.config = "check=async";
+  s.storeHealth = StoreHealth::NotAnswering;
+  s.storeLost = "the store at 10.0.0.1:29500 (hosted by rank 0's process) does not answer";
+  s.storeHostRank = 0;
   s.main.available = true;
   s.main.note = "main thread holds the GIL";
   s.main.frames = {Frame{"/home/u/data.py", 33, "next_batch"}, Frame{"/home/u/train.py", 120, "main"}};
@@ -213,6 +217,9 @@ TEST(Snapshot, RoundTripsThroughJson) {
   EXPECT_EQ(back.timeNs, s.timeNs);
   EXPECT_EQ(back.incident, s.incident);
   EXPECT_EQ(back.config, s.config);
+  EXPECT_EQ(back.storeHealth, StoreHealth::NotAnswering);
+  EXPECT_EQ(back.storeLost, s.storeLost);
+  EXPECT_EQ(back.storeHostRank, 0);
   EXPECT_EQ(back.main.available, true);
   EXPECT_EQ(back.main.note, s.main.note);
   expectSameFrames(back.main.frames, s.main.frames);
@@ -529,4 +536,59 @@ TEST(Snapshot, OtherThreadsRoundTripAndAreOptional) {
   ASSERT_EQ(back.threads[0].frames.size(), 2u);
   EXPECT_EQ(back.threads[0].frames[0].function, "_loader");
   EXPECT_EQ(back.threads[0].frames[1].library, "stdlib");
+}
+
+namespace {
+
+// Rank `rank` of a 3-rank job, waiting in collective #4, its store as `health`.
+RankSnapshot waitingIn4(int64_t rank, StoreHealth health) {
+  RankSnapshot s;
+  s.rank = rank;
+  s.timeNs = 1700000000000000000;
+  s.incident = "store_lost";
+  s.storeHostRank = 0;
+  s.storeHealth = health;
+  if (health != StoreHealth::Healthy) s.storeLost = "the store at 127.0.0.1:29500 (hosted by rank 0's process) is gone";
+  GroupView g;
+  g.name = "0";
+  g.rank = static_cast<int>(rank);
+  g.size = 3;
+  g.lastSeq = 4;
+  g.lastCompletedSeq = 3;
+  g.timeoutMs = 600000;
+  EntryView e = entry(4, 4, "all_reduce", "scheduled");
+  e.startNs = s.timeNs - 1000000000;
+  g.entries.push_back(e);
+  s.groups.push_back(g);
+  return s;
+}
+
+}  // namespace
+
+// Dumps written at the store's loss name its host among the absent ranks, and
+// the finding carries who hosted it and how it was lost (what --repro replays).
+TEST(DumpAnalysis, DumpsAtAStoreLossNameItsHost) {
+  auto findings = analyzeDumps({waitingIn4(1, StoreHealth::Lost), waitingIn4(2, StoreHealth::Lost)});
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_EQ(findings[0].storeLostHost, 0);
+  EXPECT_EQ(findings[0].storeHealth, StoreHealth::Lost);
+  EXPECT_EQ(findings[0].verdict.gone, (std::vector<int64_t>{0}));
+  EXPECT_NE(findings[0].verdict.text.find("rank 0: no heartbeat (process gone or frozen); the store its process "
+                                          "hosts was lost: the store at 127.0.0.1:29500"),
+            std::string::npos)
+      << findings[0].verdict.text;
+  // A store that answered: no host named, no word of a loss.
+  auto healthy = analyzeDumps({waitingIn4(1, StoreHealth::Healthy), waitingIn4(2, StoreHealth::Healthy)});
+  ASSERT_EQ(healthy.size(), 1u);
+  EXPECT_EQ(healthy[0].storeLostHost, -1);
+  EXPECT_EQ(healthy[0].verdict.text.find("store"), std::string::npos) << healthy[0].verdict.text;
+  // A dump whose store health is not one: refused, naming the field.
+  Json j = toJson(waitingIn4(1, StoreHealth::Lost));
+  j.set("store_health", "melted");
+  try {
+    snapshotFromJson(j);
+    FAIL() << "accepted store_health 'melted'";
+  } catch (const JsonError& e) {
+    EXPECT_NE(std::string(e.what()).find("store_health 'melted'"), std::string::npos) << e.what();
+  }
 }

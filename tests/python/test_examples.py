@@ -213,6 +213,10 @@ def test_rank0_dies_example_names_the_lost_store_and_every_survivor_ends(tmp_pat
     assert codes["1"] == codes["2"] == "1", out[-3000:]  # the survivors ended by themselves
     assert codes["0"] == ("1" if fault == "raise" else "-9"), out[-3000:]
     doc_samples.check_source(source, out)
+    # The survivors dumped at the store's loss: the replay's rank 0 hosts its store and goes (or freezes) with it.
+    replay = _replays(tmp_path, out)
+    assert sorted(re.findall(r"\[rank(\d)\] raised StoreLostError", replay)) == ["1", "2"], replay[-6000:]
+    assert ("is gone" if fault == "raise" else "does not answer") in replay.split("the same verdict as the job")[1]
 
 
 def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):

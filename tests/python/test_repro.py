@@ -61,6 +61,17 @@ def test_a_gone_rank_seen_as_a_hang_or_a_failure_is_the_same_verdict_and_nothing
     assert compare([pending], [_with(GONE, seq=5, op="all_reduce(float32[68], SUM)")], {"0": 8}) != []
 
 
+def test_a_lost_store_must_be_lost_the_same_way_with_the_same_host():
+    lost = _with(GONE, gone=[0], store_lost_host=0, store_health="lost")
+    want = [summarize(lost)]
+    assert compare(want, [lost]) == []
+    # Rank 0 killed, but the store was the launcher's: the same culprit, not the job's failure.
+    assert compare(want, [_with(GONE, gone=[0])]) == ['group "default_pg": store_lost_host: the job 0, the replay None',
+                                                      'group "default_pg": store_health: the job \'lost\', the replay None']
+    assert compare(want, [_with(lost, store_health="not answering")]) == [
+        'group "default_pg": store_health: the job \'lost\', the replay \'not answering\'']
+
+
 def _rank0_reduce(rank: int, world: int) -> None:
     t = torch.ones(4)
     dist.all_reduce(t)

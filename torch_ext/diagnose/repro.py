@@ -33,7 +33,7 @@ __all__ = ["ReproError", "build", "script", "pytest_file", "summarize", "compare
 CONTEXT = 2
 # Guard settings that every rank of a job shares (README's "job" scope), replayed as the job had them.
 _JOB_SETTINGS = ("check", "warn_after", "abort_after", "end_deadlocks", "stream_gate", "epoch_check", "interval",
-                 "store_budget", "straggler")
+                 "store_budget", "straggler", "store_timeout")
 _REPLAYED_OPS = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor", "gather", "scatter",
                  "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "send",
                  "recv", "recv_any_source"}
@@ -62,6 +62,9 @@ def summarize(verdict: dict[str, Any]) -> dict[str, Any]:
         out["not_arrived"] = list(verdict.get("not_arrived", []))
         out["gone"] = list(verdict.get("gone", []))
         out["wait_shape"] = verdict.get("wait_shape")
+    if verdict.get("store_lost_host") is not None:  # StoreLostError: the store went down with this rank's process
+        out["store_lost_host"] = verdict["store_lost_host"]
+        out["store_health"] = verdict.get("store_health")  # "lost" (it exited) or "not answering" (it froze)
     return out
 
 
@@ -126,7 +129,7 @@ def _settings(config: dict[str, str]) -> tuple[dict[str, str], list[str]]:
         if key not in config:
             continue
         value = config[key]
-        if key in ("warn_after", "interval", "abort_after"):
+        if key in ("warn_after", "interval", "abort_after", "store_timeout"):
             secs = _seconds(value)
             if secs is None:  # abort_after=timeout: the group's timeout
                 continue
@@ -306,15 +309,7 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
     devices = {e.get("device") for d in dumps for g in d.data.get("groups", []) for e in g.get("entries", [])}
     # A job on NCCL (or on nccl_sim) replays on nccl_sim: NCCL's host semantics on CPU.
     backend = "nccl_sim" if "cuda" in devices or "cpu:nccl_sim" in config.get("inner", "") else "gloo"
-    # Per group: the last collective every dumped member completed; the window starts CONTEXT before it.
-    members: dict[str, list[int]] = {g["name"]: g["ranks"] for g in groups}
-    members["0"] = list(range(world))
-    agreed: dict[str, int] = {}
-    for d in dumps:
-        for g in d.data.get("groups", []):
-            done = _completed_through(g)
-            agreed[g["name"]] = min(agreed.get(g["name"], done), done)
-    start = {name: max(0, seq - CONTEXT) for name, seq in agreed.items()}
+    agreed, start = _window_starts(dumps)
     for name, n in sorted(start.items()):
         if n:
             notes.append(f'group "{labels.get(name, name)}": the replay starts after the job\'s collective #{n}, which '
@@ -325,10 +320,74 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
             settings["TORCH_EXT_NCCL_SIM_STALL"] = stall
             notes.append(f"nccl_sim's stream stalls as the job's did (TORCH_EXT_NCCL_SIM_STALL={stall}: rank, "
                          "then the replayed operation of the default group that never began)")
-    unreplayable: set[str] = set()
     verdict_seq = {v.get("group_name"): int(v.get("seq") or 0) for v in analysis.verdicts}
-    ranks: dict[int, dict[str, Any]] = {}
-    entries_of: dict[int, list[tuple[int, int, dict[str, Any]]]] = {}
+    rows, unreplayable = _rows(dumps, start, verdict_seq)
+    ranks: dict[int, dict[str, Any]] = {rank: {"ops": _with_waits(rs)} for rank, rs in rows.items()}
+    gone = {int(r) for v in analysis.verdicts for r in v.get("gone", [])}
+    for rank, op in _comebacks(analysis).items():
+        if rank in ranks and rank not in gone:
+            ranks[rank]["then"] = op
+    members: dict[str, list[int]] = {g["name"]: g["ranks"] for g in groups}
+    members["0"] = list(range(world))
+    through = {name: verdict_seq[name] - 1 if verdict_seq.get(name) else agreed.get(name, 0) for name in members}
+    for r in range(world):
+        if r in ranks:
+            if r in gone:
+                ranks[r]["end"] = "gone"
+            continue
+        ranks[r] = {"ops": _with_waits(_stand_in_rows(r, members, rows, through)),
+                    "end": "gone" if r in gone else "stops", "stand_in": True}
+        notes.append(f"rank {r} left no dump: it stands in with the collectives its groups' other ranks got past, "
+                     f"then {'is gone' if r in gone else 'stops issuing'}")
+    if unreplayable:
+        notes.append("not replayed (no replay for these operations yet): " + ", ".join(sorted(unreplayable)))
+    # Launched with plain env:// (srun, mpirun), the job's rank 0 hosted the store: so does the replay's, and a
+    # gone rank 0 takes it along (StoreLostError) as the job's did.
+    store = "rank0" if any(d.data.get("store_host_rank") == 0 for d in dumps) else "launcher"
+    if store == "rank0":
+        notes.append("the store runs in rank 0's process, as in the job (a plain env:// launch)")
+        if ranks[0].get("end") == "gone" and any(w.get("store_health") == "not answering" for w in expected):
+            ranks[0]["end"] = "frozen"
+            notes.append("rank 0 freezes (SIGSTOP) where the job's did: its store stops answering, as the job's "
+                         "did; it is killed once the others have ended")
+    import torch
+
+    import torch_ext
+
+    written = [int(d.data["time_ns"]) for d in dumps if isinstance(d.data.get("time_ns"), int)]
+    job = {
+        "world": world,
+        "backend": backend,
+        "store": store,
+        "settings": settings,
+        "groups": [{"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]} for g in groups],
+        "expected": expected,
+        "skipped": {name: n for name, n in sorted(start.items()) if n},
+        "source": {"dump_dir": dump_dir, "command": command or "", "written_ns": max(written) if written else None,
+                   "job_config": dumps[0].data.get("config", ""), "dumped_ranks": analysis.ranks,
+                   "job_software": dumps[0].data.get("software") or "(not in the dumps: written by an older torch_ext)",
+                   "made_with": f"torch {torch.__version__}, torch_ext {torch_ext.__version__}, "
+                                f"Python {platform.python_version()}"},
+        "notes": notes,
+    }
+    return job, ranks
+
+
+def _window_starts(dumps: list[Dump]) -> tuple[dict[str, int], dict[str, int]]:
+    """Per group name: the last collective every dumped member completed, and the replay's start CONTEXT before."""
+    agreed: dict[str, int] = {}
+    for d in dumps:
+        for g in d.data.get("groups", []):
+            done = _completed_through(g)
+            agreed[g["name"]] = min(agreed.get(g["name"], done), done)
+    return agreed, {name: max(0, seq - CONTEXT) for name, seq in agreed.items()}
+
+
+def _rows(dumps: list[Dump], start: dict[str, int],
+          verdict_seq: dict[str, int]) -> tuple[dict[int, list[_Row]], set[str]]:
+    """Each dumped rank's operations in the window, in the order it created them; and the ops not replayed."""
+    unreplayable: set[str] = set()
+    out: dict[int, list[_Row]] = {}
     for d in dumps:
         rows = []
         for g in d.data.get("groups", []):
@@ -347,58 +406,25 @@ def build(analysis: Analysis, dump_dir: str, command: str | None = None) -> tupl
                 rows.append(_Row(int(e.get("time_created_ns", 0)), int(e.get("record_id", 0)),
                                  e.get("time_discovered_completed_ns"), _op(e, g["name"])))
         rows.sort(key=lambda r: (r.created, r.record))
-        entries_of[d.rank] = rows
-        ranks[d.rank] = {"ops": _with_waits(rows)}
-    gone = {int(r) for v in analysis.verdicts for r in v.get("gone", [])}
-    for rank, op in _comebacks(analysis).items():
-        if rank in ranks and rank not in gone:
-            ranks[rank]["then"] = op
-    for r in range(world):
-        if r in ranks:
-            if r in gone:
-                ranks[r]["end"] = "gone"
+        out[d.rank] = rows
+    return out, unreplayable
+
+
+def _stand_in_rows(rank: int, members: dict[str, list[int]], rows: dict[int, list[_Row]],
+                   through: dict[str, int]) -> list[_Row]:
+    """What a rank without a dump issued, as far as its groups' dumped members know: per group, the collectives
+    through ``through[group]`` (before the one its verdict names: every rank got past them, though a ledger may
+    not have seen the last complete when the rank died), in one dumped member's order."""
+    out: list[_Row] = []
+    for name, rs in members.items():
+        peer = next((r for r in rs if r in rows), None) if rank in rs else None
+        if peer is None:
             continue
-        # No dump: the collectives before the one its group's verdict names (every rank got past them, as far
-        # as the guard knows; a ledger may not have seen the last of them complete when the rank died), or else
-        # those its groups' dumped members all completed; in one member's order.
-        ops = []
-        for name, rs in members.items():
-            if r not in rs:
-                continue
-            peer = next((d for d in dumps if d.rank in rs), None)
-            if peer is None:
-                continue
-            through = verdict_seq[name] - 1 if verdict_seq.get(name) else agreed.get(name, 0)
-            for row in entries_of[peer.rank]:
-                op = row.op
-                if op["group"] == name and op["op"] not in _P2P and op["seq"] and op["seq"] <= through:
-                    ops.append(row)
-        ops.sort(key=lambda x: (x.created, x.record))
-        ranks[r] = {"ops": _with_waits(ops), "end": "gone" if r in gone else "stops", "stand_in": True}
-        notes.append(f"rank {r} left no dump: it stands in with the collectives its groups' other ranks got past, "
-                     f"then {'is gone' if r in gone else 'stops issuing'}")
-    if unreplayable:
-        notes.append("not replayed (no replay for these operations yet): " + ", ".join(sorted(unreplayable)))
-    import torch
-
-    import torch_ext
-
-    written = [int(d.data["time_ns"]) for d in dumps if isinstance(d.data.get("time_ns"), int)]
-    job = {
-        "world": world,
-        "backend": backend,
-        "settings": settings,
-        "groups": [{"name": g["name"], "desc": g["desc"], "ranks": g["ranks"]} for g in groups],
-        "expected": expected,
-        "skipped": {name: n for name, n in sorted(start.items()) if n},
-        "source": {"dump_dir": dump_dir, "command": command or "", "written_ns": max(written) if written else None,
-                   "job_config": dumps[0].data.get("config", ""), "dumped_ranks": analysis.ranks,
-                   "job_software": dumps[0].data.get("software") or "(not in the dumps: written by an older torch_ext)",
-                   "made_with": f"torch {torch.__version__}, torch_ext {torch_ext.__version__}, "
-                                f"Python {platform.python_version()}"},
-        "notes": notes,
-    }
-    return job, ranks
+        for row in rows[peer]:
+            op = row.op
+            if op["group"] == name and op["op"] not in _P2P and op["seq"] and op["seq"] <= through[name]:
+                out.append(row)
+    return sorted(out, key=lambda x: (x.created, x.record))
 
 
 def _site_text(frames: list[dict[str, Any]]) -> str:

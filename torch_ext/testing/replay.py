@@ -39,6 +39,7 @@ __all__ = ["Outcome", "run", "main"]
 _HELD = "torch_ext_replay/held/"
 _RELEASE = "torch_ext_replay/release"
 _THERE = "torch_ext_replay/there/"
+_STORE_PORT = "torch_ext_replay/store_port"  # where rank 0's process serves the job's store (store "rank0")
 # A rank replayed as gone waits at most this long for the others to reach their stuck collectives.
 _GONE_WAIT_S = 30.0
 # After the last rank that does not stop ends, the ranks that stand in for a
@@ -66,7 +67,8 @@ class Outcome:
 
 
 def _store(world: int):
-    """The replay's rendezvous store, in this process (as torchrun's agent hosts it), on a free port."""
+    """The replay's control store, in this process, on a free port; also the ranks' rendezvous store unless the
+    job's rank 0 hosted that (as torchrun's agent hosts it)."""
     import torch.distributed as dist
 
     return dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
@@ -107,14 +109,17 @@ def run(job: dict[str, Any], ranks: dict[int, dict[str, Any]], *, backend: str |
     dumps = os.path.join(keep, "dumps")
     os.makedirs(dumps, exist_ok=True)
     plan_path = os.path.join(keep, "plan.json")
-    with open(plan_path, "w", encoding="utf-8") as f:
-        json.dump({"job": job, "ranks": {str(r): v for r, v in ranks.items()}, "backend": backend}, f)
     server = _store(world)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_EXT_")}
+    with open(plan_path, "w", encoding="utf-8") as f:
+        json.dump({"job": job, "ranks": {str(r): v for r, v in ranks.items()}, "backend": backend,
+                   "control_port": server.port}, f)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("TORCH_EXT_") and k != "TORCHELASTIC_USE_AGENT_STORE"}
     env.update(job.get("settings", {}))
     env.update(TORCH_EXT_DUMP_DIR=dumps, TORCH_EXT_INNER=f"cpu:{backend}", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(server.port), WORLD_SIZE=str(world), TORCHELASTIC_USE_AGENT_STORE="True",
-               PYTHONUNBUFFERED="1")
+               MASTER_PORT=str(server.port), WORLD_SIZE=str(world), PYTHONUNBUFFERED="1")
+    if job.get("store", "launcher") == "launcher":
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     lines: list[str] = []
     lock = threading.Lock()
 
@@ -135,7 +140,12 @@ def run(job: dict[str, Any], ranks: dict[int, dict[str, Any]], *, backend: str |
                                         text=True, cwd=keep)
             pumps.append(threading.Thread(target=pump, args=(procs[r].stdout,), daemon=True))
             pumps[-1].start()
-        _wait_for_ranks(server, procs, start + timeout)
+        frozen = {r for r, v in ranks.items() if v.get("end") == "frozen"}
+        _wait_for_ranks(server, procs, start + timeout, frozen)
+        for r in frozen:  # the job's frozen rank stays so until killed: killed once every other rank has ended
+            if all(p.poll() is not None for q, p in procs.items() if q not in frozen):
+                procs[r].kill()
+                procs[r].wait()
     finally:
         killed = [r for r, p in procs.items() if p.poll() is None]
         for r in killed:
@@ -158,12 +168,13 @@ def run(job: dict[str, Any], ranks: dict[int, dict[str, Any]], *, backend: str |
     return outcome
 
 
-def _wait_for_ranks(server, procs: dict[int, subprocess.Popen], deadline: float) -> None:
-    """Waits until every rank has ended, or stopped where its job's rank stopped; then releases those."""
+def _wait_for_ranks(server, procs: dict[int, subprocess.Popen], deadline: float, frozen: set[int]) -> None:
+    """Waits until every rank but the ``frozen`` ones has ended, or stopped where its job's rank stopped; then
+    releases those."""
     released = False
     release_by = None
     while time.monotonic() < deadline:
-        alive = [r for r, p in procs.items() if p.poll() is None]
+        alive = [r for r, p in procs.items() if p.poll() is None and r not in frozen]
         if not alive:
             return
         if not released:
@@ -293,8 +304,19 @@ def _rank_main(rank: int, plan_path: str) -> int:
 
     if plan["backend"] == "nccl_sim":
         from torch_ext.testing import nccl_sim
-    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False)
-    dist.init_process_group("guard", store=store, rank=rank, world_size=int(job["world"]))
+    world = int(job["world"])
+    host = os.environ["MASTER_ADDR"]
+    store = dist.TCPStore(host, int(plan["control_port"]), is_master=False)  # the launcher's: this replay's keys
+    rendezvous = store
+    if job.get("store") == "rank0":
+        # The job's store lived in rank 0's process (plain env://): so does this one, and goes down with it.
+        if rank == 0:
+            rendezvous = dist.TCPStore(host, 0, world, is_master=True, wait_for_workers=False)
+            store.set(_STORE_PORT, str(rendezvous.port))
+        else:
+            rendezvous = dist.TCPStore(host, int(store.get(_STORE_PORT)), is_master=False)
+        os.environ["MASTER_PORT"] = str(rendezvous.port)  # how the guard tells who hosts it
+    dist.init_process_group("guard", store=rendezvous, rank=rank, world_size=world)
     groups: dict[str, tuple[Any, list[int]]] = {"0": (None, list(range(job["world"])))}  # the default group
     for g in job.get("groups", []):
         pg = dist.new_group(g["ranks"], backend="guard", group_desc=g.get("desc") or None)
@@ -330,17 +352,20 @@ def _rank_main(rank: int, plan_path: str) -> int:
         sys.stdout.write(f"[rank{rank}] raised {type(e).__name__}:\n{e}\n")
         sys.stdout.flush()
         return 1
-    if mine.get("end") == "gone":
-        # Gone once the others have issued what they had when the job's rank went (their stuck collectives).
+    if mine.get("end") in ("gone", "frozen"):
+        # Gone (or frozen) once the others have issued what they had when the job's rank went: their stuck
+        # collectives.
         others = [f"{_THERE}{r}" for r in range(int(job["world"])) if r != rank
-                  and plan["ranks"][str(r)].get("end") != "gone"]
+                  and plan["ranks"][str(r)].get("end") not in ("gone", "frozen")]
         try:
             store.wait(others, timedelta(seconds=_GONE_WAIT_S))
         except Exception:  # noqa: BLE001 - a rank that never gets there (raised early): go all the same
             pass
-        sys.stdout.write(f"[rank{rank}] replay: this rank is gone here, as in the job (killed)\n")
+        frozen = mine["end"] == "frozen"
+        sys.stdout.write(f"[rank{rank}] replay: this rank is {'frozen (SIGSTOP)' if frozen else 'gone (killed)'} "
+                         "here, as in the job\n")
         sys.stdout.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGSTOP if frozen else signal.SIGKILL)
     sys.stdout.write(f"[rank{rank}] replay: this rank issues nothing more, as in the job\n")
     sys.stdout.flush()
     store.set(f"{_HELD}{rank}", "1")

@@ -198,6 +198,11 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
   // (three pairwise groups deadlocked: no group holds the whole loop).
   OtherWaits everyone;
   for (const auto& s : snaps) everyone[s.rank] = &waits.at(&s);
+  // The store some rank lost, by the global rank that hosted it.
+  std::map<int64_t, const RankSnapshot*> lostStores;
+  for (const auto& s : snaps) {
+    if (s.storeHealth != StoreHealth::Healthy && s.storeHostRank >= 0) lostStores.emplace(s.storeHostRank, &s);
+  }
   std::vector<GroupFinding> out;
   for (const auto& [name, info] : groups) {
     GroupFinding f;
@@ -205,6 +210,7 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
     auto inputs = inputsFor(name, info, waits, &f.dumpIncident);
     for (auto& in : inputs) {
       if (!in.responded && notAsked != nullptr && notAsked->count(in.globalRank)) in.notAsked = true;
+      if (!in.responded && lostStores.count(in.globalRank)) in.storeLost = lostStores.at(in.globalRank)->storeLost;
       if (in.responded || absent == nullptr) continue;
       auto it = absent->find(in.globalRank);
       if (it == absent->end()) continue;
@@ -221,6 +227,10 @@ std::vector<GroupFinding> analyzeDumps(const std::vector<RankSnapshot>& snaps,
     // none), rather than report a hang of a collective nobody waits in.
     if (!inc) inc = Incident{IncidentKind::Mismatch, IncidentSubject::collective(0), -1, ""};
     f.verdict = analyze(info.label, inputs, *inc, now, &everyone);
+    if (!lostStores.empty()) {
+      f.storeLostHost = lostStores.begin()->first;
+      f.storeHealth = lostStores.begin()->second->storeHealth;
+    }
     out.push_back(std::move(f));
   }
   return out;

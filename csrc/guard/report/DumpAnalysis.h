@@ -54,6 +54,10 @@ struct GroupFinding {
   Verdict verdict;
   bool pending = false;      // some rank still waited in an operation when it dumped
   std::string dumpIncident;  // what made the ranks dump ("hang:57", "manual", ...)
+  // The global rank whose process hosted the store some rank's dump says was
+  // lost (StoreLostError); -1: no dump says so.
+  int64_t storeLostHost = -1;
+  StoreHealth storeHealth = StoreHealth::Healthy;  // how that store was lost (not answering, or gone)
 };
 
 // One finding per group found in the dumps, in group-name order. `absent`:

@@ -455,6 +455,7 @@ std::string describeAbsent(const RankInput& r, int64_t nowNs) {
   } else {
     os << "no heartbeat (process gone or frozen)";
   }
+  if (!r.storeLost.empty()) os << "; the store its process hosts was lost: " << r.storeLost;
   return os.str();
 }
 

@@ -46,7 +46,10 @@ struct RankInput {
   RankPhase phase = RankPhase::Running;  // Left: destroy_process_group; Exited: its process ended
   int64_t heartbeatNs = 0;               // when it last published (0: unknown)
   uint64_t lastSeq = 0;                  // the last collective it issued
-  const GroupView* group() const;        // this group's view inside snapshot, or null
+  // Its process hosts the cross-rank store, and the ranks that dumped lost
+  // that store: how they lost it (post-mortem only; empty otherwise).
+  std::string storeLost;
+  const GroupView* group() const;  // this group's view inside snapshot, or null
   std::string groupName;
   // Where the rank stands in each of its groups (WaitGraph): `snapshot.waits`,
   // unless `sharedWaits` points to them (the post-mortem shares one list per

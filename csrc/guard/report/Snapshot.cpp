@@ -226,6 +226,11 @@ Json toJson(const RankSnapshot& s) {
   j.set("time_ns", s.timeNs);
   j.set("incident", s.incident);
   j.set("config", s.config);
+  if (s.storeHealth != StoreHealth::Healthy) {
+    j.set("store_health", enumName(s.storeHealth));
+    j.set("store_lost", s.storeLost);
+  }
+  if (s.storeHostRank >= 0) j.set("store_host_rank", s.storeHostRank);
   Json main = Json::object();
   main.set("available", s.main.available);
   main.set("note", s.main.note);
@@ -391,6 +396,13 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.timeNs = j.at("time_ns").asInt("time_ns");
   s.incident = j.stringOr("incident");
   s.config = j.stringOr("config");
+  if (const Json* health = j.get("store_health")) {
+    const auto parsed = enumFromName<StoreHealth>(health->asString("store_health"));
+    if (!parsed) throw JsonError("store_health '" + health->asString("store_health") + "' is not a store health");
+    s.storeHealth = *parsed;
+  }
+  s.storeLost = j.stringOr("store_lost");
+  s.storeHostRank = j.intOr("store_host_rank", -1);
   const Json& main = j.at("main_thread");
   s.main.available = main.at("available").asBool("main_thread.available");
   s.main.note = main.stringOr("note");

@@ -12,6 +12,7 @@
 
 #include "guard/report/Frame.h"
 #include "guard/report/Json.h"
+#include "guard/report/StoreHealth.h"
 #include "guard/report/Label.h"
 #include "guard/report/Op.h"
 #include "guard/report/WaitGraph.h"
@@ -98,6 +99,7 @@ enum class DumpCause : uint8_t {
   P2PCheck,    // a send/recv waited long: checked whether it can pair
   Failure,     // the inner backend failed an op (a peer died?)
   Manual,      // torch_ext.dump()
+  StoreLost,   // the cross-rank store went away or stopped answering: the group failed
 };
 
 template <>
@@ -105,6 +107,7 @@ struct EnumTable<DumpCause> {
   static constexpr NamedValue<DumpCause> kEntries[] = {
       {DumpCause::WarnAfter, "warn_after"}, {DumpCause::AbortAfter, "abort_after"}, {DumpCause::Mismatch, "mismatch"},
       {DumpCause::P2PCheck, "p2p_check"},   {DumpCause::Failure, "failure"},        {DumpCause::Manual, "manual"},
+      {DumpCause::StoreLost, "store_lost"},
   };
 };
 
@@ -179,6 +182,11 @@ struct RankSnapshot {
   int64_t timeNs = 0;
   std::string incident;  // what triggered it ("hang:57", "dump", ...)
   std::string config;
+  // The cross-rank store as this rank saw it: healthy, or lost, with how it
+  // was lost ("the store at H:P (hosted by rank 0's process ...) is gone: ...").
+  StoreHealth storeHealth = StoreHealth::Healthy;
+  std::string storeLost;
+  int64_t storeHostRank = -1;  // global rank whose process hosts the store (-1: none / unknown)
   MainThreadStack main;
   std::vector<GroupView> groups;
   // Where this rank stands in every one of its groups (also those `groups`

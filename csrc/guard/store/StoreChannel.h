@@ -35,6 +35,7 @@
 // The channel never joins a thread that may be blocked in a call.
 
 #include "guard/report/EnumNames.h"
+#include "guard/report/StoreHealth.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -49,19 +50,6 @@
 
 namespace torch_ext {
 
-enum class StoreHealth : uint8_t {
-  Healthy,       // calls are answered
-  NotAnswering,  // a call went unanswered past its bound (a frozen or overloaded host)
-  Lost,          // the connection failed (the store's process exited or was killed)
-};
-template <>
-struct EnumTable<StoreHealth> {
-  static constexpr NamedValue<StoreHealth> kEntries[] = {
-      {StoreHealth::Healthy, "healthy"},
-      {StoreHealth::NotAnswering, "not answering"},
-      {StoreHealth::Lost, "lost"},
-  };
-};
 inline const char* storeHealthName(StoreHealth h) {
   return enumName(h);
 }

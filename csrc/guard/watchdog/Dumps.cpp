@@ -156,6 +156,11 @@ RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shar
   if (!states.empty()) {
     s.rank = states.front()->id().globalRank(states.front()->id().rank);
     s.config = states.front()->config().describe();
+    // Every group of a process shares one store: its host, and its loss once lost.
+    StoreChannel& channel = states.front()->store().channel();
+    s.storeHostRank = channel.address().hostRank;
+    s.storeHealth = channel.health();
+    if (s.storeHealth != StoreHealth::Healthy) s.storeLost = channel.describeLoss();
   }
   s.main = Runtime::instance().mainThreadStack(std::chrono::milliseconds(300));
   return s;
@@ -203,8 +208,8 @@ std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause
   for (const auto& w : watches) {
     if (auto g = w.group.lock()) st.awaited.push_back(DumpAwaited{g->id().name, w.seq, w.recordId});
   }
-  const bool failure =
-      failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch || cause == DumpCause::Failure;
+  const bool failure = failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch ||
+                       cause == DumpCause::Failure || cause == DumpCause::StoreLost;
   st.state = failure ? DumpState::Failed : (watches.empty() ? DumpState::Running : DumpState::Waiting);
   snap.status = std::move(st);
   std::lock_guard<std::mutex> lock(mu_);

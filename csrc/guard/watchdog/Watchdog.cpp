@@ -506,6 +506,11 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
   ctx.storeLossHandled = true;
   LocalFacts facts = localFacts(ctx, p);
   const std::string text = formatStoreLost(facts, st.store().channel().describeLoss());
+  // The dump first, while the ledger still shows what was pending (failing
+  // the group aborts it); the post-mortem then names the store and its host.
+  if (!st.config().dumpDir.empty() && !st.failed() && !storeLossDumped_.exchange(true)) {
+    writeDump(enumName(DumpCause::StoreLost), st.config().dumpDir, &st);
+  }
   if (failGroup(st, GroupFailure{GuardErrorKind::StoreLost, text})) {
     // One line per group: the whole report where an op waits on it (or just
     // failed for it); otherwise the first line (the next op raises it in full), and nothing
@@ -700,7 +705,7 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
   // What the dump waits for: the incident's collective in its group, or the
   // oldest pending op of each group concerned (a send/recv, a manual dump).
   const auto inc = Incident::fromId(reason);
-  DumpCause cause = DumpCause::Manual;
+  DumpCause cause = reason == enumName(DumpCause::StoreLost) ? DumpCause::StoreLost : DumpCause::Manual;
   if (inc) {
     switch (inc->kind) {
       case IncidentKind::Hang:

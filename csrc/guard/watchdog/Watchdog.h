@@ -106,8 +106,9 @@ class Watchdog final : public IncidentSink {
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once. `reason`
   // is an incident id ("hang:57": the dump's cause, and what it waits for in
-  // `about`, the incident's group) or anything else for a manual dump (which
-  // waits for the oldest pending op of every group). The file then follows
+  // `about`, the incident's group), "store_lost" (the store's loss), or
+  // anything else for a manual dump (these wait for the oldest pending op of
+  // every group). The file then follows
   // the job's state (DumpFile): recovered, failed, finished.
   std::string writeDump(const std::string& reason, const std::string& dirOverride = std::string(),
                         const GroupState* about = nullptr) override;
@@ -229,6 +230,7 @@ class Watchdog final : public IncidentSink {
   std::atomic<uint64_t> retiredStoreOps_{0};  // of groups no longer watched
   std::atomic<uint64_t> incidents_{0};
   std::atomic<uint64_t> liveAnswered_{0};
+  std::atomic<bool> storeLossDumped_{false};  // one dump at the store's loss, not one per group
   std::atomic<bool> dumpWarned_{false};
   DumpFile dumpFile_;  // the last dump written, whose state follows the job
 };
