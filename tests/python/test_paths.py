@@ -94,6 +94,11 @@ def test_every_path_raises_the_typed_error_naming_the_rank_and_replays_from_its_
     assert job["backend"] == inner, job
     outcome = replay.run(job, ranks, keep=tmp_path / "replay")
     assert outcome.same, outcome.describe()
+    # Each rank that left a dump raises in the replay what it raised in the job.
+    raised = {int(r): kind for r, kind in re.findall(r"\[rank(\d+)\] raised (\w+):", outcome.output)}
+    dumped = {int(m) for m in re.findall(r"rank(\d+)\.json", " ".join(os.listdir(dumps)))}
+    job_raised = {r.rank: r.value["type"].rsplit(".", 1)[-1] for r in results if r.rank in dumped and r.value}
+    assert {r: raised.get(r) for r in job_raised} == job_raised, outcome.describe()
     assert USER_LINE in "".join(v["text"] for v in outcome.verdicts) or fault == "dead", outcome.describe()
 
 
