@@ -66,8 +66,9 @@ def test_a_lost_store_must_be_lost_the_same_way_with_the_same_host():
     want = [summarize(lost)]
     assert compare(want, [lost]) == []
     # Rank 0 killed, but the store was the launcher's: the same culprit, not the job's failure.
-    assert compare(want, [_with(GONE, gone=[0])]) == ['group "default_pg": store_lost_host: the job 0, the replay None',
-                                                      'group "default_pg": store_health: the job \'lost\', the replay None']
+    assert compare(want, [_with(GONE, gone=[0])]) == [
+        'group "default_pg": store_lost_host: the job 0, the replay None',
+        'group "default_pg": store_health: the job \'lost\', the replay None']
     assert compare(want, [_with(lost, store_health="not answering")]) == [
         'group "default_pg": store_health: the job \'lost\', the replay \'not answering\'']
 

@@ -164,3 +164,16 @@ def test_jobs_that_never_destroy_their_group_exit_cleanly_every_time(tmp_path):
             if p.returncode != 0 or not os.path.exists(out / f"done{p.rank}.json"):
                 failures.append(f"run {i}:\n{p.describe()}")
     assert not failures, f"{len(failures)} of 20 processes did not exit with 0:\n" + "\n".join(failures[:3])
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_outlives_the_store_host_at_the_end_of_the_job_leaves_no_dump(tmp_path):
+    # Rank 0 ends first at a clean end of the job and takes the store along; rank 1 is still
+    # busy (a checkpoint). Its group fails for the lost store (its next operation would raise),
+    # but nothing failed: no dump claims otherwise, and both end with 0.
+    dumps = tmp_path / "dumps"
+    procs, out, report = _run(tmp_path, 2, "none", "verify", all_end=True, OUTLIVE="1", TORCH_EXT_DUMP_DIR=str(dumps))
+    assert [p.returncode for p in procs] == [0, 0], report
+    outlived = _records(out, "outlived", 2)
+    assert outlived.get(1, {}).get("failure") == "store_lost", (outlived, report)
+    assert not (dumps.exists() and os.listdir(dumps)), (os.listdir(dumps), report)

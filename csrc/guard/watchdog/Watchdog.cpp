@@ -508,7 +508,10 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
   const std::string text = formatStoreLost(facts, st.store().channel().describeLoss());
   // The dump first, while the ledger still shows what was pending (failing
   // the group aborts it); the post-mortem then names the store and its host.
-  if (!st.config().dumpDir.empty() && !st.failed() && !storeLossDumped_.exchange(true)) {
+  // Not at the end of a job whose other ranks all left (the host exited
+  // first): nothing failed there.
+  const bool endOfJob = !facts.pending && !facts.lastFailed && facts.allPeersDone();
+  if (!st.config().dumpDir.empty() && !st.failed() && !endOfJob && !storeLossDumped_.exchange(true)) {
     writeDump(enumName(DumpCause::StoreLost), st.config().dumpDir, &st);
   }
   if (failGroup(st, GroupFailure{GuardErrorKind::StoreLost, text})) {
@@ -517,7 +520,7 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
     // above debug level at the end of a job whose ranks all left.
     if (facts.pending || facts.lastFailed) {
       logMessage(LogLevel::Error, text);
-    } else if (facts.allPeersDone()) {
+    } else if (endOfJob) {
       logMessage(LogLevel::Debug, text);
     } else {
       logMessage(LogLevel::Warning, text.substr(0, text.find('\n')) +

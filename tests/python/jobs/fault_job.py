@@ -11,6 +11,9 @@ TCPStore) or the way torchrun does (the store in the launcher). Settings:
   CATCH    1: a rank that gets a GuardError returns normally (else it propagates)
   DESTROY  1: call destroy_process_group() before the end
   OUT      folder for per-rank records (fault/error/done JSON)
+  OUTLIVE  1: ranks but 0, after their loop, wait until the group fails for the
+           store rank 0's exit took along (a rank still saving a checkpoint
+           when the host ends), and record it ("outlived" JSON)
 """
 import json
 import os
@@ -50,6 +53,11 @@ try:
                 dtype = torch.float64  # gloo's ring sends from rank 1 to rank 0: rank 0 receives too much
         dist.all_reduce(torch.ones(4, dtype=dtype))
     record("done")
+    if os.environ.get("OUTLIVE") == "1" and rank != 0:
+        deadline = time.monotonic() + 60
+        while torch_ext.failure() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling the guard's state: it has no event to wait on from Python
+        record("outlived", failure=(torch_ext.failure() or ("", ""))[0])
 except torch_ext.GuardError as e:
     record("error", type=type(e).__name__, message=str(e))
     if os.environ.get("CATCH") != "1":
