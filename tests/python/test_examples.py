@@ -247,6 +247,8 @@ def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path
     assert "it can never complete, so it fails now on every live rank" in run, run[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "1"), ("1", "1"), ("2", "1")], run
     assert 'deadlock across groups dp and mp: collective #1 all_reduce(float32[4], SUM) on group "dp"' in post, post
+    # The dumps written after the verdict ended the loop still show each rank blocked where it stood: certain.
+    assert "every rank of the loop blocks in its wait" in post and "possibly temporary" not in post, post
     doc_samples.check_source("crossed_groups", out)
     _replays(tmp_path, run)
 

@@ -7,6 +7,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <exception>
 #include <sstream>
 
 namespace torch_ext {
@@ -378,6 +379,29 @@ Verifier* GuardWork::hostGate() {
   return v;
 }
 
+namespace {
+
+// A host thread in a wait without a deadline, for the watchdog's snapshots
+// (Ledger::enterWait); leaving by an exception records where it raised.
+class BlockingWait {
+ public:
+  BlockingWait(Ledger* ledger, uint64_t id) : ledger_(ledger), id_(id) {
+    if (ledger_ != nullptr) ledger_->enterWait(id_);
+  }
+  ~BlockingWait() {
+    if (ledger_ != nullptr) ledger_->leaveWait(id_, std::uncaught_exceptions() > unwinding_);
+  }
+  BlockingWait(const BlockingWait&) = delete;
+  BlockingWait& operator=(const BlockingWait&) = delete;
+
+ private:
+  Ledger* ledger_;
+  uint64_t id_;
+  int unwinding_ = std::uncaught_exceptions();
+};
+
+}  // namespace
+
 bool GuardWork::wait(std::chrono::milliseconds timeout) {
   return surfacing([this, timeout] { return waitOrThrow(timeout); });
 }
@@ -385,14 +409,7 @@ bool GuardWork::wait(std::chrono::milliseconds timeout) {
 bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   // A wait without a deadline blocks this thread until the operation ends: the
   // watchdog's snapshots say so (a wait-for cycle of such waits is certain).
-  struct WaitScope {
-    Ledger* ledger;
-    uint64_t id;
-    ~WaitScope() {
-      if (ledger != nullptr) ledger->leaveWait(id);
-    }
-  } scope{timeout == kNoTimeout ? &state_->ledger() : nullptr, id_};
-  if (scope.ledger != nullptr) scope.ledger->enterWait(id_);
+  BlockingWait scope(timeout == kNoTimeout ? &state_->ledger() : nullptr, id_);
   if (mode_ == Mode::Future) {
     Verifier* verifier = gate();
     // Asked for: check it now; a collective that carries its check brings its verdict itself.

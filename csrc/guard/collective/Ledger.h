@@ -114,12 +114,19 @@ class Ledger {
   void enterWait(uint64_t id) {
     blockedIn_.store(id, std::memory_order_release);
   }
-  void leaveWait(uint64_t id) {
+  // `raised`: the wait ended in an error (a verdict, abort_after, a peer gone).
+  void leaveWait(uint64_t id, bool raised) {
+    if (raised) raisedInWait_.store(id, std::memory_order_release);
     blockedIn_.compare_exchange_strong(id, 0, std::memory_order_acq_rel);
   }
   // The record a host thread blocks in now (0: none known).
   uint64_t blockedIn() const {
     return blockedIn_.load(std::memory_order_acquire);
+  }
+  // The last record whose blocking wait ended in an error: where a thread
+  // stood blocked when the group failed, for the dumps written after (0: none).
+  uint64_t raisedInWait() const {
+    return raisedInWait_.load(std::memory_order_acquire);
   }
   // Failures of reportFailure works found by polling since the last call (the
   // first few), as (record id, error).
@@ -158,6 +165,7 @@ class Ledger {
 
   mutable std::mutex mu_;
   std::atomic<uint64_t> blockedIn_{0};
+  std::atomic<uint64_t> raisedInWait_{0};
   std::vector<Entry> ring_;
   std::vector<std::pair<uint64_t, uint64_t>> rollingRing_;  // (seq, rolling)
   uint64_t nextId_ = 1;

@@ -129,8 +129,10 @@ GroupWait groupWait(GroupState& state) {
     w.op = e.fp.describe();
     w.where = describeCallSite(CallSites::instance().frames(e.callSite));
     w.startNs = e.startNs;
-    w.blocked = p.hasPending && state.ledger().blockedIn() == e.id &&
-                !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck);
+    // Blocked in it now, or until it raised (the dumps written after a
+    // verdict ended a deadlock still show the loop as certain).
+    const uint64_t blockedIn = p.hasPending ? state.ledger().blockedIn() : state.ledger().raisedInWait();
+    w.blocked = blockedIn == e.id && !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck);
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
       w.recv = e.fp.op == Op::Recv;
