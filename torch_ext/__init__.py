@@ -14,6 +14,7 @@ from torch_ext._version import __version__  # noqa: E402,F401  (written in one p
 from torch_ext._core import _C  # noqa: E402
 
 from torch_ext import _logging, _runtime  # noqa: E402
+from torch_ext import errors as _errors  # noqa: E402
 from torch_ext.errors import (
     CollectiveFailureError,
     CollectiveMismatchError,
@@ -22,6 +23,7 @@ from torch_ext.errors import (
     StoreLostError,
     DeadlockError,
     GroupJoinError,
+    Report,
 )
 from torch_ext.backend import (
     BACKEND_NAME,
@@ -53,6 +55,7 @@ from torch_ext.samplers import __all__ as _samplers_all
 _refuse_torchcomms_route()  # before anything is installed: one clear ImportError
 _C._register_exceptions(GuardError, CollectiveMismatchError, CollectiveTimeoutError, CollectiveFailureError,
                         StoreLostError, DeadlockError, GroupJoinError)
+_errors.set_report_source(_C._failure_facts)  # GuardError.report: the core's record of the failure
 _logging.install()  # labelled reports on stderr while the application configures no logging
 _runtime.install()
 _register()
@@ -67,6 +70,7 @@ __all__ = [
     "StoreLostError",
     "DeadlockError",
     "GroupJoinError",
+    "Report",
     "describe",
     "dump",
     "explain",

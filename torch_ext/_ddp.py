@@ -15,10 +15,12 @@ that raises, when the error's text is first read:
 
 The reducer's buckets (``Reducer._get_zeros_like_grad_buckets``, through
 ``_compat``) are read for every live ``DistributedDataParallel`` (found by the
-garbage collector's list: on the error path only, never per collective), and a
-report's ``all_reduce`` line is matched to the buckets of the same element
-count and dtype. Buckets agree across ranks (DDP checks the parameters' shapes
-at construction and rank 0's rebuilt order is broadcast), so the other ranks'
+garbage collector's list: on the error path only, never per collective). The
+report's facts (``GuardError.report``: each operation it names, as values) give
+the all_reduces of one flat tensor, each matched to the buckets of the same
+element count and dtype, and the note goes under each line that shows that
+operation. Buckets agree across ranks (DDP checks the parameters' shapes at
+construction and rank 0's rebuilt order is broadcast), so the other ranks'
 lines are named from this rank's layout. Nothing here can change an error:
 every failure leaves the text as it was.
 """
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import gc
 import os
-import re
 from dataclasses import dataclass
 
 import torch
@@ -34,9 +35,6 @@ import torch
 from torch_ext import _compat, errors
 from torch_ext._groups import group_state
 
-# A report line about one rank's (or the header's) all_reduce.
-_LINE = re.compile(r"^(?P<lead>\s*(?:ranks? [\d,\-]+:\s+|#\d+\s+|collective #\d+ ))"
-                   r"(?P<op>all_reduce\((?P<dtype>[a-z0-9]+)\[(?P<numel>\d+)\], (?:SUM|AVG)\))")
 _NAMES_SHOWN = 6
 
 
@@ -89,22 +87,29 @@ def _note(layout: list[Bucket], dtype: str, numel: int) -> str:
     return ""
 
 
-def annotate(report: str) -> str:
-    """``report`` with each all_reduce line of a DDP gradient bucket followed by its bucket and parameters."""
-    if "all_reduce(" not in report:
-        return report
+def _gradient_like(op: str, reduce_op: str, sizes: tuple[int, ...] | list[int], tensors: int) -> bool:
+    """Whether an operation could be a DDP bucket's: an all_reduce (SUM or AVG) of one flat tensor."""
+    return op == "all_reduce" and reduce_op in ("SUM", "AVG") and tensors == 1 and len(sizes) == 1
+
+
+def annotate(text: str, report: errors.Report | None) -> str:
+    """``text`` with each line that shows a DDP gradient bucket's all_reduce followed by its bucket and parameters."""
+    ops = [f for f in (report.ops if report is not None else ()) if _gradient_like(f.op, f.reduce_op, f.sizes,
+                                                                                       f.tensors)]
+    if not ops:
+        return text
     layout = buckets()
-    if not layout:
-        return report
+    notes = [(f.text, note) for f in ops if (note := _note(layout, f.dtype, f.numel))]
+    if not notes:
+        return text
     lines = []
-    for line in report.split("\n"):
+    for i, line in enumerate(text.split("\n")):
         lines.append(line)
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        note = _note(layout, m["dtype"], int(m["numel"]))
-        if note:  # under the op; under a header line ("collective #7 all_reduce(...) on group ..."), indented
-            lines.append(" " * (2 if m["lead"].startswith("collective #") else m.start("op")) + note)
+        for shown, note in notes:
+            at = line.find(shown)
+            if at >= 0:  # under the op; under the report's first line (its headline), indented
+                lines.append(" " * (2 if i == 0 else at) + note)
+                break
     return "\n".join(lines)
 
 
@@ -138,8 +143,10 @@ def unfinished_reduction_note() -> str:
         # The trailing run of gradient all_reduces: whole backwards, then the unfinished one.
         run = []
         for e in reversed(state.get("entries", [])):
-            m = _LINE.match("  rank 0: " + str(e.get("fingerprint", "")))
-            if m is None or (m["dtype"], int(m["numel"])) not in sizes:
+            shapes, dtypes = e.get("input_sizes") or [], e.get("input_dtypes") or []
+            if not (shapes and dtypes and _gradient_like(str(e.get("op")), str(e.get("reduce_op")), shapes[0],
+                                                         len(shapes))
+                    and (str(dtypes[0]), int(shapes[0][0])) in sizes):
                 break
             run.append(e)
         run.reverse()

@@ -6,7 +6,9 @@ bindings translate them to these classes.
 """
 from __future__ import annotations
 
-from typing import Callable
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -18,25 +20,126 @@ __all__ = [
     "StoreLostError",
     "DeadlockError",
     "GroupJoinError",
+    "Report",
+    "RankOp",
+    "OpFacts",
 ]
 
 
-# Notes a guard error's text gains where it is read, registered by the module
-# that knows them (torch_ext/_ddp.py: DDP's gradient buckets), so that this
-# module imports nothing of torch_ext's.
-_annotators: list[Callable[[str], str]] = []
+@dataclass(frozen=True)
+class OpFacts:
+    """One operation a report names: its text as the report writes it, and what it is."""
+
+    text: str  # "all_reduce(float32[2177], SUM)"
+    op: str  # "all_reduce"
+    dtype: str  # of its first tensor ("" without tensors)
+    sizes: tuple[int, ...]  # of its first tensor
+    tensors: int  # how many tensors it has
+    reduce_op: str  # "SUM"; "" for an op that does not reduce
+
+    @property
+    def numel(self) -> int:
+        """Elements of its first tensor (0 without tensors)."""
+        n = 1 if self.tensors else 0
+        for d in self.sizes:
+            n *= d
+        return n
 
 
-def add_annotator(annotate: Callable[[str], str]) -> None:
-    """``annotate(text) -> text`` rewrites every guard error's text when it is first read (in order of adding)."""
+@dataclass(frozen=True)
+class RankOp:
+    """What one rank issued at the collective a mismatch is about, and where."""
+
+    rank: int  # global rank
+    issued: bool  # False: it had not issued that collective (``op`` says why)
+    op: str  # the op's text, as the report writes it
+    site: str  # its call site ("train.py:53 in train"), "" when not issued
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a guard error reports, as values: read ``err.report`` instead of parsing ``str(err)``.
+
+    ``error`` is the error's kind (``"mismatch"``, ``"timeout"``, ``"deadlock"``,
+    ``"failure"``, ``"store_lost"``); ``verdict`` what the ranks concluded
+    (``"mismatch"``, ``"hang"`` or ``"failure"``). Ranks are global ranks. A mismatch
+    fills ``rows`` (one per rank); a hang or failure fills ``op`` and the ranks by
+    where they stand; a deadlock also ``cycle_groups``. ``ops`` gives the facts of
+    each operation the text names. Fields the report does not know are empty.
+    """
+
+    error: str
+    verdict: str
+    group: str  # the group's label ("default_pg")
+    seq: int  # the collective it is about (0: not one collective)
+    op: str
+    rows: tuple[RankOp, ...]
+    waiting: tuple[int, ...]
+    not_arrived: tuple[int, ...]
+    gone: tuple[int, ...]
+    completed: tuple[int, ...]
+    cycle_groups: tuple[str, ...]
+    certain: bool  # a deadlock whose every rank blocks in it
+    waits_for: tuple[int, ...]  # a chain of waits ends at these ranks
+    ops: tuple[OpFacts, ...]
+    text: str
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Every rank the report names, in order."""
+        named = {r.rank for r in self.rows} | set(self.waiting + self.not_arrived + self.gone + self.completed)
+        return tuple(sorted(named))
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Report:
+        """The report of the C++ core's verdict JSON (``_C._failure_facts``)."""
+        def ints(key: str) -> tuple[int, ...]:
+            return tuple(int(r) for r in data.get(key, ()))
+
+        return cls(
+            error=str(data["error"]), verdict=str(data["kind"]), group=str(data.get("group", "")),
+            seq=int(data.get("seq", 0)), op=str(data.get("op", "")),
+            rows=tuple(RankOp(int(r["rank"]), bool(r["issued"]), str(r["op"]), str(r["where"]) if r["issued"] else "")
+                       for r in data.get("ranks", ())),
+            waiting=ints("waiting"), not_arrived=ints("not_arrived"), gone=ints("gone"), completed=ints("completed"),
+            cycle_groups=tuple(str(g) for g in data.get("cycle_groups", ())), certain=bool(data.get("certain", False)),
+            waits_for=ints("waits_for"),
+            ops=tuple(OpFacts(str(f["text"]), str(f["op"]), str(f["dtype"]), tuple(int(d) for d in f["sizes"]),
+                              int(f["tensors"]), str(f["reduce_op"])) for f in data.get("shown_ops", ())),
+            text=str(data["text"]))
+
+
+# Where a guard error's facts come from, and the notes its text gains where it
+# is read: registered by the modules that know them (torch_ext/backend.py: the
+# C++ core's record of the failure; torch_ext/_ddp.py: DDP's gradient buckets),
+# so that this module imports nothing of torch_ext's.
+_report_source: list[Callable[[str], str | None]] = []
+_annotators: list[Callable[[str, Report | None], str]] = []
+
+
+def set_report_source(source: Callable[[str], str | None]) -> None:
+    """``source(text)``: the JSON facts of the failure a guard error's text reports, or None."""
+    _report_source[:] = [source]
+
+
+def add_annotator(annotate: Callable[[str, Report | None], str]) -> None:
+    """``annotate(text, report) -> text`` rewrites every guard error's text when first read (in order of adding)."""
     if annotate not in _annotators:
         _annotators.append(annotate)
 
 
-def _annotated(text: str) -> str:
+def _report_of(text: str) -> Report | None:
+    for source in _report_source:
+        facts = source(text)
+        if facts is not None:
+            return Report.from_json(json.loads(facts))
+    return None
+
+
+def _annotated(text: str, report: Report | None) -> str:
     for annotate in _annotators:
         try:
-            text = annotate(text)
+            text = annotate(text, report)
         except Exception:  # noqa: BLE001 - the error's own text, whatever a note does
             pass
     return text
@@ -48,13 +151,28 @@ class GuardError(dist.DistBackendError):
     Its text is the guard's report; where this process runs DDP, each all_reduce
     line of a gradient bucket is followed by the bucket and its parameters
     (torch_ext/_ddp.py, through add_annotator), read once, when the text is first read.
+    ``report`` holds the same facts as values (:class:`Report`: ranks, call sites, kind).
     """
+
+    @property
+    def report(self) -> Report | None:
+        """The facts of this error's report; None for an error no guarded group of this process raised."""
+        text = super().__str__()
+        cached = self.__dict__.get("_torch_ext_report")
+        if cached is None or cached[0] != text:
+            try:
+                report = _report_of(text)
+            except Exception:  # noqa: BLE001 - a record that cannot be read is no report
+                report = None
+            cached = (text, report)
+            self.__dict__["_torch_ext_report"] = cached
+        return cached[1]
 
     def __str__(self) -> str:
         text = super().__str__()
         noted = self.__dict__.get("_torch_ext_text")
         if noted is None or noted[0] != text:
-            noted = (text, _annotated(text))
+            noted = (text, _annotated(text, self.report))
             self.__dict__["_torch_ext_text"] = noted
         return noted[1]
 

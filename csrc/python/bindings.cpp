@@ -403,6 +403,17 @@ void bindWatchdog(py::module& m) {
   });
 
   m.def(
+      "_failure_facts",
+      [](const std::string& message) -> py::object {
+        auto f = torch_ext::GroupState::failureOf(message);
+        if (!f || !f->facts) return py::none();
+        torch_ext::Json j = f->facts->toJson();
+        j.set("error", torch_ext::guardErrorKindName(f->kind));
+        return py::str(j.dump());
+      },
+      "The facts (verdict JSON, with the error's kind) of the failure whose report `message` is (what a guard "
+      "error raised in this process says); None if no failure of the last 64 says it.");
+  m.def(
       "_snapshot_json",
       [](const std::string& reason) {
         return torch_ext::toJson(torch_ext::Watchdog::instance().snapshot(reason)).dump();

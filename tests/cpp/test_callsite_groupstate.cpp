@@ -11,6 +11,8 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -216,6 +218,42 @@ TEST(GroupState, FailIsFirstWinsAndRunsTheAbortHookOnce) {
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->kind, GuardErrorKind::Mismatch);
   EXPECT_EQ(f->report, "collective #3 differs");
+}
+
+TEST(GroupState, AFailureKeepsItsFactsAndItsErrorsFindThem) {
+  auto st = makeGroup();
+  st->setDesc("tp");
+  Verdict facts;
+  facts.kind = Verdict::Kind::Mismatch;
+  facts.seq = 3;
+  facts.shown.push_back(OpFacts{"all_reduce(float32[4], SUM)", "all_reduce", "float32", {4}, 1, "SUM"});
+  const std::string report = "collective #3 on group \"tp\" differs (facts test " + std::to_string(getpid()) + ")";
+  ASSERT_TRUE(st->fail(GuardErrorKind::Mismatch, report, facts));
+  // The raised text, the same with a later operation's note, or nothing else.
+  const std::string later = thrown<CollectiveMismatchError>([&] { st->throwFailure("barrier"); });
+  for (const std::string& message : {report, later}) {
+    auto f = GroupState::failureOf(message);
+    ASSERT_NE(f, nullptr) << message;
+    EXPECT_EQ(f->kind, GuardErrorKind::Mismatch);
+    EXPECT_EQ(f->facts->text, report);  // the finder's facts, with the group and text filled in
+    EXPECT_EQ(f->facts->group, "tp");
+    EXPECT_EQ(f->facts->seq, 3u);
+    EXPECT_EQ(f->facts->shown, facts.shown);
+  }
+  EXPECT_EQ(GroupState::failureOf(report + "x"), nullptr);
+  EXPECT_EQ(GroupState::failureOf(report.substr(1)), nullptr);
+  // Without facts: the failure's kind, group and text alone.
+  auto bare = makeGroup();
+  const std::string lost = "the store is gone (facts test " + std::to_string(getpid()) + ")";
+  bare->fail(GuardErrorKind::StoreLost, lost);
+  auto f = GroupState::failureOf(lost);
+  ASSERT_NE(f, nullptr);
+  EXPECT_EQ(f->facts->kind, Verdict::Kind::Failure);
+  EXPECT_EQ(f->facts->group, "3");
+  EXPECT_TRUE(f->facts->shown.empty() && f->facts->ops.empty());
+  // Only the last 64 are kept.
+  for (int i = 0; i < 64; ++i) makeGroup()->fail(GuardErrorKind::Failure, "filler " + std::to_string(i));
+  EXPECT_EQ(GroupState::failureOf(lost), nullptr);
 }
 
 TEST(GroupState, AFailingAbortHookIsLoggedNotThrown) {

@@ -157,7 +157,9 @@ TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
   w.metricSync = true;
   w.metrics = {"val_loss", "val_acc"};
   w.history = {{1, 1, 1, "broadcast", "train.py:50"}, {2, 27, 26, "all_reduce", "train.py:67"}};
+  w.facts = OpFacts{w.text, "all_reduce", "float32", {3, 3}, 1, "SUM"};
   const DifferenceWords back = DifferenceWords::decode(w.encode(2047));
+  EXPECT_EQ(back.facts, w.facts);
   EXPECT_EQ(back.text, w.text);
   EXPECT_EQ(back.where, w.where);
   EXPECT_EQ(back.hint, w.hint);
@@ -178,4 +180,8 @@ TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
   EXPECT_EQ(DifferenceWords::decode(w.encode(10)).text, w.text.substr(0, 10));
   // Nothing sent: the defaults.
   EXPECT_TRUE(DifferenceWords::decode("").history.empty());
+  EXPECT_FALSE(DifferenceWords::decode("").facts.known());
+  // A rank whose ledger no longer holds the op sends no facts.
+  DifferenceWords none;
+  EXPECT_FALSE(DifferenceWords::decode(none.encode(2047)).facts.known());
 }

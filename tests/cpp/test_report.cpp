@@ -176,6 +176,11 @@ TEST(Report, CollectiveMismatchAtTheFirstDifferingSeq) {
   EXPECT_TRUE(lines[3].issued);
   EXPECT_EQ(lines[4].globalRank, 4);
   EXPECT_FALSE(lines[4].issued);
+  // The facts of each op the text names, once per text, and through the verdict's JSON.
+  ASSERT_EQ(v.shown.size(), 2u);
+  EXPECT_EQ(v.shown[0], (OpFacts{"all_reduce(float32[10], SUM)", "all_reduce", "float32", {10}, 1, "SUM"}));
+  EXPECT_EQ(v.shown[1], (OpFacts{"broadcast(float32[10], src=0)", "broadcast", "float32", {10}, 1, ""}));
+  EXPECT_EQ(Verdict::fromJson(Json::parse(v.toJson().dump())).shown, v.shown);
   {
     SCOPED_TRACE("MismatchNamesRanksThatDidNotAnswerOrForgotTheSeq");
     // Group of global ranks 7, 3, 5, 9: the reporter is the lowest that answered.

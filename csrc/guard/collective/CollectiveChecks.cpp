@@ -173,10 +173,11 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
     metricSync = metricSync || m.known;
     m.known = true;
   }
-  std::string report = formatMismatch(state_->label(), size, seq, ops, same ? messages::kSplitsDoNotPair : "",
-                                      metricSync ? formatMetricSyncs(metrics) : std::string());
+  Verdict verdict =
+      differenceVerdict(state_->label(), size, seq, std::move(ops), same ? messages::kSplitsDoNotPair : "",
+                        metricSync ? formatMetricSyncs(metrics) : std::string());
   // As verify's: the watchdog dumps (TORCH_EXT_DUMP_DIR), group rank 0 logs, the group fails.
-  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, report, seq});
+  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict)});
   state_->throwFailure("");
 }
 

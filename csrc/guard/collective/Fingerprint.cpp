@@ -95,6 +95,19 @@ uint64_t Fingerprint::p2pPairHash() const {
   return detail::combine(h, static_cast<uint64_t>(static_cast<uint32_t>(tag)));
 }
 
+OpFacts Fingerprint::facts() const {
+  OpFacts f;
+  f.text = describe();
+  f.op = opName(op);
+  if (!metas.empty()) {
+    f.dtype = dtypeName(metas.front().dtype);
+    f.sizes.assign(metas.front().sizes.begin(), metas.front().sizes.end());
+  }
+  f.tensors = numTensors;
+  f.reduceOp = reduceOpName(reduceOp);
+  return f;
+}
+
 std::string Fingerprint::describe() const {
   std::ostringstream os;
   os << opName(op) << "(";

@@ -14,6 +14,7 @@
 // up to kInlineMetas tensors of up to 4 dimensions: it runs on every collective.
 
 #include "guard/report/Op.h"
+#include "guard/report/OpFacts.h"
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceType.h>
@@ -82,6 +83,8 @@ struct Fingerprint {
 
   // "all_reduce(float32[10], SUM)", "broadcast(float32[10], src=0)".
   std::string describe() const;
+  // describe()'s text and what it says, as values (report/OpFacts.h).
+  OpFacts facts() const;
   // Hash used to pair a send with a receive: dtype, element count and tag.
   uint64_t p2pPairHash() const;
   int64_t numel() const;  // of the first tensor, 0 if none

@@ -2,7 +2,63 @@
 
 #include "guard/Runtime.h"
 
+#include <deque>
+
 namespace torch_ext {
+
+namespace {
+
+// The process's recent failures, newest last, for failureOf.
+struct RecentFailures {
+  static constexpr size_t kKept = 64;
+  std::mutex mu;
+  std::deque<std::shared_ptr<const Failure>> failures;
+
+  static RecentFailures& instance() {
+    static auto* r = new RecentFailures();  // never destroyed: read at exit
+    return *r;
+  }
+  void add(std::shared_ptr<const Failure> f) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(std::move(f));
+    if (failures.size() > kKept) failures.pop_front();
+  }
+};
+
+// throwFailure's note on an operation that ran into an earlier failure.
+std::string raisedLaterNote(const std::string& op, int64_t globalRank, const std::string& label) {
+  return "\n(raised by " + op + " on rank " + std::to_string(globalRank) + ": group \"" + label +
+         "\" failed earlier and stays failed; destroy and re-create it to go on)";
+}
+
+Verdict::Kind verdictKindOf(GuardErrorKind kind) {
+  switch (kind) {
+    case GuardErrorKind::Mismatch:
+      return Verdict::Kind::Mismatch;
+    case GuardErrorKind::Timeout:
+    case GuardErrorKind::Deadlock:
+      return Verdict::Kind::Hang;
+    default:
+      return Verdict::Kind::Failure;
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<const Failure> GroupState::failureOf(const std::string& message) {
+  auto& r = RecentFailures::instance();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (auto it = r.failures.rbegin(); it != r.failures.rend(); ++it) {
+    const std::string& report = (*it)->report;
+    if (message == report) return *it;
+    // A later operation's error: the report, then throwFailure's note.
+    if (message.size() > report.size() && message.compare(0, report.size(), report) == 0 &&
+        message.compare(report.size(), 12, "\n(raised by ") == 0) {
+      return *it;
+    }
+  }
+  return nullptr;
+}
 
 GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore> store,
                        std::chrono::milliseconds timeout)
@@ -35,13 +91,17 @@ void GroupState::setDesc(const std::string& desc) {
   desc_ = desc;
 }
 
-bool GroupState::fail(GuardErrorKind kind, const std::string& report) {
+bool GroupState::fail(GuardErrorKind kind, const std::string& report, Verdict facts) {
   std::function<void()> hook;
   std::map<int64_t, std::function<void()>> failureHooks;
+  if (facts.kind == Verdict::Kind::None) facts.kind = verdictKindOf(kind);
+  if (facts.group.empty()) facts.group = label();
+  facts.text = report;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failure_) return false;
-    failure_ = Failure{kind, report};
+    failure_ = Failure{kind, report, std::make_shared<const Verdict>(std::move(facts))};
+    RecentFailures::instance().add(std::make_shared<const Failure>(*failure_));
     failed_.store(true, std::memory_order_release);
     hook = abortHook_;
     failureHooks = failureHooks_;
@@ -74,10 +134,7 @@ void GroupState::throwFailure(const std::string& op) const {
   auto f = failure();
   if (!f) throw std::logic_error("throwFailure() on a group that has not failed");
   std::string msg = f->report;
-  if (!op.empty()) {
-    msg += "\n(raised by " + op + " on rank " + std::to_string(id_.globalRank(id_.rank)) + ": group \"" + label() +
-           "\" failed earlier and stays failed; destroy and re-create it to go on)";
-  }
+  if (!op.empty()) msg += raisedLaterNote(op, id_.globalRank(id_.rank), label());
   throwGuardError(f->kind, msg, failureSeen_);
 }
 
@@ -137,7 +194,7 @@ class DetachedSink final : public IncidentSink {
     return std::string();
   }
   bool failGroup(GroupState& state, const GroupFailure& failure) override {
-    return state.fail(failure.kind, failure.report);
+    return state.fail(failure.kind, failure.report, failure.facts);
   }
 };
 

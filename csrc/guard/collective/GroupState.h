@@ -41,6 +41,9 @@ struct GroupIdentity {
 struct Failure {
   GuardErrorKind kind;
   std::string report;
+  // The report's facts (a Verdict whose text is `report`): what Python's
+  // GuardError.report reads (factsOf), never parsed back from the text.
+  std::shared_ptr<const Verdict> facts;
 };
 
 class GroupState {
@@ -97,8 +100,14 @@ class GroupState {
     return failed_.load(std::memory_order_acquire);
   }
   // Returns true if this call set the failure.
-  bool fail(GuardErrorKind kind, const std::string& report);
+  // `facts`: the report's facts where the finder has them (kind None: the
+  // failure's kind, group and text alone).
+  bool fail(GuardErrorKind kind, const std::string& report, Verdict facts = Verdict());
   std::optional<Failure> failure() const;
+  // The failure that an error's `message` (what throwFailure raised, in this
+  // process, for any group, destroyed or not) reports; null for none. The
+  // last 64 failures of the process are kept.
+  static std::shared_ptr<const Failure> failureOf(const std::string& message);
   // Throws the group's failure. `op` names a later operation that ran into an
   // earlier failure ("" for the operation that caused it).
   [[noreturn]] void throwFailure(const std::string& op) const;

@@ -21,6 +21,7 @@
 
 #include "guard/Errors.h"
 #include "guard/report/Incident.h"
+#include "guard/report/Verdict.h"
 
 #include <cstdint>
 #include <memory>
@@ -30,7 +31,6 @@
 namespace torch_ext {
 
 class GroupState;
-struct Verdict;
 
 // A group failure found on the per-collective path, as it is told.
 struct GroupFailure {
@@ -41,6 +41,9 @@ struct GroupFailure {
   // dump_dir set) while its ledger still shows it, and group rank 0 logs the
   // report, as an incident's verdict is told.
   std::optional<uint64_t> differenceAt;
+  // The report's facts, where it has them (kind None: the group's failure
+  // then carries its kind, group and text alone). GuardError.report in Python.
+  Verdict facts;
 };
 
 class IncidentSink {

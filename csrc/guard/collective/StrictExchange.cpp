@@ -56,6 +56,7 @@ std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint
     mine.set("metric_sync", metrics->front().known);
   }
   mine.set("hash", hex64(fp.hash));
+  mine.set("facts", fp.facts().toJson());
   const std::string op = "the strict check of #" + std::to_string(seq);
   if (!st.store().set(keys::strictPrint(seq, id.rank), mine.dump())) storeFailed(st, op);
   std::vector<std::string> prints;
@@ -77,6 +78,7 @@ std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint
       o.where = j.at("where").asString();
       if (const Json* h = j.get("hint"); h != nullptr && h->isString()) o.hint = h->asString();
       o.hash = parseHex64(j.at("hash").asString(), "hash");
+      if (const Json* f = j.get("facts"); f != nullptr && f->isObject()) o.facts = OpFacts::fromJson(*f);
       if (const Json* a = j.get("metrics"); a != nullptr && a->isArray()) {
         for (const auto& n : a->asArray()) m.names.push_back(n.asString("metric"));
         const Json* s = j.get("metric_sync");
@@ -144,7 +146,7 @@ bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& t
   v.text = os.str();
   v.reporter = state->id().globalRank(me);
   state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
-  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text});
+  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text, std::nullopt, v});
   if (raise) state->throwFailure("");
   return false;
 }

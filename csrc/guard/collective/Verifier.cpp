@@ -421,7 +421,12 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     std::ostringstream os;
     os << "collectives #" << from << "..#" << last << "+ on group \"" << st->label() << "\" (" << size_
        << " ranks) differ across ranks: the check before their results were released found different histories";
-    failWithReport(*st, first, os.str());
+    Verdict v;
+    v.kind = Verdict::Kind::Mismatch;
+    v.group = st->label();
+    v.seq = from;
+    v.text = os.str();
+    failWithReport(*st, first, std::move(v));
     return;
   }
   // Every rank read the same hashes: all agree up to #first - 1, so the
@@ -441,7 +446,8 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   words.metrics = metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt);
   uint64_t hash = 0;
   if (auto e = ledger.bySeq(first)) {
-    words.text = e->fp.describe();
+    words.facts = e->fp.facts();
+    words.text = words.facts.text;
     const Label label = LabelTable::instance().get(e->label);
     const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
     words.where = describeCallSite(frames) + labelSuffix(label, frames);
@@ -470,6 +476,7 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
       op.where = std::move(words.where);
       op.hint = std::move(words.hint);
       op.hash = static_cast<uint64_t>(w[stride - 1]);
+      op.facts = std::move(words.facts);
       ops.push_back(std::move(op));
       metricSync = metricSync || words.metricSync;
       metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
@@ -477,15 +484,15 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     }
     const std::string more =
         (metricSync ? formatMetricSyncs(metrics) : std::string()) + formatHistories(histories, first);
-    const std::string report =
-        formatMismatch(state->label(), self->size_, first, ops, splitsOnly ? messages::kSplitsDoNotPair : "", more);
-    self->failWithReport(*state, first, report);
+    self->failWithReport(*state, first,
+                         differenceVerdict(state->label(), self->size_, first, std::move(ops),
+                                           splitsOnly ? messages::kSplitsDoNotPair : "", more));
   });
 }
 
-void Verifier::failWithReport(GroupState& st, uint64_t seq, const std::string& report) {
+void Verifier::failWithReport(GroupState& st, uint64_t seq, Verdict verdict) {
   // Told as an incident's verdict is (dumps, rank 0's log line, then the failure).
-  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, report, seq});
+  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict)});
 }
 
 void Verifier::helperFailed(const std::string& what) {

@@ -159,7 +159,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   void reportDifference(uint64_t from, uint64_t upTo, const std::vector<int64_t>& perSeq);
   void helperFailed(const std::string& what);
   // A difference was found at `seq`: dumps, the report logged once, the group failed.
-  void failWithReport(GroupState& st, uint64_t seq, const std::string& report);
+  void failWithReport(GroupState& st, uint64_t seq, Verdict verdict);
 
   std::weak_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;

@@ -1,6 +1,7 @@
 #include "guard/report/DifferenceWords.h"
 
 #include <cstdint>
+#include <cstdlib>
 
 namespace torch_ext {
 
@@ -21,6 +22,12 @@ std::string encodeWith(const DifferenceWords& w, size_t skipRuns) {
       plain(w.text) + kField + plain(w.where) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
   for (const auto& m : w.metrics) out += plain(m) + kName;
   out += kField;
+  // The op's facts, before the history (which the encoder shortens first).
+  const OpFacts& f = w.facts;
+  std::string sizes;
+  for (auto d : f.sizes) sizes += (sizes.empty() ? "" : ",") + std::to_string(d);
+  out += plain(f.op) + kName + plain(f.dtype) + kName + sizes + kName + std::to_string(f.tensors) + kName +
+         plain(f.reduceOp) + kField;
   const std::vector<HistoryRun> runs(w.history.begin() + static_cast<std::ptrdiff_t>(skipRuns), w.history.end());
   out += plain(encodeHistory(runs));
   return out;
@@ -50,8 +57,8 @@ std::string DifferenceWords::encode(size_t maxBytes) const {
 
 DifferenceWords DifferenceWords::decode(const std::string& bytes) {
   DifferenceWords w;
-  auto f = split(bytes, kField, 6);
-  f.resize(6);
+  auto f = split(bytes, kField, 7);
+  f.resize(7);
   w.text = f[0];
   w.where = f[1];
   w.hint = f[2];
@@ -59,7 +66,19 @@ DifferenceWords DifferenceWords::decode(const std::string& bytes) {
   for (const auto& m : split(f[4], kName, SIZE_MAX)) {
     if (!m.empty()) w.metrics.push_back(m);
   }
-  w.history = decodeHistory(f[5]);
+  auto facts = split(f[5], kName, 5);
+  facts.resize(5);
+  if (!facts[0].empty()) {
+    w.facts.text = w.text;
+    w.facts.op = facts[0];
+    w.facts.dtype = facts[1];
+    for (const auto& d : split(facts[2], ',', SIZE_MAX)) {
+      if (!d.empty()) w.facts.sizes.push_back(std::strtoll(d.c_str(), nullptr, 10));
+    }
+    w.facts.tensors = std::strtoll(facts[3].c_str(), nullptr, 10);
+    w.facts.reduceOp = facts[4];
+  }
+  w.history = decodeHistory(f[6]);
   return w;
 }
 

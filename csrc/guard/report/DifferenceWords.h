@@ -6,6 +6,7 @@
 // the one encoder and decoder of that message.
 
 #include "guard/report/History.h"
+#include "guard/report/OpFacts.h"
 
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@ struct DifferenceWords {
   bool metricSync = false;                                 // the op itself is a metric sync
   std::vector<std::string> metrics;                        // metricRunAround's names
   std::vector<HistoryRun> history;                         // how this rank got there (History.h)
+  OpFacts facts;  // what the op is, as values (its text is `text`); unknown when not in the ledger
 
   // Fits in `maxBytes`: the oldest history runs are left out first, then the
   // text is cut (decode reads what is left).

@@ -162,6 +162,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
         if (r.lastWords) op.where += " (" + lastWordsNote(r) + ": from its last words)";
         op.hint = e->label.hint;
         op.hash = e->hash;
+        op.facts = opFacts(*e);
       } else {
         op.issued = false;
         if (r.notAsked) {
@@ -369,7 +370,7 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
 // is the case where "ran out of data?" is the likely story. A call site the others reach only now (rank-0-only logging
 // or validation, a collective after an early `break`) is not.
 void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks,
-                     const std::vector<const RankInput*>& gone) {
+                     const std::vector<const RankInput*>& gone, std::vector<OpFacts>& shownOps) {
   std::vector<int64_t> ended;
   uint64_t lastOfEnded = UINT64_MAX;
   // "Ran out of data" is a rank that finished its loop and left the group on
@@ -384,8 +385,8 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
     }
   }
   if (ended.empty()) return;
-  // (seq, what, where) -> the ranks that issued it, in rank order.
-  std::map<std::tuple<uint64_t, std::string, std::string>, std::vector<int64_t>> extras;
+  // (seq, what, where) -> the ranks that issued it, in rank order, and what it is.
+  std::map<std::tuple<uint64_t, std::string, std::string>, std::pair<std::vector<int64_t>, OpFacts>> extras;
   std::set<int64_t> issuers;
   bool allRanBefore = true;
   for (const auto& r : ranks) {
@@ -393,7 +394,9 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
     if (g == nullptr) continue;
     for (const auto& e : g->entries) {
       if (e.isP2P || e.seq <= lastOfEnded) continue;
-      extras[{e.seq, e.text, e.where()}].push_back(r.globalRank);
+      auto& extra = extras[{e.seq, e.text, e.where()}];
+      extra.first.push_back(r.globalRank);
+      extra.second = opFacts(e);
       issuers.insert(r.globalRank);
       bool ranBefore = false;
       for (const auto& f : g->entries) {
@@ -419,7 +422,8 @@ void endedEarlyLines(std::ostringstream& os, const std::vector<RankInput>& ranks
       break;
     }
     os << "\n    #" << std::get<0>(kv.first) << " " << std::get<1>(kv.first) << " at " << std::get<2>(kv.first);
-    if (kv.second.size() != by.size()) os << " (" << formatRanks(kv.second) << ")";
+    if (kv.second.first.size() != by.size()) os << " (" << formatRanks(kv.second.first) << ")";
+    addShown(shownOps, kv.second.second);
     ++shown;
   }
   if (allRanBefore && allLeft) {
@@ -517,6 +521,20 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
   return os.str();
 }
 
+Verdict differenceVerdict(const std::string& groupLabel, int groupSize, uint64_t seq, std::vector<RankOp> ops,
+                          const std::string& note, const std::string& more) {
+  Verdict v;
+  v.kind = Verdict::Kind::Mismatch;
+  v.seq = seq;
+  v.group = groupLabel;
+  v.text = formatMismatch(groupLabel, groupSize, seq, ops, note, more);
+  for (const auto& op : ops) {
+    if (op.issued) addShown(v.shown, op.facts);
+  }
+  v.ops = std::move(ops);
+  return v;
+}
+
 const GroupView* RankInput::group() const {
   return (responded || lastWords) ? snapshot.group(groupName) : nullptr;
 }
@@ -528,17 +546,13 @@ namespace {
 std::optional<Verdict> mismatchVerdict(const std::string& label, const std::vector<RankInput>& ranks) {
   const int size = static_cast<int>(ranks.size());
   if (auto m = findCollectiveMismatch(ranks)) {
-    Verdict v;
-    v.kind = Verdict::Kind::Mismatch;
-    v.seq = m->seq;
-    v.text = formatMismatch(label, size, m->seq, m->ops, m->note,
-                            metricSyncLines(ranks, m->seq) + historyLines(ranks, m->seq));
+    Verdict v = differenceVerdict(label, size, m->seq, m->ops, m->note,
+                                  metricSyncLines(ranks, m->seq) + historyLines(ranks, m->seq));
     int64_t lowest = -1;
     for (const auto& r : ranks) {
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;
     }
     v.reporter = lowest;
-    v.ops = m->ops;
     return v;
   }
   if (auto p = findP2PMismatch(label, ranks)) {
@@ -564,6 +578,7 @@ struct Positions {
   std::vector<int64_t> notAsked;
   int64_t earliestStart = 0;  // the earliest issue among the waiting ranks
   std::string opText;
+  OpFacts opFacts;   // the op's, from the first rank that issued it
   std::string head;  // "collective #7 all_reduce(...) on group "g" " / "send(...) on group "g" "
 };
 
@@ -585,7 +600,10 @@ Positions collectivePositions(const std::string& label, const std::vector<RankIn
       p.notArrived.push_back(&r);
       continue;
     }
-    if (p.opText.empty()) p.opText = e->text;
+    if (p.opText.empty()) {
+      p.opText = e->text;
+      p.opFacts = opFacts(*e);
+    }
     if (e->state == EntryState::Scheduled || e->state == EntryState::Failed) {
       p.waiting.push_back(r.globalRank);
       p.waitingWhere[e->where()].push_back(r.globalRank);
@@ -614,6 +632,7 @@ Positions p2pPositions(const std::string& label, const std::vector<RankInput>& r
     }
   }
   p.opText = e ? e->text : "(point-to-point op)";
+  if (e) p.opFacts = opFacts(*e);
   p.earliestStart = e ? e->startNs : 0;
   if (poster) {
     p.waiting.push_back(poster->globalRank);
@@ -673,14 +692,14 @@ WaitFinding followAcross(const std::vector<RankInput>& ranks, const IncidentSubj
 // The report's lines after its first: who waits where, who never arrived
 // (and where they are instead), who is gone, metric syncs and hints.
 void positionLines(std::ostringstream& os, const std::vector<RankInput>& ranks, const IncidentSubject& subj,
-                   const Positions& p, int64_t nowNs) {
+                   const Positions& p, int64_t nowNs, std::vector<OpFacts>& shownOps) {
   const bool collective = subj.kind != IncidentSubject::Kind::P2P;
   for (const auto& kv : p.waitingWhere) os << "\n  waiting: " << formatRanks(kv.second) << " at " << kv.first;
   if (collective) os << streamStartLines(ranks, subj.seq);
   if (!p.completed.empty()) os << "\n  completed it: " << formatRanks(p.completed);
   for (const RankInput* r : p.notArrived) notArrivedLines(os, *r, nowNs, "");
   for (const RankInput* r : p.gone) os << "\n  rank " << r->globalRank << ": " << describeAbsent(*r, nowNs);
-  endedEarlyLines(os, ranks, p.gone);
+  endedEarlyLines(os, ranks, p.gone, shownOps);
   if (collective) os << metricSyncLines(ranks, subj.seq);
   if (!p.notAsked.empty()) os << "\n  not asked (outside the live report's ranks): " << formatRanks(p.notAsked);
   std::vector<std::string> hints;  // of the labels of the op waited in, each once
@@ -738,7 +757,8 @@ Verdict analyze(const std::string& label, const std::vector<RankInput>& ranks, c
   os.str("");
   if (across.shape == WaitShape::Cycle) head = across.headline() + ": " + head;
   os << head << across.describe(nowNs);
-  positionLines(os, ranks, subj, p, nowNs);
+  addShown(v.shown, p.opFacts);
+  positionLines(os, ranks, subj, p, nowNs, v.shown);
   v.text = os.str();
 
   std::vector<int64_t> sortedWaiting = p.waiting;

@@ -28,6 +28,12 @@ namespace torch_ext {
 // starting with "\n  ") goes after them, before the labels' hints.
 std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_t seq, const std::vector<RankOp>& ops,
                            const std::string& note = std::string(), const std::string& more = std::string());
+// A collective that differs across ranks as a verdict: formatMismatch's text
+// and its facts (each rank's op; the ops' facts, once per text). Every mode
+// that finds a difference (strict's exchange, verify's gather, the ranks'
+// windows) tells it through this one function.
+Verdict differenceVerdict(const std::string& groupLabel, int groupSize, uint64_t seq, std::vector<RankOp> ops,
+                          const std::string& note = std::string(), const std::string& more = std::string());
 
 struct RankInput {
   int groupRank = 0;

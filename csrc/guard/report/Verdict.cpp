@@ -35,6 +35,11 @@ Json Verdict::toJson() const {
   j.set("seq", seq);
   j.set("group", group);
   j.set("incident", incident);
+  if (!shown.empty()) {
+    Json a = Json::array();
+    for (const auto& f : shown) a.push(f.toJson());
+    j.set("shown_ops", a);
+  }
   if (kind == Kind::Mismatch) {
     Json lines = Json::array();
     for (const auto& op : ops) {
@@ -99,6 +104,9 @@ Verdict Verdict::fromJson(const Json& j) {
   v.waitsFor = ranksFrom(j, "waits_for");
   if (const Json* sites = j.get("wait_sites"); sites != nullptr && sites->isArray()) {
     for (const auto& s : sites->asArray()) v.sites.push_back(waitSiteFromJson(s));
+  }
+  if (const Json* a = j.get("shown_ops"); a != nullptr && a->isArray()) {
+    for (const auto& f : a->asArray()) v.shown.push_back(OpFacts::fromJson(f));
   }
   if (const Json* lines = j.get("ranks"); lines != nullptr && lines->isArray()) {
     for (const auto& l : lines->asArray()) {

@@ -6,6 +6,7 @@
 
 #include "guard/report/EnumNames.h"
 #include "guard/report/Json.h"
+#include "guard/report/OpFacts.h"
 #include "guard/report/WaitGraph.h"
 
 #include <cstdint>
@@ -22,6 +23,7 @@ struct RankOp {
   std::string where;   // call site (and label, if any)
   uint64_t hash = 0;
   std::string hint;  // the hint of the op's label, if any
+  OpFacts facts;     // what it issued, as values (unknown when not issued)
 };
 
 struct Verdict {
@@ -48,6 +50,8 @@ struct Verdict {
   // Cycle or chain: its sites, each waiting for ranks of the next (the
   // HTML view draws them).
   std::vector<WaitSite> sites;
+  // The facts of each operation the text names (OpFacts.h), once per text.
+  std::vector<OpFacts> shown;
 
   static const char* kindName(Kind k);
   Json toJson() const;

@@ -469,7 +469,7 @@ bool Watchdog::failGroup(GroupState& st, const GroupFailure& f) {
     }
     if (st.id().rank == 0) logMessage(LogLevel::Error, f.report);
   }
-  return st.fail(f.kind, f.report);
+  return st.fail(f.kind, f.report, f.facts);
 }
 
 void Watchdog::reportPolledFailures(GroupCtx& ctx) {

@@ -122,7 +122,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
     std::lock_guard<std::mutex> lock(ctx.localMu);
     ctx.deadlines.reported(inc.subject);
   }
-  if (act.fail) failGroup(st, GroupFailure{*act.fail, text});
+  if (act.fail) failGroup(st, GroupFailure{*act.fail, text, std::nullopt, v});
   if (act.endCycle) endCycleGroups(st, v, text);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -169,7 +169,7 @@ void Watchdog::endCycleGroups(const GroupState& from, const Verdict& v, const st
     st.store().channel().post([this, ctx, inc, v] {
       if (!ctx->removed && ctx->protocol.publishVerdict(inc, v)) ++incidents_;
     });
-    failGroup(st, GroupFailure{GuardErrorKind::Deadlock, text});
+    failGroup(st, GroupFailure{GuardErrorKind::Deadlock, text, std::nullopt, v});
   }
 }
 
