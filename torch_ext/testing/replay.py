@@ -40,6 +40,9 @@ _HELD = "torch_ext_replay/held/"
 _RELEASE = "torch_ext_replay/release"
 _THERE = "torch_ext_replay/there/"
 _STORE_PORT = "torch_ext_replay/store_port"  # where rank 0's process serves the job's store (store "rank0")
+# How a job's rank ended when it was not there at the end: killed or exited ("gone"), or stopped answering
+# ("frozen", SIGSTOP). Such a rank leaves once the others reach their stuck collectives.
+_ABSENT_ENDS = ("gone", "frozen")
 # A rank replayed as gone waits at most this long for the others to reach their stuck collectives.
 _GONE_WAIT_S = 30.0
 # After the last rank that does not stop ends, the ranks that stand in for a
@@ -352,11 +355,11 @@ def _rank_main(rank: int, plan_path: str) -> int:
         sys.stdout.write(f"[rank{rank}] raised {type(e).__name__}:\n{e}\n")
         sys.stdout.flush()
         return 1
-    if mine.get("end") in ("gone", "frozen"):
+    if mine.get("end") in _ABSENT_ENDS:
         # Gone (or frozen) once the others have issued what they had when the job's rank went: their stuck
         # collectives.
         others = [f"{_THERE}{r}" for r in range(int(job["world"])) if r != rank
-                  and plan["ranks"][str(r)].get("end") not in ("gone", "frozen")]
+                  and plan["ranks"][str(r)].get("end") not in _ABSENT_ENDS]
         try:
             store.wait(others, timedelta(seconds=_GONE_WAIT_S))
         except Exception:  # noqa: BLE001 - a rank that never gets there (raised early): go all the same

@@ -147,6 +147,7 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   }
   checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->policy(), std::move(pairing));
   pg_uid_ = state_->id().name;
+  if (helper_) helper_->setGroupUid(pg_uid_ + kHelperSuffix);
 
   // On failure (abortGroup): the inner backends are aborted, never destroyed.
   std::vector<c10::intrusive_ptr<c10d::Backend>> inners;
@@ -277,7 +278,7 @@ c10d::Backend& GuardBackend::admit(Op op, c10::DeviceType device) {
     // torch sets the description after creating the backend; pick it up on the
     // first operation, on the issuing thread, where reading it cannot race.
     descSynced_ = true;
-    state_->setDesc(pg_desc_);
+    syncDesc();
   }
   return inner;
 }
@@ -579,6 +580,19 @@ void GuardBackend::setGroupUid(const std::string& pgUid) {
   for (auto& kv : inner_) {
     if (kv.second.backend) kv.second.backend->setGroupUid(pgUid);
   }
+  if (helper_) helper_->setGroupUid(pgUid + kHelperSuffix);
+}
+
+void GuardBackend::syncDesc() {
+  // What records an operation under the group's (name, description) (Flight
+  // Recorder: gloo records each collective it runs) records the user's group:
+  // the inner backends get both; the helper's check collectives are filed
+  // under a name of their own, never as the user's.
+  state_->setDesc(pg_desc_);
+  for (auto& kv : inner_) {
+    if (kv.second.backend) kv.second.backend->setGroupDesc(pg_desc_);
+  }
+  if (helper_) helper_->setGroupDesc(pg_desc_ + kHelperSuffix);
 }
 
 void GuardBackend::eagerConnectSingleDevice(at::Device device) {

@@ -204,6 +204,11 @@ class GuardBackend : public c10d::Backend {
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;
   c10::DeviceType coalescedDevice_ = c10::DeviceType::CPU;
 
+  // The user's description, to the state and the inner backends; the
+  // helper's name and description are the group's with kHelperSuffix.
+  void syncDesc();
+  static constexpr const char* kHelperSuffix = ":torch_ext_check";
+
   bool stopped_ = false;
   bool descSynced_ = false;
   bool shutdown_ = false;

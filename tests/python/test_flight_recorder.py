@@ -1,0 +1,54 @@
+"""Flight Recorder (torch's own record of each collective) sees the user's collectives under the user's group.
+
+gloo records every collective it runs in Flight Recorder. Under ``guard`` the
+inner gloo runs the user's collectives, so its entries must carry the user's
+group name and description (``("0", "default_pg")``, a ``new_group``'s
+``group_desc``), once each, and the guard's check collectives (verify's rounds
+on its helper group) must be filed under a name of their own, never as the
+user's. Real processes on gloo, at the default check mode.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness import assert_all_ok, report, run_ranks
+
+CHECKS = ":torch_ext_check"
+
+
+def _entries() -> list[dict]:
+    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
+    if dump is None:
+        return []
+    return json.loads(dump(True, False)).get("entries", [])
+
+
+def _job(rank: int, world: int) -> dict:
+    tp = dist.new_group([0, 1, 2], group_desc="tp")
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
+    dist.broadcast(torch.ones(3), src=0)
+    dist.all_reduce(torch.ones(2), group=tp)
+    return {"entries": [(tuple(e["process_group"]), e["profiling_name"], e["collective_seq_id"])
+                        for e in _entries()], "tp": dist.distributed_c10d._get_process_group_name(tp)}
+
+
+@pytest.mark.skipif(not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"),
+                    reason="this torch has no Flight Recorder JSON dump")
+def test_each_user_collective_is_recorded_once_under_its_group_and_checks_under_their_own():
+    results = run_ranks(_job, 3, env={"TORCH_FR_BUFFER_SIZE": "1000"}, timeout=90)
+    for rank, v in enumerate(assert_all_ok(results)):
+        where = f"rank {rank}: {v}\n{report(results)}"
+        tp = v["tp"]
+        users = [(name, seq) for group, name, seq in v["entries"] if group in {("0", "default_pg"), (tp, "tp")}]
+        assert users == [("gloo:all_reduce", 1), ("gloo:all_reduce", 2), ("gloo:all_reduce", 3),
+                         ("gloo:all_reduce", 4), ("gloo:all_reduce", 5), ("gloo:broadcast", 6),
+                         ("gloo:all_reduce", 1)], where
+        others = {group for group, _, _ in v["entries"]} - {("0", "default_pg"), (tp, "tp")}
+        # The checks' own entries (none of the user's), and gloo's own barriers of new_group.
+        assert others <= {("0" + CHECKS, "default_pg" + CHECKS), (tp + CHECKS, "tp" + CHECKS)}, where
+        assert ("0", "") not in {group for group, _, _ in v["entries"]}, where
