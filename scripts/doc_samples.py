@@ -157,6 +157,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "looks_stuck": _example("examples/bugs/looks_stuck.py"),
     "straggler": _straggler,
     "straggler_ddp": _example("examples/straggler_ddp.py", "step"),
+    "report_facts": _example("examples/report_facts.py"),
 }
 
 
@@ -325,6 +326,11 @@ def _demo_hang(out: str) -> str:
     return "\n".join(lines[start:end])
 
 
+def _json_line(rank: int) -> Callable[[str], str]:
+    """The one-line JSON record rank ``rank`` printed (``{"rank": N, ...}``)."""
+    return lambda out: next(line for line in out.splitlines() if line.startswith(f'{{"rank": {rank},'))
+
+
 def _after(prefix: str) -> Callable[[str], str]:
     """What the command ``$ PREFIX...`` printed, without the command line."""
     return lambda out: "\n".join(_command(prefix)(out).splitlines()[1:])
@@ -425,6 +431,7 @@ SAMPLES: dict[str, Sample] = {
     "looks-stuck-live-short": Sample("looks_stuck", _live(ranks=(2,))),
     "straggler-diagnose": Sample("straggler", _command("python -m torch_ext.diagnose")),
     "straggler-live": Sample("straggler_ddp", _warned(0)),
+    "report-facts": Sample("report_facts", _json_line(0)),
 }
 
 

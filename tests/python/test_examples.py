@@ -7,6 +7,7 @@ lines may interleave.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -293,6 +294,19 @@ def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_p
     assert m and 7.5 <= float(m.group(1)) <= 15.0, post
     assert (tmp_path / "trace.json").stat().st_size > 0
     doc_samples.check_source("straggler", out)
+
+def test_report_facts_example_writes_each_ranks_report_as_values(tmp_path):
+    out = _example("report_facts.py", tmp_path)
+    records = {r["rank"]: r for r in (json.loads(line) for line in out.splitlines() if line.startswith('{"rank": '))}
+    assert sorted(records) == [0, 1, 2], out[-8000:]
+    for record in records.values():  # every rank read the same facts
+        assert (record["error"], record["group"], record["collective"]) == ("mismatch", "default_pg", 4), record
+        assert record["issued"] == [
+            {"rank": 0, "op": "reduce(float32[1], SUM, dst=0)", "at": "report_facts.py:22 in log_metric"},
+            {"rank": 1, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:32 in train"},
+            {"rank": 2, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:32 in train"}], record
+    doc_samples.check_source("report_facts", out)
+
 
 # ---------------------------------------------------------------------------
 # Early stopping and uneven data
