@@ -592,3 +592,40 @@ TEST(DumpAnalysis, DumpsAtAStoreLossNameItsHost) {
     EXPECT_NE(std::string(e.what()).find("store_health 'melted'"), std::string::npos) << e.what();
   }
 }
+
+// A pipeline stage's recv ended by a deadlock's verdict before its dump was
+// written: the dumps hold it failed, not pending, and the group's verdict is
+// still the hang the live report gave (not "nothing pending"), whichever the
+// dump caught.
+TEST(DumpAnalysis, ASendRecvThatFailedBeforeTheDumpIsStillTheGroupsHang) {
+  for (const char* state : {"scheduled", "failed"}) {
+    SCOPED_TRACE(state);
+    std::vector<RankSnapshot> snaps(2);
+    for (int r = 0; r < 2; ++r) {
+      RankSnapshot& s = snaps[r];
+      s.rank = r;
+      s.timeNs = 1700000000000000000;
+      s.incident = "hang:1";
+      GroupView g;
+      g.name = "pp";
+      g.rank = r;
+      g.size = 2;
+      g.timeoutMs = 600000;
+      if (r == 0) {  // rank 0 receives from rank 1, which never sends (it waits elsewhere)
+        EntryView e = entry(7, 0, "recv", state);
+        e.isP2P = true;
+        e.peer = 1;
+        e.p2pOrdinal = 1;
+        e.startNs = s.timeNs - 2000000000;
+        g.entries.push_back(e);
+      }
+      s.groups.push_back(g);
+    }
+    auto findings = analyzeDumps(snaps);
+    ASSERT_EQ(findings.size(), 1u);
+    EXPECT_TRUE(findings[0].pending);
+    EXPECT_EQ(findings[0].verdict.kind, Verdict::Kind::Hang) << findings[0].verdict.text;
+    EXPECT_EQ(findings[0].verdict.waiting, (std::vector<int64_t>{0})) << findings[0].verdict.text;
+    EXPECT_EQ(findings[0].verdict.notArrived, (std::vector<int64_t>{1})) << findings[0].verdict.text;
+  }
+}

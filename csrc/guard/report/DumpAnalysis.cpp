@@ -136,18 +136,30 @@ std::optional<Incident> oldestPending(const std::vector<RankInput>& inputs, int6
 }
 
 // The newest collective that ended the group: the last entry of some rank's
-// ledger, failed (an abort, a peer gone). Null when none did.
+// ledger, failed (an abort, a peer gone); else the first send/recv that did
+// (a pipeline stage's recv ended by a deadlock's verdict before its dump was
+// written: the same hang as when the dump caught it pending). Null when none did.
 std::optional<Incident> lastFailed(const std::vector<RankInput>& inputs, int64_t* startNs) {
-  std::optional<Incident> inc;
+  std::optional<Incident> inc, p2p;
+  int64_t p2pStartNs = 0;
   for (const auto& in : inputs) {
     const auto* g = in.group();
     if (g == nullptr || g->entries.empty()) continue;
     const EntryView& e = g->entries.back();
-    if (e.isP2P || e.state != EntryState::Failed || (inc && e.seq <= inc->subject.seq)) continue;
+    if (e.state != EntryState::Failed) continue;
+    if (e.isP2P) {
+      if (!p2p) {
+        p2p = Incident{IncidentKind::Hang, IncidentSubject::p2p(g->rank, e.id), g->rank, e.error};
+        p2pStartNs = e.startNs;
+      }
+      continue;
+    }
+    if (inc && e.seq <= inc->subject.seq) continue;
     *startNs = e.startNs;
     inc = Incident{IncidentKind::Hang, IncidentSubject::collective(e.seq), g->rank, e.error};
   }
-  return inc;
+  if (!inc && p2p) *startNs = p2pStartNs;
+  return inc ? inc : p2p;
 }
 
 // Nothing pending: the dumps may have been written for a collective that has
