@@ -94,8 +94,8 @@ def _gradient_like(op: str, reduce_op: str, sizes: tuple[int, ...] | list[int], 
 
 def annotate(text: str, report: errors.Report | None) -> str:
     """``text`` with each line that shows a DDP gradient bucket's all_reduce followed by its bucket and parameters."""
-    ops = [f for f in (report.ops if report is not None else ()) if _gradient_like(f.op, f.reduce_op, f.sizes,
-                                                                                       f.tensors)]
+    named = report.ops if report is not None else ()
+    ops = [f for f in named if _gradient_like(f.op, f.reduce_op, f.sizes, f.tensors)]
     if not ops:
         return text
     layout = buckets()
@@ -144,9 +144,9 @@ def unfinished_reduction_note() -> str:
         run = []
         for e in reversed(state.get("entries", [])):
             shapes, dtypes = e.get("input_sizes") or [], e.get("input_dtypes") or []
-            if not (shapes and dtypes and _gradient_like(str(e.get("op")), str(e.get("reduce_op")), shapes[0],
-                                                         len(shapes))
-                    and (str(dtypes[0]), int(shapes[0][0])) in sizes):
+            gradient = bool(shapes and dtypes) and _gradient_like(str(e.get("op")), str(e.get("reduce_op")),
+                                                                  shapes[0], len(shapes))
+            if not gradient or (str(dtypes[0]), int(shapes[0][0])) not in sizes:
                 break
             run.append(e)
         run.reverse()

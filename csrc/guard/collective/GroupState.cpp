@@ -3,6 +3,7 @@
 #include "guard/Runtime.h"
 
 #include <deque>
+#include <string_view>
 
 namespace torch_ext {
 
@@ -25,9 +26,10 @@ struct RecentFailures {
   }
 };
 
-// throwFailure's note on an operation that ran into an earlier failure.
+// throwFailure's note on an operation that ran into an earlier failure, and how it begins.
+constexpr std::string_view kLaterNote = "\n(raised by ";
 std::string raisedLaterNote(const std::string& op, int64_t globalRank, const std::string& label) {
-  return "\n(raised by " + op + " on rank " + std::to_string(globalRank) + ": group \"" + label +
+  return std::string(kLaterNote) + op + " on rank " + std::to_string(globalRank) + ": group \"" + label +
          "\" failed earlier and stays failed; destroy and re-create it to go on)";
 }
 
@@ -53,7 +55,7 @@ std::shared_ptr<const Failure> GroupState::failureOf(const std::string& message)
     if (message == report) return *it;
     // A later operation's error: the report, then throwFailure's note.
     if (message.size() > report.size() && message.compare(0, report.size(), report) == 0 &&
-        message.compare(report.size(), 12, "\n(raised by ") == 0) {
+        message.compare(report.size(), kLaterNote.size(), kLaterNote) == 0) {
       return *it;
     }
   }
