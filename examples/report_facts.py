@@ -10,6 +10,7 @@ the text. That line is what you would send to a tracker or an alerting hook;
 then the rank stops training, its error handled.
 """
 import json
+import sys
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,9 @@ def train() -> None:
         r = err.report
         facts = {"rank": rank, "error": r.error, "group": r.group, "collective": r.seq,
                  "issued": [{"rank": row.rank, "op": row.op, "at": row.site} for row in r.rows]}
-        print(json.dumps(facts), flush=True)
+        # One write: the ranks share the terminal, and print() may write the end of line apart.
+        sys.stdout.write(json.dumps(facts) + "\n")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -302,9 +302,9 @@ def test_report_facts_example_writes_each_ranks_report_as_values(tmp_path):
     for record in records.values():  # every rank read the same facts
         assert (record["error"], record["group"], record["collective"]) == ("mismatch", "default_pg", 4), record
         assert record["issued"] == [
-            {"rank": 0, "op": "reduce(float32[1], SUM, dst=0)", "at": "report_facts.py:22 in log_metric"},
-            {"rank": 1, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:32 in train"},
-            {"rank": 2, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:32 in train"}], record
+            {"rank": 0, "op": "reduce(float32[1], SUM, dst=0)", "at": "report_facts.py:23 in log_metric"},
+            {"rank": 1, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:33 in train"},
+            {"rank": 2, "op": "all_reduce(float32[16], SUM)", "at": "report_facts.py:33 in train"}], record
     doc_samples.check_source("report_facts", out)
 
 

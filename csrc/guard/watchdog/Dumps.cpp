@@ -131,7 +131,10 @@ GroupWait groupWait(GroupState& state) {
     w.startNs = e.startNs;
     // Blocked in it now, or until it raised (the dumps written after a
     // verdict ended a deadlock still show the loop as certain).
-    const uint64_t blockedIn = p.hasPending ? state.ledger().blockedIn() : state.ledger().raisedInWait();
+    // A wait the group's failure ended leaves its op pending where the inner
+    // work never completed: where it raised still counts.
+    uint64_t blockedIn = state.ledger().blockedIn();
+    if (blockedIn == 0) blockedIn = state.ledger().raisedInWait();
     w.blocked = blockedIn == e.id && !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck);
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
