@@ -129,3 +129,55 @@ TEST(InBandCheck, TheCompactWordSumsExactlyAndTellsOneRankApart) {
   EXPECT_FALSE(InBandCheck::compact({at::ones({1}, i64)}, sum, 1));
   EXPECT_FALSE(InBandCheck::compact({at::ones({1}, i64)}, sum, (1 << 20) + 1));
 }
+
+namespace {
+
+// An inner backend that only has a name (InBandCheck::packs asks for gloo).
+class Named : public c10d::Backend {
+ public:
+  explicit Named(std::string name) : c10d::Backend(0, 2), name_(std::move(name)) {}
+  const std::string getBackendName() const override {
+    return name_;
+  }
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+TEST(InBandCheck, APackedWordSumGivesEachRankTheOthersElementAndCheck) {
+  const std::vector<uint64_t> hashes{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull};
+  const std::vector<uint32_t> elements{0, 1, 0x7fc00001u, 0x80000000u, ~uint32_t{0}};
+  for (uint64_t h : hashes) {
+    for (uint32_t a : elements) {
+      for (uint32_t b : elements) {
+        const uint64_t mine = InBandCheck::packedWord(h, a), theirs = InBandCheck::packedWord(h, b);
+        EXPECT_LT(mine, uint64_t{1} << 62);  // two words sum without overflow in int64
+        const int64_t sum = static_cast<int64_t>(mine) + static_cast<int64_t>(theirs);
+        const uint64_t peer = InBandCheck::packedPeer(sum, mine);
+        EXPECT_EQ(static_cast<uint32_t>(peer), b);
+        EXPECT_TRUE(InBandCheck::packedAgree(peer, mine));
+        // A peer whose hash differs in the lowest bit compared, or the highest.
+        for (int bit : {64 - InBandCheck::kPackedCheckBits, 63}) {
+          const uint64_t other = InBandCheck::packedWord(h ^ (uint64_t{1} << bit), b);
+          const int64_t differs = static_cast<int64_t>(mine) + static_cast<int64_t>(other);
+          EXPECT_FALSE(InBandCheck::packedAgree(InBandCheck::packedPeer(differs, mine), mine)) << bit;
+        }
+      }
+    }
+  }
+  // Packed: one element of 4 bytes or less under SUM, MAX or MIN, between two ranks on gloo.
+  Named gloo("gloo"), other("nccl");
+  for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
+    EXPECT_TRUE(InBandCheck::packs({at::ones({1})}, op, 2, gloo));
+    EXPECT_TRUE(InBandCheck::packs({at::ones({1}, at::kInt)}, op, 2, gloo));
+  }
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kDouble)}, c10d::ReduceOp::SUM, 2, gloo));  // no room
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kLong)}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kBFloat16)}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::packs({at::ones({2})}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::SUM, 3, gloo));  // the sum is no exchange
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2, gloo));
+  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::SUM, 2, other));  // gloo's operand order
+}

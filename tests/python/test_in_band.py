@@ -152,7 +152,8 @@ def test_carried_checks_after_uneven_all_to_alls_wait_for_the_rounds_pairing_and
     ("op", ("all_reduce(float32[4], SUM)", "all_reduce(float32[4], MAX)")),
     ("dtype", ("all_reduce(float32[4], SUM)", "all_reduce(float64[4], SUM)")),
     ("onecount", ("all_reduce(float32[1], SUM)", "all_reduce(float32[2], SUM)")),
-    ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),
+    ("onedtype", ("all_reduce(float32[1], SUM)", "all_reduce(float64[1], SUM)")),  # packed, carried beside a word
+    ("oneop", ("all_reduce(float32[1], SUM)", "all_reduce(int32[1], MAX)")),  # both packed: the same bytes
     ("gather", ("all_gather_into_tensor(float32[4])", "all_gather_into_tensor(float32[6])")),
     ("scatter", ("reduce_scatter_tensor(int64[2], SUM)", "reduce_scatter_tensor(int64[2], MAX)")),
 ])

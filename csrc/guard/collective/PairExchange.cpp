@@ -221,19 +221,28 @@ void combineData(const at::Tensor& user, int rank, const at::Tensor& mine, const
                  PairExchange::Combine combine) {
   const uint8_t* zero = (rank == 0 ? mine : theirs).data_ptr<uint8_t>() + kHeaderBytes;
   const uint8_t* one = (rank == 0 ? theirs : mine).data_ptr<uint8_t>() + kHeaderBytes;
-  switch (user.scalar_type()) {
-    case at::kFloat:
-      return combineInGlooOrder<float>(user, zero, one, combine);
-    case at::kDouble:
-      return combineInGlooOrder<double>(user, zero, one, combine);
-    case at::kInt:
-      return combineInGlooOrder<int32_t>(user, zero, one, combine);
-    default:
-      return combineInGlooOrder<int64_t>(user, zero, one, combine);
-  }
+  PairExchange::reduceInGlooOrder(user, zero, one, combine);
 }
 
 }  // namespace
+
+void PairExchange::reduceInGlooOrder(const at::Tensor& user, const uint8_t* rankZero, const uint8_t* rankOne,
+                                     Combine combine) {
+  switch (user.scalar_type()) {
+    case at::kFloat:
+      return combineInGlooOrder<float>(user, rankZero, rankOne, combine);
+    case at::kDouble:
+      return combineInGlooOrder<double>(user, rankZero, rankOne, combine);
+    case at::kInt:
+      return combineInGlooOrder<int32_t>(user, rankZero, rankOne, combine);
+    default:
+      return combineInGlooOrder<int64_t>(user, rankZero, rankOne, combine);
+  }
+}
+
+PairExchange::Combine PairExchange::combineOf(const c10d::ReduceOp& op) {
+  return op == c10d::ReduceOp::MAX ? Combine::Max : op == c10d::ReduceOp::MIN ? Combine::Min : Combine::Sum;
+}
 
 c10::intrusive_ptr<c10d::Work> PairExchange::issue(c10d::Backend& inner, at::Tensor user, Combine combine,
                                                    uint64_t rolling, Verdict verdict) {

@@ -58,6 +58,14 @@ class PairExchange {
   // this rank's), and is left as it was if verdict(false).
   static c10::intrusive_ptr<c10d::Work> issue(c10d::Backend& inner, at::Tensor user, Combine combine, uint64_t rolling,
                                               Verdict verdict);
+  // Between two ranks: user := the reduction of rank 0's and rank 1's
+  // operands (user's element type and length, each read from its bytes), in
+  // gloo's operand order for each element, as gloo's ring computes it. Also
+  // for an exchange carried by the inner all_reduce (InBandCheck::packs).
+  static void reduceInGlooOrder(const at::Tensor& user, const uint8_t* rankZero, const uint8_t* rankOne,
+                                Combine combine);
+  // SUM, MAX or MIN (the three an exchange takes).
+  static Combine combineOf(const c10d::ReduceOp& op);
   // Whether `work` is an exchange's: its future is made on request only.
   static bool isExchange(const c10d::Work& work);
 };

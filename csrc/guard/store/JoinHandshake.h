@@ -46,7 +46,8 @@ namespace torch_ext {
 
 // Bumped whenever what ranks exchange about a group changes shape (records,
 // check words, status records): ranks whose versions differ fail at creation.
-inline constexpr int kJoinProtocol = 2;
+// 3: between two ranks a 4-byte element is packed with its check (InBandCheck::packs).
+inline constexpr int kJoinProtocol = 3;
 
 // What one rank says when it joins: who it is, what it runs, and its job-wide
 // settings (option -> Setting::show, exact and parseable) with their sources.

@@ -20,6 +20,7 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            polled with is_completed(), never waited
   onecount float32[1] against float32[2] (int64 at more than two ranks)
   onedtype float32[1] against float64[1] (int32 against int64 at more than two ranks)
+  oneop    float32[1] SUM against int32[1] MAX (at two ranks both packed in one int64)
   gather   all_gather_into_tensor of float32[4] against float32[6]
   scatter  reduce_scatter_tensor of int64 SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
@@ -150,6 +151,9 @@ try:
         a = torch.ones(1, dtype=torch.float64 if odd else torch.float32) if world == 2 else \
             torch.ones(1, dtype=torch.int64 if odd else torch.int32)
         dist.all_reduce(a)
+    elif kind == "oneop":
+        a = torch.ones(1, dtype=torch.int32 if odd else torch.float32)
+        dist.all_reduce(a, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
     elif kind == "gather":
         a = torch.ones(6 if odd else 4)
         dist.all_gather_into_tensor(torch.zeros(a.numel() * 2), a)
