@@ -4,9 +4,8 @@
 // owned here instead of detached.
 //
 // Some work cannot run on the thread that starts it: a strict receive posted
-// once its sender's print is there (CollectiveChecks), the rest of a pair
-// exchange whose work was dropped or timed out (PairExchange), a group failed
-// a moment after its check backend broke (Verifier). Each is an errand: it is
+// once its sender's print is there (CollectiveChecks), a group failed a
+// moment after its check backend broke (Verifier). Each is an errand: it is
 // named, it ends by itself (its group failing ends it at the latest), and the
 // process joins it at exit (Watchdog::atExit) instead of leaving a detached
 // thread nobody can name. Ended errands are joined as new ones start, so

@@ -64,7 +64,7 @@ TEST(Errands, AnErrandMayStartAnotherAndAThrowingOneDoesNotStopTheOthers) {
   std::atomic<int> ran{0};
   errands.run("throws", [] { throw std::runtime_error("on purpose"); });
   // Starting an errand from an errand, and from the destruction of an
-  // errand's captures (PairExchange's drain starts from a work's destructor).
+  // errand's captures (a work's destructor may start one).
   struct StartsOnDrop {
     std::atomic<int>* ran = nullptr;
     ~StartsOnDrop() {

@@ -3,13 +3,18 @@
 // inner backend would do it over W ranks.
 
 #include "guard/collective/InBandCheck.h"
+#include "guard/collective/PairExchange.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
 
 using torch_ext::InBandCheck;
+using torch_ext::PairExchange;
 
 namespace {
 
@@ -130,9 +135,81 @@ TEST(InBandCheck, TheCompactWordSumsExactlyAndTellsOneRankApart) {
   EXPECT_FALSE(InBandCheck::compact({at::ones({1}, i64)}, sum, (1 << 20) + 1));
 }
 
+TEST(PairExchange, ASummedWordGivesEachRankTheOthersElementAndCheck) {
+  const std::vector<uint64_t> hashes{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull};
+  const std::vector<uint32_t> elements{0, 1, 0x7fc00001u, 0x80000000u, ~uint32_t{0}};
+  for (uint64_t h : hashes) {
+    for (uint32_t a : elements) {
+      for (uint32_t b : elements) {
+        const uint64_t mine = PairExchange::singleWord(h, a), theirs = PairExchange::singleWord(h, b);
+        EXPECT_LT(mine, uint64_t{1} << 62);  // two words sum without overflow in int64
+        const int64_t sum = static_cast<int64_t>(mine) + static_cast<int64_t>(theirs);
+        const uint64_t peer = PairExchange::peerWord(sum, mine);
+        EXPECT_EQ(static_cast<uint32_t>(peer), b);
+        EXPECT_TRUE(PairExchange::singleAgree(peer, mine));
+        // A peer whose hash differs in the lowest bit compared, or the highest.
+        for (int bit : {64 - PairExchange::kSingleCheckBits, 63}) {
+          const uint64_t other = PairExchange::singleWord(h ^ (uint64_t{1} << bit), b);
+          const int64_t differs = static_cast<int64_t>(mine) + static_cast<int64_t>(other);
+          EXPECT_FALSE(PairExchange::singleAgree(PairExchange::peerWord(differs, mine), mine)) << bit;
+        }
+      }
+    }
+  }
+  // One word for 4 bytes or less; else the hash and the data, a power of two.
+  EXPECT_EQ(PairExchange::wordCount(4), 1);
+  EXPECT_EQ(PairExchange::wordCount(8), 2);
+  EXPECT_EQ(PairExchange::wordCount(16), 4);  // float32[4] and float32[6] send gloo equal lengths
+  EXPECT_EQ(PairExchange::wordCount(24), 4);
+  EXPECT_EQ(PairExchange::wordCount(PairExchange::kMaxDataBytes), 16384);
+}
+
 namespace {
 
-// An inner backend that only has a name (InBandCheck::packs asks for gloo).
+// Two ranks' exchange of `a` and `b` (same dtype and length) with hashes ha
+// and hb, the inner SUM done here as gloo does (int64 words wrap): what each
+// rank's tensor holds after, and whether it agreed.
+std::pair<bool, bool> exchange(at::Tensor& a, at::Tensor& b, uint64_t ha, uint64_t hb, PairExchange::Combine c) {
+  at::Tensor wa = PairExchange::words(a, ha), wb = PairExchange::words(b, hb);
+  at::Tensor sum = at::empty_like(wa);
+  for (int64_t i = 0; i < wa.numel(); ++i) {
+    sum.data_ptr<int64_t>()[i] = static_cast<int64_t>(static_cast<uint64_t>(wa.data_ptr<int64_t>()[i]) +
+                                                      static_cast<uint64_t>(wb.data_ptr<int64_t>()[i]));
+  }
+  const bool okA = PairExchange::finish(a, sum, ha, 0, c);
+  const bool okB = PairExchange::finish(b, sum, hb, 1, c);
+  return {okA, okB};
+}
+
+}  // namespace
+
+TEST(PairExchange, EachRankReducesTheTwoOperandsInGloosOrder) {
+  const uint64_t h = 0x0123456789abcdefull;
+  // Sums of every length class; integers that wrap.
+  for (int64_t n : {1, 2, 3, 7, 100}) {
+    at::Tensor a = at::arange(n, at::kFloat) * 0.1, b = at::arange(n, at::kFloat) * 0.3;
+    const at::Tensor want = a + b;
+    auto [okA, okB] = exchange(a, b, h, h, PairExchange::Combine::Sum);
+    EXPECT_TRUE(okA && okB) << n;
+    EXPECT_TRUE(at::equal(a, want) && at::equal(b, want)) << n;
+  }
+  at::Tensor i = at::full({3}, std::numeric_limits<int64_t>::max(), at::kLong), j = at::ones({3}, at::kLong);
+  exchange(i, j, h, h, PairExchange::Combine::Sum);
+  EXPECT_EQ(i[0].item<int64_t>(), std::numeric_limits<int64_t>::min());
+  // MAX of a NaN and a number: gloo's std::max(rank 0's, rank 1's) keeps rank 0's operand.
+  at::Tensor x = at::full({1}, std::nan(""), at::kFloat), y = at::ones({1}, at::kFloat);
+  exchange(x, y, h, h, PairExchange::Combine::Max);
+  EXPECT_TRUE(std::isnan(x[0].item<float>()) && std::isnan(y[0].item<float>()));
+  // Hashes that differ: no agreement, and the data is left as it was.
+  at::Tensor p = at::ones({5}), q = at::ones({5});
+  auto [okP, okQ] = exchange(p, q, h, h ^ 1, PairExchange::Combine::Sum);
+  EXPECT_FALSE(okP || okQ);
+  EXPECT_TRUE(at::equal(p, at::ones({5})) && at::equal(q, at::ones({5})));
+}
+
+namespace {
+
+// An inner backend that only has a name (InBandCheck::exchanges asks for gloo).
 class Named : public c10d::Backend {
  public:
   explicit Named(std::string name) : c10d::Backend(0, 2), name_(std::move(name)) {}
@@ -146,38 +223,18 @@ class Named : public c10d::Backend {
 
 }  // namespace
 
-TEST(InBandCheck, APackedWordSumGivesEachRankTheOthersElementAndCheck) {
-  const std::vector<uint64_t> hashes{0, ~uint64_t{0}, 0x9e3779b97f4a7c15ull};
-  const std::vector<uint32_t> elements{0, 1, 0x7fc00001u, 0x80000000u, ~uint32_t{0}};
-  for (uint64_t h : hashes) {
-    for (uint32_t a : elements) {
-      for (uint32_t b : elements) {
-        const uint64_t mine = InBandCheck::packedWord(h, a), theirs = InBandCheck::packedWord(h, b);
-        EXPECT_LT(mine, uint64_t{1} << 62);  // two words sum without overflow in int64
-        const int64_t sum = static_cast<int64_t>(mine) + static_cast<int64_t>(theirs);
-        const uint64_t peer = InBandCheck::packedPeer(sum, mine);
-        EXPECT_EQ(static_cast<uint32_t>(peer), b);
-        EXPECT_TRUE(InBandCheck::packedAgree(peer, mine));
-        // A peer whose hash differs in the lowest bit compared, or the highest.
-        for (int bit : {64 - InBandCheck::kPackedCheckBits, 63}) {
-          const uint64_t other = InBandCheck::packedWord(h ^ (uint64_t{1} << bit), b);
-          const int64_t differs = static_cast<int64_t>(mine) + static_cast<int64_t>(other);
-          EXPECT_FALSE(InBandCheck::packedAgree(InBandCheck::packedPeer(differs, mine), mine)) << bit;
-        }
-      }
-    }
-  }
-  // Packed: one element of 4 bytes or less under SUM, MAX or MIN, between two ranks on gloo.
+TEST(InBandCheck, AnExchangeTakesTheFourDtypesUpToItsBoundBetweenTwoRanksOnGloo) {
   Named gloo("gloo"), other("nccl");
   for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
-    EXPECT_TRUE(InBandCheck::packs({at::ones({1})}, op, 2, gloo));
-    EXPECT_TRUE(InBandCheck::packs({at::ones({1}, at::kInt)}, op, 2, gloo));
+    for (auto dtype : {at::kFloat, at::kDouble, at::kInt, at::kLong}) {
+      EXPECT_TRUE(InBandCheck::exchanges({at::ones({1}, dtype)}, op, 2, gloo));
+      EXPECT_TRUE(InBandCheck::exchanges({at::ones({16}, dtype)}, op, 2, gloo));
+    }
   }
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kDouble)}, c10d::ReduceOp::SUM, 2, gloo));  // no room
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kLong)}, c10d::ReduceOp::SUM, 2, gloo));
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1}, at::kBFloat16)}, c10d::ReduceOp::SUM, 2, gloo));
-  EXPECT_FALSE(InBandCheck::packs({at::ones({2})}, c10d::ReduceOp::SUM, 2, gloo));
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::SUM, 3, gloo));  // the sum is no exchange
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2, gloo));
-  EXPECT_FALSE(InBandCheck::packs({at::ones({1})}, c10d::ReduceOp::SUM, 2, other));  // gloo's operand order
+  EXPECT_TRUE(InBandCheck::exchanges({at::ones({PairExchange::kMaxDataBytes / 4})}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::exchanges({at::ones({PairExchange::kMaxDataBytes / 4 + 1})}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::exchanges({at::ones({1}, at::kBFloat16)}, c10d::ReduceOp::SUM, 2, gloo));
+  EXPECT_FALSE(InBandCheck::exchanges({at::ones({1})}, c10d::ReduceOp::SUM, 3, gloo));  // the sum is no exchange
+  EXPECT_FALSE(InBandCheck::exchanges({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2, gloo));
+  EXPECT_FALSE(InBandCheck::exchanges({at::ones({1})}, c10d::ReduceOp::SUM, 2, other));  // gloo's operand order
 }

@@ -52,3 +52,28 @@ def test_each_user_collective_is_recorded_once_under_its_group_and_checks_under_
         # The checks' own entries (none of the user's), and gloo's own barriers of new_group.
         assert others <= {("0" + CHECKS, "default_pg" + CHECKS), (tp + CHECKS, "tp" + CHECKS)}, where
         assert ("0", "") not in {group for group, _, _ in v["entries"]}, where
+
+
+def _pair_job(rank: int, world: int) -> dict:
+    for i in range(3):
+        dist.all_reduce(torch.ones(1))  # a loss: one word
+        dist.all_reduce(torch.ones(16), op=dist.ReduceOp.MAX)  # a metric vector: the hash and 8 words, as 16
+    dist.broadcast(torch.ones(3), src=0)
+    return {"entries": [(tuple(e["process_group"]), e["profiling_name"], e["collective_seq_id"],
+                         e["input_dtypes"], e["input_sizes"]) for e in _entries()]}
+
+
+@pytest.mark.skipif(not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"),
+                    reason="this torch has no Flight Recorder JSON dump")
+def test_two_ranks_exchanges_are_recorded_once_each_as_the_all_reduce_that_carries_them():
+    # Between two ranks a small all_reduce is a pair exchange carried by gloo's own all_reduce of
+    # int64 words (PairExchange.h): recorded once, under the user's group, with the words' shape.
+    results = run_ranks(_pair_job, 2, env={"TORCH_FR_BUFFER_SIZE": "1000"}, timeout=90)
+    for rank, v in enumerate(assert_all_ok(results)):
+        where = f"rank {rank}: {v}\n{report(results)}"
+        users = [(name, seq, dtypes, sizes) for group, name, seq, dtypes, sizes in v["entries"]
+                 if group == ("0", "default_pg")]
+        want = []
+        for i in range(3):
+            want += [("gloo:all_reduce", 2 * i + 1, ["Long"], [[1]]), ("gloo:all_reduce", 2 * i + 2, ["Long"], [[16]])]
+        assert users == want + [("gloo:broadcast", 7, ["Float"], [[3]])], where

@@ -102,9 +102,10 @@ def test_one_element_between_two_ranks_is_exchanged_and_reduced_as_its_dtype(tmp
 
 @pytest.mark.timeout(120)
 def test_an_all_reduce_read_through_its_future_or_only_polled_completes_with_its_sum(tmp_path):
-    # Between two ranks a small SUM is a pair exchange, whose work completes in
-    # wait(): read through get_future() (a comm hook) or polled with
-    # is_completed() (never waited), it completes all the same, once verified.
+    # Between two ranks a small SUM is a pair exchange, carried by a summed
+    # all_reduce whose future runs the reduction: read through get_future() (a
+    # comm hook) or polled with is_completed() (never waited), it completes
+    # all the same, once verified.
     results, records, text = _launch(tmp_path, "future")
     want = []
     for i in range(20):

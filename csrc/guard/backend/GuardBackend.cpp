@@ -7,7 +7,6 @@
 #include "guard/collective/InBandCheck.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/P2PPairing.h"
-#include "guard/collective/PairExchange.h"
 #include "guard/collective/StreamOrdered.h"
 #include "guard/collective/Verifier.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
@@ -479,29 +478,18 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::barrier(const c10d::BarrierOptions&
   return run(FingerprintBuilder(Op::Barrier), device, [&](c10d::Backend& b) { return b.barrier(opts); });
 }
 
-// PairExchange's tag is the guard's on a guarded group: a user's send or recv
-// under it would pair with a two-rank all_reduce's exchange.
-void GuardBackend::checkUserTag(const char* op, int tag) const {
-  TORCH_CHECK_VALUE(tag != PairExchange::kTag, "guard: ", op, " with tag ", tag, " on group \"", state_->label(),
-                    "\" (rank ", getRank(), "): the guard reserves that tag for its two-rank all_reduce exchanges; ",
-                    "use another tag");
-}
-
 c10::intrusive_ptr<c10d::Work> GuardBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
-  checkUserTag("send", tag);
   return run(std::move(FingerprintBuilder(Op::Send).tensors(tensors).peer(dstRank, tag)), deviceOf(tensors),
              [&](c10d::Backend& b) { return b.send(tensors, dstRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
-  checkUserTag("recv", tag);
   // By value: a strict receive may be posted after this call returns.
   return run(std::move(FingerprintBuilder(Op::Recv).tensors(tensors).peer(srcRank, tag)), deviceOf(tensors),
              [tensors, srcRank, tag](c10d::Backend& b) mutable { return b.recv(tensors, srcRank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> GuardBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  checkUserTag("recv", tag);
   return run(std::move(FingerprintBuilder(Op::RecvAnySource).tensors(tensors).peer(-1, tag)), deviceOf(tensors),
              [&](c10d::Backend& b) { return b.recvAnysource(tensors, tag); });
 }

@@ -186,8 +186,6 @@ class GuardBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;
   // How works of each device's inner backend complete (StreamOrdered.h).
   bool streamOrdered(c10::DeviceType device) const;
-  // ValueError for a user's p2p under PairExchange::kTag (the guard's).
-  void checkUserTag(const char* op, int tag) const;
   bool cpuStreamOrdered_ = false;
   void drainVerifier();
   bool cudaStreamOrdered_ = false;

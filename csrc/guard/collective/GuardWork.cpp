@@ -1,7 +1,6 @@
 #include "guard/collective/GuardWork.h"
 
 #include "guard/Runtime.h"
-#include "guard/collective/PairExchange.h"
 #include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 
@@ -22,8 +21,7 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
   try {
-    // A pair exchange makes its future only when asked for (getFuture).
-    if (!(inBand && PairExchange::isExchange(*inner))) innerFuture = inner->getFuture();
+    innerFuture = inner->getFuture();
   } catch (const std::exception&) {
     // gloo's send/recv works have no future: observe completion in wait().
   }
@@ -271,7 +269,6 @@ uint64_t GuardWork::getSequencenumber() const {
 
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
   if (mode_ == Mode::Device) return deviceFuture();
-  if (mode_ == Mode::Blocking && inBand_) return exchangeFuture();
   if (mode_ != Mode::Future) return inner_->getFuture();
   std::call_once(futureOnce_, [this] {
     // Made on first request (DDP's comm hooks ask; a plain wait() does not):
@@ -292,26 +289,6 @@ c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
     } else {
       ours->setError(groupFailure());  // failed while pending: the group failed
     }
-    future_ = std::move(ours);
-  });
-  return future_;
-}
-
-c10::intrusive_ptr<c10::ivalue::Future> GuardWork::exchangeFuture() {
-  std::call_once(futureOnce_, [this] {
-    // A carried work without a future of its own until asked (a pair
-    // exchange, PairExchange.h): it completes on a thread of its own, and ours
-    // from it once verified, as in Mode::Future.
-    auto inner = inner_->getFuture();
-    auto ours = c10::make_intrusive<c10::ivalue::Future>(inner->elementType(), inner->devices());
-    inner->addCallback([ours, state = state_, id = id_, seq = seq_](c10::ivalue::Future& f) {
-      if (f.hasError()) {
-        ours->setErrorIfNeeded(
-            surfaced(state->failed() ? state->failureError() : innerFailure(state, id, f.tryRetrieveErrorMessage())));
-        return;
-      }
-      release(*state, seq, ours, c10::intrusive_ptr<c10::ivalue::Future>::unsafe_reclaim_from_nonowning(&f));
-    });
     future_ = std::move(ours);
   });
   return future_;

@@ -111,8 +111,6 @@ class GuardWork : public c10d::Work {
   // What completes once the inner work wrote its result (null: written, or no future).
   c10::intrusive_ptr<c10::ivalue::Future> landed() const;
   static std::vector<at::Tensor> tensorsOf(const c10::IValue& value);
-  // Mode::Blocking's getFuture() for a pair exchange (PairExchange.h).
-  c10::intrusive_ptr<c10::ivalue::Future> exchangeFuture();
   // Device mode's getFuture(): the inner future's completion, with the
   // group's verdict as its error.
   c10::intrusive_ptr<c10::ivalue::Future> deviceFuture();

@@ -271,14 +271,11 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   at::Tensor user = tensors[0];
   // One element summed: the ring's cheap path, even between two ranks, where
   // an exchange's two messages cost more once a core is busy (issue 56).
-  if (packs(tensors, opts.reduceOp, worldSize, inner)) {
-    return packedAllreduce(inner, user, opts, rolling, std::move(verdict));
+  if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
+    return exchangeAllreduce(inner, user, opts, rolling, std::move(verdict));
   }
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
-  }
-  if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
-    return PairExchange::issue(inner, user, PairExchange::combineOf(opts.reduceOp), rolling, std::move(verdict));
   }
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
   const auto k = static_cast<int64_t>(mine.size());
@@ -309,51 +306,19 @@ bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::
   return op == c10d::ReduceOp::SUM || pairEncoded(op);
 }
 
-bool InBandCheck::packs(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
-                        const c10d::Backend& inner) {
-  return worldSize == 2 && tensors.size() == 1 && tensors[0].numel() == 1 && denseCpu(tensors[0]) &&
-         reducible(tensors[0]) && tensors[0].element_size() <= 4 && (op == c10d::ReduceOp::SUM || pairEncoded(op)) &&
-         inner.getBackendName() == "gloo";
-}
-
-uint64_t InBandCheck::packedWord(uint64_t rolling, uint32_t bits) {
-  return (rolling >> (64 - kPackedCheckBits)) << 32 | bits;
-}
-
-uint64_t InBandCheck::packedPeer(int64_t reduced, uint64_t mine) {
-  return static_cast<uint64_t>(reduced) - mine;
-}
-
-bool InBandCheck::packedAgree(uint64_t peer, uint64_t mine) {
-  return peer >> 32 == mine >> 32;
-}
-
-c10::intrusive_ptr<c10d::Work> InBandCheck::packedAllreduce(c10d::Backend& inner, at::Tensor user,
-                                                            const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                            Verdict verdict) {
-  // One int64 [check, element's bits] summed: the other rank's word is the
-  // sum less this rank's (InBandCheck.h), and the reduction is computed here
-  // from the two operands, in gloo's order.
-  uint32_t bits = 0;
-  std::memcpy(&bits, user.data_ptr(), user.element_size());
-  const uint64_t mine = packedWord(rolling, bits);
-  at::Tensor buffer = at::empty({1}, user.options().dtype(at::kLong));
-  buffer.data_ptr<int64_t>()[0] = static_cast<int64_t>(mine);
+c10::intrusive_ptr<c10d::Work> InBandCheck::exchangeAllreduce(c10d::Backend& inner, at::Tensor user,
+                                                              const c10d::AllreduceOptions& opts, uint64_t rolling,
+                                                              Verdict verdict) {
+  // The two ranks' words summed: an exchange (PairExchange.h).
+  at::Tensor summed = PairExchange::words(user, rolling);
   c10d::AllreduceOptions sum = opts;
   sum.reduceOp = c10d::ReduceOp::SUM;
-  std::vector<at::Tensor> carried{buffer};
+  std::vector<at::Tensor> carried{summed};
   const int rank = inner.getRank();
   const PairExchange::Combine combine = PairExchange::combineOf(opts.reduceOp);
   return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, sum), user,
-                   [buffer, user, mine, rank, combine, verdict = std::move(verdict)] {
-                     const uint64_t peer = packedPeer(buffer.data_ptr<int64_t>()[0], mine);
-                     alignas(8) uint8_t own[4];
-                     alignas(8) uint8_t theirs[4];
-                     const uint32_t ownBits = static_cast<uint32_t>(mine), theirBits = static_cast<uint32_t>(peer);
-                     std::memcpy(own, &ownBits, 4);
-                     std::memcpy(theirs, &theirBits, 4);
-                     PairExchange::reduceInGlooOrder(user, rank == 0 ? own : theirs, rank == 0 ? theirs : own, combine);
-                     verdict(packedAgree(peer, mine));
+                   [summed, user, rolling, rank, combine, verdict = std::move(verdict)] {
+                     verdict(PairExchange::finish(user, summed, rolling, rank, combine));
                    });
 }
 
@@ -478,8 +443,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
 bool InBandRequest::carries(const c10d::Backend& inner, int worldSize) const {
   switch (kind) {
     case Kind::AllReduce:
-      return InBandCheck::packs(*tensors, allreduce->reduceOp, worldSize, inner) ||
-             InBandCheck::exchanges(*tensors, allreduce->reduceOp, worldSize, inner) ||
+      return InBandCheck::exchanges(*tensors, allreduce->reduceOp, worldSize, inner) ||
              InBandCheck::compact(*tensors, allreduce->reduceOp, worldSize) ||
              InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
     case Kind::AllGather:

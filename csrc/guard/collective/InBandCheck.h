@@ -30,10 +30,9 @@
 // below 2^24, and at worlds above 2 at least one element per rank (words());
 // or, one element under SUM, a single word beside it (compact). Between two
 // ranks on gloo a SUM, MAX or MIN of any of the four dtypes, floating ones
-// too, is reduced in gloo's own operand order from the two ranks' operands:
-// one element of 4 bytes packed with its check into one summed int64
-// (packs()), anything else up to 64 KiB exchanged by send/recv
-// (exchanges()). The words go in front, so they line up across
+// too, is a pair exchange (exchanges()): each rank reads the other's operands
+// from a summed all_reduce of int64 words and reduces them in gloo's own
+// operand order. The words go in front, so they line up across
 // ranks whatever the length, and the total is rounded up (carriedLength).
 //
 // The two collectives FSDP2 waits on at once (its parameters' all_gather, its
@@ -99,38 +98,18 @@ class InBandCheck {
                                                       int worldSize, Verdict verdict);
 
   // Between two ranks on gloo, a SUM, MAX or MIN of one dense tensor of the
-  // four dtypes up to PairExchange::kMaxDataBytes (a metric vector, an
-  // early-stop flag; a one-element SUM is carried compact instead, below) is
-  // no ring all_reduce but a pair exchange
-  // (PairExchange.h): one message each way where gloo's ring sends two in
-  // turn (less than gloo's cost in a loop of syncs, more right after CPU work
-  // on shared cores: docs/performance.md), reduced as gloo's ring reduces it.
+  // four dtypes up to PairExchange::kMaxDataBytes (a loss, a metric vector, an
+  // early-stop flag) is a pair exchange (PairExchange.h): the two ranks'
+  // [check, data] words summed by the inner all_reduce, from which each rank
+  // reads the other's operands and reduces them as gloo's ring does. A
+  // 4-byte element takes one word, the ring's cheapest path (a second element
+  // costs about 1.3x: docs/performance.md).
   static bool exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
                         const c10d::Backend& inner);
 
-  // Between two ranks on gloo, one element of at most 4 bytes (a float32
-  // loss, an int32 count or early-stop flag) under SUM, MAX or MIN is packed:
-  // one int64 word, [packedWord's check in bits 32-61, the element's bits in
-  // 0-31], summed by the inner all_reduce. Two words below 2^62 sum exactly,
-  // so each rank reads the other's word as the sum less its own
-  // (packedPeer): the other's check, which must be its own (packedAgree),
-  // and the other's element, which it reduces with its own in gloo's operand
-  // order (PairExchange::reduceInGlooOrder), so the result is gloo's bit for
-  // bit, floats and NaNs included. One element is the ring's cheapest path (a
-  // second one costs about 1.3x: docs/performance.md), and an all_reduce
-  // keeps its cost once a core is busy, where an exchange's send/recv did not.
-  static bool packs(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
-                    const c10d::Backend& inner);
-  // The check: the top 30 bits of `rolling`. Ranks that differ pass with
-  // probability 2^-30, and every later check compares again (the rolling
-  // hash carries this collective on).
-  static constexpr int kPackedCheckBits = 30;
-  static uint64_t packedWord(uint64_t rolling, uint32_t bits);
-  static uint64_t packedPeer(int64_t reduced, uint64_t mine);
-  static bool packedAgree(uint64_t peer, uint64_t mine);
-
   // A one-element integer SUM (a count, a flag), or between two ranks any
-  // other one-element SUM (a float64 loss), carries one word instead: the element widened
+  // one-element SUM the exchange does not take (on an inner backend other
+  // than gloo), carries one word instead: the element widened
   // to int64 (float64 for a floating one) beside compactWord. gloo's ring reduces two
   // elements on the cheap path one element takes (most of its 2W segments
   // stay empty: at world 4, one or two elements take 0.7-1.0 ms where three or
@@ -159,9 +138,9 @@ class InBandCheck {
   static bool agree(const std::vector<double>& reduced, const c10d::ReduceOp& op, int worldSize);
 
  private:
-  static c10::intrusive_ptr<c10d::Work> packedAllreduce(c10d::Backend& inner, at::Tensor user,
-                                                        const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                        Verdict verdict);
+  static c10::intrusive_ptr<c10d::Work> exchangeAllreduce(c10d::Backend& inner, at::Tensor user,
+                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
+                                                          Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);

@@ -1,174 +1,15 @@
 #include "guard/collective/PairExchange.h"
 
-#include "guard/Errands.h"
-
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstring>
-#include <exception>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
 namespace torch_ext {
 
 namespace {
-
-// An exchange's work: its receive and send on the inner backend, and `finish`
-// (the reduction, the verdict) once both are done, on the one thread that
-// claimed it (PairExchange.h).
-class ExchangeWork : public c10d::Work {
- public:
-  ExchangeWork(c10::intrusive_ptr<c10d::Work> recv, c10::intrusive_ptr<c10d::Work> send, std::function<void()> finish,
-               at::Tensor user)
-      : c10d::Work(-1, c10d::OpType::ALLREDUCE),
-        recv_(std::move(recv)),
-        send_(std::move(send)),
-        finish_(std::move(finish)),
-        user_(std::move(user)) {}
-  ~ExchangeWork() override {
-    // A receive that did not complete is left to the process (PairExchange.h).
-    if (state_ != State::Done || !ok_ || error_) {
-      (void)recv_.release();
-      (void)send_.release();
-    }
-  }
-
-  bool isCompleted() override {
-    drainInBackground();
-    std::lock_guard<std::mutex> lock(mu_);
-    return state_ == State::Done;
-  }
-  bool isSuccess() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return state_ == State::Done && ok_ && !error_;
-  }
-  std::exception_ptr exception() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return error_;
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    bool mine = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (state_ == State::Idle && timeout == kNoTimeout) {
-        state_ = State::Running;
-        mine = true;
-      }
-    }
-    if (mine) {
-      run();
-    } else {
-      drainInBackground();  // a deadline: gloo's own would close the connections on expiry
-      std::unique_lock<std::mutex> lock(mu_);
-      auto done = [this] { return state_ == State::Done; };
-      if (timeout == kNoTimeout) {
-        cv_.wait(lock, done);
-      } else if (!cv_.wait_for(lock, timeout, done)) {
-        TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: wait(timeout=", timeout.count(),
-                         " ms) expired before the pair exchange completed");
-      }
-    }
-    std::lock_guard<std::mutex> lock(mu_);
-    if (error_) std::rethrow_exception(error_);
-    return ok_;
-  }
-  void abort() override {
-    recv_->abort();
-    send_->abort();
-  }
-  std::vector<at::Tensor> result() override {
-    return {user_};
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    bool done = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!future_) future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::ofTensors());
-      future = future_;
-      done = state_ == State::Done;
-    }
-    if (done) {
-      settle(future);
-    } else {
-      drainInBackground();
-    }
-    return future;
-  }
-
- private:
-  enum class State : uint8_t { Idle, Running, Done };
-
-  // On the one thread that claimed the work.
-  void run() {
-    bool ok = false;
-    std::exception_ptr error;
-    try {
-      ok = recv_->wait(kNoTimeout);
-      ok = send_->wait(kNoTimeout) && ok;
-      if (ok) finish_();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    c10::intrusive_ptr<c10::ivalue::Future> future;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ok_ = ok;
-      error_ = error;
-      state_ = State::Done;
-      future = future_;
-      cv_.notify_all();
-    }
-    if (future) settle(future);
-  }
-  void drainInBackground() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (state_ != State::Idle) return;
-      state_ = State::Running;
-    }
-    Errands::instance().run("pair exchange drain",
-                            [self = c10::intrusive_ptr<ExchangeWork>::reclaim_copy(this)] { self->run(); });
-  }
-  // Once Done (ok_ and error_ final); by run() or getFuture(), whichever sees
-  // both the future and the end.
-  void settle(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
-    std::call_once(settled_, [&] {
-      if (error_) {
-        future->setError(error_);
-      } else if (!ok_) {
-        future->setError(aborted());
-      } else {
-        future->markCompleted(c10::IValue(std::vector<at::Tensor>{user_}));
-      }
-    });
-  }
-  static std::exception_ptr aborted() {
-    try {
-      TORCH_CHECK_WITH(DistBackendError, false, "all_reduce: the pair exchange was aborted (the group failed)");
-    } catch (...) {
-      return std::current_exception();
-    }
-    return nullptr;
-  }
-
-  c10::intrusive_ptr<c10d::Work> recv_, send_;
-  std::function<void()> finish_;
-  at::Tensor user_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  State state_ = State::Idle;
-  bool ok_ = false;
-  std::exception_ptr error_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  std::once_flag settled_;
-};
-
-constexpr int64_t kHeaderBytes = 2 * sizeof(uint64_t);  // rolling hash, data length
 
 // out[i] = a[i] (combine) b[i] for n elements of T, as gloo's reductions compute
 // it (gloo/math.h: std::max(a, b), std::min(a, b), a + b).
@@ -217,14 +58,64 @@ void combineInGlooOrder(const at::Tensor& user, const uint8_t* zero, const uint8
   combineInto(out + h, b + h, a + h, n - h, combine);
 }
 
-void combineData(const at::Tensor& user, int rank, const at::Tensor& mine, const at::Tensor& theirs,
-                 PairExchange::Combine combine) {
-  const uint8_t* zero = (rank == 0 ? mine : theirs).data_ptr<uint8_t>() + kHeaderBytes;
-  const uint8_t* one = (rank == 0 ? theirs : mine).data_ptr<uint8_t>() + kHeaderBytes;
-  PairExchange::reduceInGlooOrder(user, zero, one, combine);
+}  // namespace
+
+PairExchange::Combine PairExchange::combineOf(const c10d::ReduceOp& op) {
+  return op == c10d::ReduceOp::MAX ? Combine::Max : op == c10d::ReduceOp::MIN ? Combine::Min : Combine::Sum;
 }
 
-}  // namespace
+uint64_t PairExchange::singleWord(uint64_t rolling, uint32_t bits) {
+  return (rolling >> (64 - kSingleCheckBits)) << 32 | bits;
+}
+
+uint64_t PairExchange::peerWord(int64_t summed, uint64_t mine) {
+  return static_cast<uint64_t>(summed) - mine;
+}
+
+bool PairExchange::singleAgree(uint64_t peer, uint64_t mine) {
+  return peer >> 32 == mine >> 32;
+}
+
+int64_t PairExchange::wordCount(int64_t bytes) {
+  if (bytes <= 4) return 1;
+  const int64_t need = 1 + (bytes + 7) / 8;
+  int64_t n = 2;
+  while (n < need) n *= 2;
+  return n;
+}
+
+at::Tensor PairExchange::words(const at::Tensor& user, uint64_t rolling) {
+  const int64_t nb = user.numel() * static_cast<int64_t>(user.element_size());
+  at::Tensor w = at::zeros({wordCount(nb)}, user.options().dtype(at::kLong));
+  auto* p = reinterpret_cast<uint64_t*>(w.data_ptr<int64_t>());
+  if (nb <= 4) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, user.data_ptr(), nb);
+    p[0] = singleWord(rolling, bits);
+  } else {
+    p[0] = rolling;
+    std::memcpy(p + 1, user.data_ptr(), nb);
+  }
+  return w;
+}
+
+bool PairExchange::finish(const at::Tensor& user, const at::Tensor& summed, uint64_t rolling, int rank,
+                          Combine combine) {
+  const at::Tensor mine = words(user, rolling);
+  const int64_t n = mine.numel();
+  if (summed.numel() != n) return false;
+  const auto* own = reinterpret_cast<const uint64_t*>(mine.data_ptr<int64_t>());
+  const int64_t* sum = summed.data_ptr<int64_t>();
+  std::vector<uint64_t> peer(n);  // the other rank's words: the sum less this rank's (they wrap alike)
+  for (int64_t i = 0; i < n; ++i) peer[i] = peerWord(sum[i], own[i]);
+  const bool single = user.numel() * static_cast<int64_t>(user.element_size()) <= 4;
+  if (single ? !singleAgree(peer[0], own[0]) : peer[0] != rolling) return false;
+  // The data behind the check: bits 0-31 of a single word, else words 1 on.
+  const auto* ownData = reinterpret_cast<const uint8_t*>(single ? own : own + 1);
+  const auto* peerData = reinterpret_cast<const uint8_t*>(single ? peer.data() : peer.data() + 1);
+  reduceInGlooOrder(user, rank == 0 ? ownData : peerData, rank == 0 ? peerData : ownData, combine);
+  return true;
+}
 
 void PairExchange::reduceInGlooOrder(const at::Tensor& user, const uint8_t* rankZero, const uint8_t* rankOne,
                                      Combine combine) {
@@ -238,37 +129,6 @@ void PairExchange::reduceInGlooOrder(const at::Tensor& user, const uint8_t* rank
     default:
       return combineInGlooOrder<int64_t>(user, rankZero, rankOne, combine);
   }
-}
-
-PairExchange::Combine PairExchange::combineOf(const c10d::ReduceOp& op) {
-  return op == c10d::ReduceOp::MAX ? Combine::Max : op == c10d::ReduceOp::MIN ? Combine::Min : Combine::Sum;
-}
-
-c10::intrusive_ptr<c10d::Work> PairExchange::issue(c10d::Backend& inner, at::Tensor user, Combine combine,
-                                                   uint64_t rolling, Verdict verdict) {
-  const int64_t nb = user.numel() * static_cast<int64_t>(user.element_size());
-  const int rank = inner.getRank();
-  const int peer = 1 - rank;
-  at::Tensor mine = at::empty({kHeaderBytes + nb}, user.options().dtype(at::kByte));
-  at::Tensor theirs = at::empty({kHeaderBytes + kMaxDataBytes}, mine.options());  // the longest (PairExchange.h)
-  const uint64_t head[2] = {rolling, static_cast<uint64_t>(nb)};
-  std::memcpy(mine.data_ptr<uint8_t>(), head, kHeaderBytes);
-  std::memcpy(mine.data_ptr<uint8_t>() + kHeaderBytes, user.data_ptr(), nb);
-  std::vector<at::Tensor> in{theirs}, out{mine};
-  auto recv = inner.recv(in, peer, kTag);
-  auto send = inner.send(out, peer, kTag);
-  auto finish = [mine, theirs, user, rank, head, combine, verdict = std::move(verdict)] {
-    uint64_t other[2] = {0, 0};
-    std::memcpy(other, theirs.data_ptr<uint8_t>(), kHeaderBytes);
-    const bool same = other[0] == head[0] && other[1] == head[1];
-    if (same) combineData(user, rank, mine, theirs, combine);
-    verdict(same);
-  };
-  return c10::make_intrusive<ExchangeWork>(std::move(recv), std::move(send), std::move(finish), user);
-}
-
-bool PairExchange::isExchange(const c10d::Work& work) {
-  return dynamic_cast<const ExchangeWork*>(&work) != nullptr;
 }
 
 }  // namespace torch_ext

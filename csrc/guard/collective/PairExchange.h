@@ -1,73 +1,67 @@
 #pragma once
 
-// PairExchange: an all_reduce between two ranks as one message each way, with
-// the check in it (issue 40; InBandCheck decides which all_reduces take it).
+// PairExchange: an all_reduce between two ranks on gloo as an exchange of the
+// two ranks' operands, with the check in it (issues 40 and 56; InBandCheck
+// decides which all_reduces take it).
 //
-// Each rank sends the other [its rolling hash, its data's length, its data]
-// with the inner backend's send/recv under kTag, and reduces the two itself.
-// gloo's ring sends two messages in turn, and one more per non-empty segment
-// of 2W (two elements cost twice one), so in a loop of syncs the exchange
-// costs less than the all_reduce it replaces (right after CPU work on cores
-// the ranks share, gloo's send/recv hand-offs cost more than its ring:
-// docs/performance.md). The reduction is gloo's, in gloo's operand order
-// for each element (the ring's rank 0 reduces the first half, its own operand
-// first): a sum is the same in either order (IEEE addition is commutative,
+// Each rank puts [its check, its data's bytes] into int64 words and the inner
+// backend SUMs them, whatever the user's op. Integer sums wrap, so the sum
+// less a rank's own words is the other rank's words, bit for bit: its check,
+// compared with this rank's, and its data, which this rank then reduces with
+// its own as gloo's ring would (reduceInGlooOrder). The result is gloo's, bit
+// for bit: a sum is the same in either order (IEEE addition is commutative,
 // integers wrap alike), and a MAX/MIN keeps gloo's choice between a NaN and a
-// number, or 0 and -0. The verdict compares the whole hash and the length:
-// the same on both ranks.
+// number, or 0 and -0. The words are gloo's own all_reduce, so they cost what
+// the user's collective costs, quiet or with the cores busy, and Flight
+// Recorder records them under the user's group (as an int64 SUM).
 //
-// The receive is posted for the longest message an exchange sends
-// (kMaxDataBytes and the header): a peer whose exchange differs in length is
-// told apart by the header, where a message longer than the receive stops
-// gloo's transport thread (watchdog/TerminateHandler) with the pair's lock
-// held, and the issuing thread with it at its next send.
-//
-// gloo's send/recv works have no future and complete only in their wait(), so
-// exactly one thread waits on them: the caller's wait(), or, for a work nobody
-// waits on at once (isCompleted() from the watchdog's poll, getFuture() from a
-// comm hook), a thread of the work's own. A group failure's abort() releases
-// either. A receive that did not complete is never destroyed: gloo's buffer
-// waits in its destructor for the transport thread to let go of it, which a
-// stopped thread never does.
+// A 4-byte element (a float32 loss, an int32 count or flag) takes one word:
+// the top kSingleCheckBits of the rolling hash in bits 32-61 and the element
+// in bits 0-31; two such words sum below 2^63, so nothing wraps. Anything
+// longer takes the whole rolling hash in word 0 and the data behind it, the
+// count rounded up to a power of two so that ranks whose lengths differ a
+// little (a mismatch) still send gloo equal lengths and tell it by the check.
 
 #include <ATen/core/Tensor.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <cstdint>
-#include <functional>
 
 namespace torch_ext {
 
 class PairExchange {
  public:
-  // The p2p tag the exchanges use on the inner backend: a user's own send or
-  // recv on the same group under it would pair with one, so the guard refuses
-  // those (GuardBackend::checkUserTag).
-  static constexpr int kTag = 0x7E570000;
-  // The longest data an exchange carries (the receive's size, with the header).
+  // The longest data an exchange carries.
   static constexpr int64_t kMaxDataBytes = 64 * 1024;
+  // The check bits of a one-word exchange: ranks that differ pass with
+  // probability 2^-30, and every later check compares again (the rolling
+  // hash carries the collective on). Longer exchanges compare all 64.
+  static constexpr int kSingleCheckBits = 30;
 
   enum class Combine : uint8_t { Sum, Max, Min };
-  using Verdict = std::function<void(bool)>;
-
-  // Exchanges `user` (one dense CPU float32/float64/int32/int64 tensor of at
-  // most kMaxDataBytes) with the other rank of `inner`'s two. The work
-  // completes once both messages are through; then `user` holds the
-  // reduction if verdict(true) was called (the peer's hash and length are
-  // this rank's), and is left as it was if verdict(false).
-  static c10::intrusive_ptr<c10d::Work> issue(c10d::Backend& inner, at::Tensor user, Combine combine, uint64_t rolling,
-                                              Verdict verdict);
-  // Between two ranks: user := the reduction of rank 0's and rank 1's
-  // operands (user's element type and length, each read from its bytes), in
-  // gloo's operand order for each element, as gloo's ring computes it. Also
-  // for an exchange carried by the inner all_reduce (InBandCheck::packs).
-  static void reduceInGlooOrder(const at::Tensor& user, const uint8_t* rankZero, const uint8_t* rankOne,
-                                Combine combine);
   // SUM, MAX or MIN (the three an exchange takes).
   static Combine combineOf(const c10d::ReduceOp& op);
-  // Whether `work` is an exchange's: its future is made on request only.
-  static bool isExchange(const c10d::Work& work);
+
+  // The int64 words this rank contributes for `user` (one dense CPU
+  // float32/float64/int32/int64 tensor of at most kMaxDataBytes).
+  static at::Tensor words(const at::Tensor& user, uint64_t rolling);
+  // After the inner SUM of words() over the two ranks into `summed`: whether
+  // the other rank's check is this rank's; if so, `user` holds the reduction
+  // (left as it was otherwise). `rank` is this rank's on the inner group.
+  static bool finish(const at::Tensor& user, const at::Tensor& summed, uint64_t rolling, int rank, Combine combine);
+
+  // Pure, for tests: a one-word exchange's word, the other rank's word from
+  // the sum, and whether its check is this rank's.
+  static uint64_t singleWord(uint64_t rolling, uint32_t bits);
+  static uint64_t peerWord(int64_t summed, uint64_t mine);
+  static bool singleAgree(uint64_t peer, uint64_t mine);
+  // The words an exchange of `bytes` data bytes takes.
+  static int64_t wordCount(int64_t bytes);
+  // user := the reduction of rank 0's and rank 1's operands (user's element
+  // type and length, read from their bytes), each element in gloo's operand
+  // order, as gloo's ring computes it between two ranks.
+  static void reduceInGlooOrder(const at::Tensor& user, const uint8_t* rankZero, const uint8_t* rankOne,
+                                Combine combine);
 };
 
 }  // namespace torch_ext
