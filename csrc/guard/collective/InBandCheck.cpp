@@ -160,10 +160,16 @@ int64_t bytesOf(const at::Tensor& t) {
   return t.numel() * static_cast<int64_t>(t.element_size());
 }
 
-// Hands out `inner`'s work as one that completes once `then` (which reads the
-// verdict and copies the data back) ran on the inner work's completion.
+// Hands out `inner`'s work as one that completes once `then` (which copies the
+// data back and reads whether the ranks agree) ran on the inner work's
+// completion; `verdict` gets that answer. With a future, the verdict is the
+// first callback of the work's completed future, not part of completing it:
+// the verdict wakes the group's waiters (Verifier), and a waiter woken before
+// the future completed would find its work pending and sleep again, a context
+// switch per collective (docs/performance.md). Callbacks run in the order
+// they were added, so the guard's own (GuardWork) run after the verdict.
 c10::intrusive_ptr<c10d::Work> finishing(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, at::Tensor user,
-                                         std::function<void()> then) {
+                                         std::function<bool()> then, InBandCheck::Verdict verdict) {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   try {
     future = inner->getFuture();
@@ -171,16 +177,21 @@ c10::intrusive_ptr<c10d::Work> finishing(c10d::OpType type, c10::intrusive_ptr<c
     // gloo's reduce_scatter has none: `then` runs in wait() / isCompleted().
   }
   if (!future) {
-    return c10::make_intrusive<InBandWork>(type, std::move(inner), nullptr, std::move(then),
-                                           std::vector<at::Tensor>{user});
+    return c10::make_intrusive<InBandWork>(
+        type, std::move(inner), nullptr, [then = std::move(then), verdict = std::move(verdict)] { verdict(then()); },
+        std::vector<at::Tensor>{user});
   }
+  auto agree = std::make_shared<bool>(false);
   auto done = future->then(
-      [user, then = std::move(then)](c10::ivalue::Future& f) -> c10::IValue {
+      [user, agree, then = std::move(then)](c10::ivalue::Future& f) -> c10::IValue {
         (void)f.value();  // rethrows the inner failure: no verdict, no copy
-        then();
+        *agree = then();
         return c10::IValue(std::vector<at::Tensor>{user});
       },
       c10::ListType::ofTensors());
+  done->addCallback([agree, verdict = std::move(verdict)](c10::ivalue::Future& f) {
+    if (!f.hasError()) verdict(*agree);
+  });
   return c10::make_intrusive<InBandWork>(type, std::move(inner), std::move(done), nullptr,
                                          std::vector<at::Tensor>{user});
 }
@@ -289,10 +300,9 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   });
   std::vector<at::Tensor> carried{buffer};
   const c10d::ReduceOp op = opts.reduceOp;
-  return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
-                   [buffer, user, k, n, op, worldSize, verdict = std::move(verdict)] {
-                     verdict(readBack(buffer, user, k, n, op, worldSize));
-                   });
+  return finishing(
+      c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
+      [buffer, user, k, n, op, worldSize] { return readBack(buffer, user, k, n, op, worldSize); }, std::move(verdict));
 }
 
 bool InBandCheck::exchanges(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize,
@@ -316,10 +326,10 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::exchangeAllreduce(c10d::Backend& inn
   std::vector<at::Tensor> carried{summed};
   const int rank = inner.getRank();
   const PairExchange::Combine combine = PairExchange::combineOf(opts.reduceOp);
-  return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, sum), user,
-                   [summed, user, rolling, rank, combine, verdict = std::move(verdict)] {
-                     verdict(PairExchange::finish(user, summed, rolling, rank, combine));
-                   });
+  return finishing(
+      c10d::OpType::ALLREDUCE, inner.allreduce(carried, sum), user,
+      [summed, user, rolling, rank, combine] { return PairExchange::finish(user, summed, rolling, rank, combine); },
+      std::move(verdict));
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
@@ -366,23 +376,25 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inne
     }
   });
   std::vector<at::Tensor> carried{buffer};
-  return finishing(c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
-                   [buffer, user, word, worldSize, floating, verdict = std::move(verdict)] {
-                     int64_t reducedWord = 0;
-                     typed(user, [&](auto* u) {
-                       using T = std::remove_pointer_t<decltype(u)>;
-                       if (floating) {
-                         const double* p = buffer.data_ptr<double>();
-                         u[0] = static_cast<T>(p[0]);  // rounds as T's own sum of the two
-                         reducedWord = static_cast<int64_t>(p[1]);
-                       } else {
-                         const int64_t* p = buffer.data_ptr<int64_t>();
-                         u[0] = static_cast<T>(static_cast<uint64_t>(p[0]));  // wraps as T's own sum would
-                         reducedWord = p[1];
-                       }
-                     });
-                     verdict(compactAgree(reducedWord, word, worldSize));
-                   });
+  return finishing(
+      c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
+      [buffer, user, word, worldSize, floating] {
+        int64_t reducedWord = 0;
+        typed(user, [&](auto* u) {
+          using T = std::remove_pointer_t<decltype(u)>;
+          if (floating) {
+            const double* p = buffer.data_ptr<double>();
+            u[0] = static_cast<T>(p[0]);  // rounds as T's own sum of the two
+            reducedWord = static_cast<int64_t>(p[1]);
+          } else {
+            const int64_t* p = buffer.data_ptr<int64_t>();
+            u[0] = static_cast<T>(static_cast<uint64_t>(p[0]));  // wraps as T's own sum would
+            reducedWord = p[1];
+          }
+        });
+        return compactAgree(reducedWord, word, worldSize);
+      },
+      std::move(verdict));
 }
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
@@ -397,20 +409,22 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::
   std::memcpy(p, &rolling, kHead);
   std::memcpy(p + kHead, input.data_ptr(), nb);
   at::Tensor user = output;
-  return finishing(c10d::OpType::_ALLGATHER_BASE, inner._allgather_base(out, in, opts), user,
-                   [out, user, nb, worldSize, rolling, verdict = std::move(verdict)] {
-                     const auto* q = out.data_ptr<uint8_t>();
-                     auto* dst = static_cast<uint8_t*>(user.data_ptr());
-                     bool same = true;
-                     for (int r = 0; r < worldSize; ++r) {
-                       const uint8_t* block = q + r * (kHead + nb);
-                       uint64_t theirs = 0;
-                       std::memcpy(&theirs, block, kHead);
-                       same = same && theirs == rolling;
-                       std::memcpy(dst + r * nb, block + kHead, nb);
-                     }
-                     verdict(same);
-                   });
+  return finishing(
+      c10d::OpType::_ALLGATHER_BASE, inner._allgather_base(out, in, opts), user,
+      [out, user, nb, worldSize, rolling] {
+        const auto* q = out.data_ptr<uint8_t>();
+        auto* dst = static_cast<uint8_t*>(user.data_ptr());
+        bool same = true;
+        for (int r = 0; r < worldSize; ++r) {
+          const uint8_t* block = q + r * (kHead + nb);
+          uint64_t theirs = 0;
+          std::memcpy(&theirs, block, kHead);
+          same = same && theirs == rolling;
+          std::memcpy(dst + r * nb, block + kHead, nb);
+        }
+        return same;
+      },
+      std::move(verdict));
 }
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
@@ -434,10 +448,9 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
   });
   at::Tensor user = output;
   const c10d::ReduceOp op = opts.reduceOp;
-  return finishing(c10d::OpType::_REDUCE_SCATTER_BASE, inner._reduce_scatter_base(out, in, opts), user,
-                   [out, user, k, n, op, worldSize, verdict = std::move(verdict)] {
-                     verdict(readBack(out, user, k, n, op, worldSize));
-                   });
+  return finishing(
+      c10d::OpType::_REDUCE_SCATTER_BASE, inner._reduce_scatter_base(out, in, opts), user,
+      [out, user, k, n, op, worldSize] { return readBack(out, user, k, n, op, worldSize); }, std::move(verdict));
 }
 
 bool InBandRequest::carries(const c10d::Backend& inner, int worldSize) const {

@@ -83,9 +83,10 @@ class InBandCheck {
                                    int worldSize);
 
   // Each issues its collective carrying this rank's `rolling` hash on
-  // `inner`. The work returned completes (its future too) once
-  // `verdict(agree)` was called and the data is in the caller's output; an
-  // inner failure is its failure.
+  // `inner`. The work returned completes (its future too) once the data is
+  // in the caller's output, and `verdict(agree)` is called by its future's
+  // first callback (without a future: in the wait() or isCompleted() that
+  // sees it done, before it returns); an inner failure is its failure.
   using Verdict = std::function<void(bool)>;
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,

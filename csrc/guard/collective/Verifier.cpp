@@ -363,13 +363,7 @@ void Verifier::verifiedUpTo(uint64_t seq, bool fromRound) {
   for (auto& p : ready) p.release();
   if (auto st = state_.lock()) {
     if (device::StreamGate* gate = st->streamGate()) gate->release(seq);
-    // A round wakes the group's waiters. An in-band verdict does not: it
-    // comes just before its own work completes, whose completion wakes them
-    // (GuardWork), or on the thread that waits for it; a waiter of an earlier
-    // collective that carries no check has asked for a round (want). Waking
-    // them twice cost a context switch per collective, 0.3x gloo with a core
-    // busy (docs/performance.md).
-    if (fromRound) st->notify();
+    st->notify();
   }
   maybeStartRound();
 }
