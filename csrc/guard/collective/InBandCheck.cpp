@@ -280,8 +280,8 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
   at::Tensor user = tensors[0];
-  // One element summed: the ring's cheap path, even between two ranks, where
-  // an exchange's two messages cost more once a core is busy (issue 56).
+  // Between two ranks on gloo, an exchange carried by summed words; else one
+  // element summed beside a word, the ring's cheap path; else the words.
   if (exchanges(tensors, opts.reduceOp, worldSize, inner)) {
     return exchangeAllreduce(inner, user, opts, rolling, std::move(verdict));
   }
