@@ -84,31 +84,46 @@ int64_t PairExchange::wordCount(int64_t bytes) {
   return n;
 }
 
-at::Tensor PairExchange::words(const at::Tensor& user, uint64_t rolling) {
-  const int64_t nb = user.numel() * static_cast<int64_t>(user.element_size());
-  at::Tensor w = at::zeros({wordCount(nb)}, user.options().dtype(at::kLong));
-  auto* p = reinterpret_cast<uint64_t*>(w.data_ptr<int64_t>());
+namespace {
+
+int64_t dataBytes(const at::Tensor& user) {
+  return user.numel() * static_cast<int64_t>(user.element_size());
+}
+
+// This rank's words for `user` into `p` (wordCount(bytes) words, zeroed).
+void fillWords(uint64_t* p, const at::Tensor& user, uint64_t rolling) {
+  const int64_t nb = dataBytes(user);
   if (nb <= 4) {
     uint32_t bits = 0;
     std::memcpy(&bits, user.data_ptr(), nb);
-    p[0] = singleWord(rolling, bits);
+    p[0] = PairExchange::singleWord(rolling, bits);
   } else {
     p[0] = rolling;
     std::memcpy(p + 1, user.data_ptr(), nb);
   }
+}
+
+}  // namespace
+
+at::Tensor PairExchange::words(const at::Tensor& user, uint64_t rolling) {
+  at::Tensor w = at::zeros({wordCount(dataBytes(user))}, user.options().dtype(at::kLong));
+  fillWords(reinterpret_cast<uint64_t*>(w.data_ptr<int64_t>()), user, rolling);
   return w;
 }
 
 bool PairExchange::finish(const at::Tensor& user, const at::Tensor& summed, uint64_t rolling, int rank,
                           Combine combine) {
-  const at::Tensor mine = words(user, rolling);
-  const int64_t n = mine.numel();
+  const int64_t n = wordCount(dataBytes(user));
   if (summed.numel() != n) return false;
-  const auto* own = reinterpret_cast<const uint64_t*>(mine.data_ptr<int64_t>());
+  // This rank's words again (user is unchanged until reduced below), without
+  // a tensor: this runs once per collective.
+  std::vector<uint64_t> mine(n, 0);
+  fillWords(mine.data(), user, rolling);
+  const uint64_t* own = mine.data();
   const int64_t* sum = summed.data_ptr<int64_t>();
   std::vector<uint64_t> peer(n);  // the other rank's words: the sum less this rank's (they wrap alike)
   for (int64_t i = 0; i < n; ++i) peer[i] = peerWord(sum[i], own[i]);
-  const bool single = user.numel() * static_cast<int64_t>(user.element_size()) <= 4;
+  const bool single = dataBytes(user) <= 4;
   if (single ? !singleAgree(peer[0], own[0]) : peer[0] != rolling) return false;
   // The data behind the check: bits 0-31 of a single word, else words 1 on.
   const auto* ownData = reinterpret_cast<const uint8_t*>(single ? own : own + 1);
