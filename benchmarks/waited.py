@@ -5,6 +5,7 @@
     python benchmarks/waited.py --world 2 --sizes 1 --op max    # an early-stop flag
     python benchmarks/waited.py --world 2 --sizes 1 --after 100000  # each after a larger all_reduce
     python benchmarks/waited.py --world 2 --sizes 1 --spin-us 1000  # each after 1 ms of work on the CPU
+    python benchmarks/waited.py --world 2 --sizes 1 --busy 1     # a second process busy on the machine
 
 What a training loop does once a step, and what the default check used to pay
 most for: a loss or metric ``all_reduce`` whose result is waited for at once
@@ -23,6 +24,8 @@ of the data (docs/performance.md has the figures).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
 import sys
 import time
 
@@ -37,6 +40,7 @@ MODES = _modes.MODES
 
 
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+SPINNER = "while True: pass  # benchmarks/waited.py --busy"
 
 
 def _spin(seconds: float) -> None:
@@ -68,6 +72,21 @@ def _body(rank: int, world: int, store, sizes: list[int], iters: int, rounds: in
     return {"times": times, "rounds": stats["rounds"], "issued": stats["issued_seq"]}
 
 
+@contextlib.contextmanager
+def _busy(n: int):
+    """``n`` processes that keep a core busy each (a busy loop in Python) for as long as the block runs:
+    the "busy machine" of issue 56's figures, where the ranks' threads compete with other work for the
+    cores (on the 2-core CI kind of machine, two ranks and one spinner are three runnable processes)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                for _ in range(n)]
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
@@ -80,13 +99,18 @@ def main() -> None:
                     help="before each timed all_reduce, this long a busy loop on the CPU (timed with it)")
     ap.add_argument("--after", type=int, default=0,
                     help="before each timed all_reduce, a SUM all_reduce of this many float32 (timed with it)")
+    ap.add_argument("--busy", type=int, default=0,
+                    help="this many more processes, each a busy loop, run beside the ranks while they are timed")
     args = ap.parse_args()
     worlds = [args.world] if args.world else args.worlds
     for world in worlds:
-        res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds, args.op, args.after, args.spin_us)[0]
+        with _busy(args.busy):
+            res = _ranks.run(_body, world, args.sizes, args.iters, args.rounds, args.op, args.after,
+                             args.spin_us)[0]
         times = res["times"]
         after = f", each after one of {args.after} float32" if args.after else ""
         after += f", each after {args.spin_us} us of CPU work" if args.spin_us else ""
+        after += f", {args.busy} busy process(es) beside the ranks" if args.busy else ""
         print(f"world {world}: {args.rounds} rounds of {args.iters} synchronous {args.op.upper()} all_reduces{after} "
               f"per mode (median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
               f"for {res['issued']} collectives")

@@ -64,18 +64,28 @@ def test_train_step_quick_prints_every_figure():
     assert "goal: verify <= 1.01x gloo (DDP) at world 2: " in text, text
 
 
+def _cmdline(pid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:  # ended meanwhile
+        return ""
+
+
 @pytest.mark.timeout(120)
 def test_waited_prints_every_mode_with_the_loop_options():
     # The options a training loop's sync is timed with: an early-stop MAX, CPU work
-    # and a larger all_reduce before each timed one.
+    # and a larger all_reduce before each timed one, a busy machine.
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "waited.py"), "--world", "2", "--sizes", "1", "--iters", "20",
-         "--rounds", "2", "--op", "max", "--spin-us", "100", "--after", "1000"],
+         "--rounds", "2", "--op", "max", "--spin-us", "100", "--after", "1000", "--busy", "1"],
         capture_output=True, text=True, timeout=100, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-4000:]
     text = out.stdout
-    assert ("synchronous MAX all_reduces, each after one of 1000 float32, each after 100 us of CPU work per mode"
-            in text), text
+    assert ("synchronous MAX all_reduces, each after one of 1000 float32, each after 100 us of CPU work, 1 busy "
+            "process(es) beside the ranks per mode" in text), text
+    spinning = [d for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).endswith("waited.py --busy")]
+    assert not spinning, spinning  # the busy process ended with the benchmark
     row = next((ln for ln in text.splitlines() if ln.strip().startswith("1 |")), "")
     assert " us [" in row and row.count("x [") == 3, text  # verify, async and strict against gloo
 
