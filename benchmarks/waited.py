@@ -115,6 +115,9 @@ def main() -> None:
               f"per mode (median [quartiles] over rounds); verify's check rounds: {res['rounds']} "
               f"for {res['issued']} collectives")
         _modes.print_table(times, args.sizes, MODES)
+        print(f"world {world}: CPU time per all_reduce, all threads of rank 0's process, in the same rounds (with a "
+              "core busy elsewhere, the ranks' time follows what they spend)")
+        _modes.print_table(times, args.sizes, MODES, kind="cpu:")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,10 @@ def test_waited_prints_every_mode_with_the_loop_options():
             "process(es) beside the ranks per mode" in text), text
     spinning = [d for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).endswith("waited.py --busy")]
     assert not spinning, spinning  # the busy process ended with the benchmark
-    row = next((ln for ln in text.splitlines() if ln.strip().startswith("1 |")), "")
-    assert " us [" in row and row.count("x [") == 3, text  # verify, async and strict against gloo
+    rows = [ln for ln in text.splitlines() if ln.strip().startswith("1 |")]
+    assert len(rows) == 2, text  # the time per all_reduce, then the CPU time per all_reduce
+    assert all(" us [" in row and row.count("x [") == 3 for row in rows), text  # verify, async, strict against gloo
+    assert "world 2: CPU time per all_reduce, all threads of rank 0's process, in the same rounds" in text, text
 
 
 # scripts/gpu.sh and the benchmarks' --device cuda: on a machine without a GPU they
