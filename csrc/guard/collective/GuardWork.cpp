@@ -410,9 +410,12 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
       failFromInner(innerFuture_->tryRetrieveErrorMessage());
     }
     if (!released()) awaitVerdict(gate(), timeout);
-    // Completed: the inner wait() returns at once and finishes its bookkeeping
-    // (e.g. stream sync for CUDA tensors on gloo).
-    inner_->wait(timeout);
+    // Completed (its future is: c10d's contract for a work's future). What is
+    // left of the inner wait() is its synchronize() (the stream sync of CUDA
+    // tensors on gloo). Not wait() itself: gloo marks its work completed only
+    // after the future's callbacks have run, ours among them, so this thread,
+    // woken by them, would sleep a second time per collective (docs/performance.md).
+    inner_->synchronize();
     return true;
   }
   if (state_->failed()) state_->throwFailure("");

@@ -137,7 +137,7 @@ void Verifier::inBandVerdict(uint64_t seq, bool agree) {
     }
   }
   inBandVerified_.fetch_add(1, std::memory_order_relaxed);
-  verifiedUpTo(upTo, /*fromRound=*/false);
+  verifiedUpTo(upTo, /*fromRound=*/false, seq);
 }
 
 void Verifier::kick() {
@@ -326,10 +326,12 @@ void Verifier::onRound(const std::vector<int64_t>& all, bool second) {
   }
 }
 
-void Verifier::verifiedUpTo(uint64_t seq, bool fromRound) {
+void Verifier::verifiedUpTo(uint64_t seq, bool fromRound, uint64_t carried) {
   std::vector<Parked> ready;
+  bool wake = true;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t before = verifiedSeq_.load(std::memory_order_relaxed);
     if (fromRound) inFlight_ = false;
     if (blockedFrom_ != 0 && seq >= blockedFrom_) seq = blockedFrom_ - 1;  // never past a difference
     if (seq > verifiedSeq_.load(std::memory_order_relaxed)) {
@@ -359,11 +361,18 @@ void Verifier::verifiedUpTo(uint64_t seq, bool fromRound) {
     auto keep = std::partition(parked_.begin(), parked_.end(), [seq](const Parked& p) { return p.seq > seq; });
     ready.assign(std::make_move_iterator(keep), std::make_move_iterator(parked_.end()));
     parked_.erase(keep, parked_.end());
+    // An in-band verdict that released its own collective and nothing else
+    // wakes nobody: that collective's waiter is woken by its work's completion,
+    // the next callback on the same future (GuardWork::settle). Woken here, it
+    // would run into the ledger's and this verifier's locks while that
+    // completion still holds them, and sleep a second time per collective.
+    const bool onlyItself = carried != 0 && (seq <= before || (seq == carried && before + 1 == carried));
+    wake = !onlyItself || !ready.empty();
   }
   for (auto& p : ready) p.release();
   if (auto st = state_.lock()) {
     if (device::StreamGate* gate = st->streamGate()) gate->release(seq);
-    st->notify();
+    if (wake) st->notify();
   }
   maybeStartRound();
 }

@@ -153,8 +153,9 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   void pacerLoop();
   void gather(std::vector<int64_t> mine, std::function<void(const std::vector<int64_t>&)> then);
   void onRound(const std::vector<int64_t>& all, bool second);
-  // `fromRound`: a round's verdict (its in-flight flag is cleared).
-  void verifiedUpTo(uint64_t seq, bool fromRound);
+  // `fromRound`: a round's verdict (its in-flight flag is cleared). `carried`:
+  // the collective whose in-band verdict this is (0 for a round's).
+  void verifiedUpTo(uint64_t seq, bool fromRound, uint64_t carried = 0);
   void differs(uint64_t seq, uint64_t from);
   void reportDifference(uint64_t from, uint64_t upTo, const std::vector<int64_t>& perSeq);
   void helperFailed(const std::string& what);
