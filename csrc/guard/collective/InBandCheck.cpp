@@ -164,10 +164,12 @@ int64_t bytesOf(const at::Tensor& t) {
 // data back and reads whether the ranks agree) ran on the inner work's
 // completion; `verdict` gets that answer. With a future, the verdict is the
 // first callback of the work's completed future, not part of completing it:
-// the verdict wakes the group's waiters (Verifier), and a waiter woken before
-// the future completed would find its work pending and sleep again, a context
-// switch per collective (docs/performance.md). Callbacks run in the order
-// they were added, so the guard's own (GuardWork) run after the verdict.
+// the verdict can wake the group's waiters (Verifier: those of the other
+// collectives it releases), and a waiter woken before the future completed
+// would find its work pending and sleep again, a context switch per
+// collective (docs/performance.md). Callbacks run in the order they were
+// added, so the guard's own (GuardWork, which wakes this work's waiter) run
+// after the verdict.
 c10::intrusive_ptr<c10d::Work> finishing(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, at::Tensor user,
                                          std::function<bool()> then, InBandCheck::Verdict verdict) {
   c10::intrusive_ptr<c10::ivalue::Future> future;
