@@ -34,3 +34,16 @@ def pytest_runtest_setup(item):
     marker = item.get_closest_marker("gpu")
     if marker is not None:
         apply_gpu_rule(int(marker.kwargs.get("count", 1)))
+
+
+def pytest_addoption(parser):
+    # --cpu-profile FILE: each test's wall time, CPU and processes, one JSON line each (cpu_profile.py).
+    from cpu_profile import add_option
+
+    add_option(parser)
+
+
+def pytest_configure(config):
+    from cpu_profile import register
+
+    register(config)
