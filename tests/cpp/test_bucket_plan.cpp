@@ -23,6 +23,8 @@ using torch_ext::sampling::parsePolicy;
 using torch_ext::sampling::planBucketBatches;
 using torch_ext::sampling::Policy;
 
+namespace test_bucket_plan {
+
 namespace {
 
 at::Tensor ids(const std::vector<int32_t>& v) {
@@ -249,3 +251,5 @@ TEST(Rng, BoundedIsUniformEnoughAndInRange) {
     EXPECT_NEAR(h, 10000, 500);  // ~5 sigma
   }
 }
+
+}  // namespace test_bucket_plan

@@ -23,6 +23,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_callsite_groupstate {
+
 namespace {
 
 std::shared_ptr<GroupState> makeGroup(GroupIdentity id = GroupIdentity{"3", 1, 2, {4, 6}}, Config cfg = Config()) {
@@ -436,3 +438,5 @@ TEST(GroupState, WaitUntilReturnsOnPredicateFailureOrTimeout) {
     EXPECT_FALSE(st->failed());
   }
 }
+
+}  // namespace test_callsite_groupstate

@@ -34,6 +34,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_collective_checks {
+
 namespace {
 
 constexpr auto CPU = c10::DeviceType::CPU;
@@ -423,3 +425,5 @@ TEST(CheckPolicy, WhatEachModeDoes) {
     for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], row.answers[i]) << "answer " << i;
   }
 }
+
+}  // namespace test_collective_checks

@@ -15,6 +15,8 @@ using torch_ext::Config;
 using torch_ext::ConfigError;
 using torch_ext::StreamGateMode;
 
+namespace test_config {
+
 namespace {
 
 struct EnvGuard {
@@ -192,3 +194,5 @@ TEST(Config, LiveSignalIsReadByNameAndOffTurnsItOff) {
   }
   EXPECT_THROW(torch_ext::detail::parseSignal("SIGRTMIN+99", "v"), ConfigError);
 }
+
+}  // namespace test_config

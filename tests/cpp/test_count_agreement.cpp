@@ -14,6 +14,8 @@ using torch_ext::nccl_sim::compareCounts;
 using torch_ext::nccl_sim::compareRows;
 using torch_ext::nccl_sim::splitBytes;
 
+namespace test_count_agreement {
+
 namespace {
 
 std::vector<std::vector<int64_t>> rowsOf(const std::vector<Agreement>& ranks) {
@@ -96,3 +98,5 @@ TEST(CountAgreement, ABlockAgreesOnceForAllItsOperations) {
   swapped.merge(allGather(4));
   EXPECT_NE(block.word, swapped.word);
 }
+
+}  // namespace test_count_agreement

@@ -11,6 +11,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_deadlines_status {
+
 namespace {
 
 constexpr int64_t kSec = 1'000'000'000;
@@ -252,3 +254,5 @@ TEST(LocalReport, TimeoutAndHangWithoutAVerdictSayWhy) {
             "collective #3 all_reduce(float32[4], SUM) on group \"default_pg\" has waited 1.2 s (no cross-rank report: "
             "why)");
 }
+
+}  // namespace test_deadlines_status

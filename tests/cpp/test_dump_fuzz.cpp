@@ -32,6 +32,8 @@
 
 using namespace torch_ext;
 
+namespace test_dump_fuzz {
+
 namespace {
 
 constexpr const char* kFile = "rank7.json";
@@ -979,3 +981,5 @@ TEST(DumpFuzz, AnalysisCostGrowsWithTheInputNotWithGroupsTimesFileSize) {
   });
   EXPECT_TRUE(problems.empty()) << joined(problems);
 }
+
+}  // namespace test_dump_fuzz

@@ -15,6 +15,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_errands {
+
 namespace {
 
 // A gate an errand waits at until the test opens it (bounded: 30 s).
@@ -80,3 +82,5 @@ TEST(Errands, AnErrandMayStartAnotherAndAThrowingOneDoesNotStopTheOthers) {
   EXPECT_TRUE(errands.finish(milliseconds(5000)).empty());
   EXPECT_EQ(ran.load(), 2);
 }
+
+}  // namespace test_errands

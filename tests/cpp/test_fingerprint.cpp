@@ -16,6 +16,8 @@ using torch_ext::Fingerprint;
 using torch_ext::FingerprintBuilder;
 using torch_ext::Op;
 
+namespace test_fingerprint {
+
 namespace {
 
 constexpr auto CPU = c10::DeviceType::CPU;
@@ -358,3 +360,5 @@ TEST(Fingerprint, WhoMayFinishBeforeThePeersItWaitsFor) {
   EXPECT_FALSE(fp(Op::Reduce, 1).mayFinishAlone(0, true));
   EXPECT_TRUE(fp(Op::Send, 1).mayFinishAlone(0, true));
 }
+
+}  // namespace test_fingerprint

@@ -19,6 +19,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_guard_backend {
+
 namespace {
 
 // An inner work completed by the test.
@@ -214,3 +216,5 @@ TEST(GuardBackend, ExitPathsNeverWaitOnAFrozenStore) {
   }
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
 }
+
+}  // namespace test_guard_backend

@@ -11,6 +11,8 @@
 
 using namespace torch_ext;
 
+namespace test_history {
+
 namespace {
 
 // `n` collectives `op` at `where`, seqs from `from`.
@@ -185,3 +187,5 @@ TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
   DifferenceWords none;
   EXPECT_FALSE(DifferenceWords::decode(none.encode(2047)).facts.known());
 }
+
+}  // namespace test_history

@@ -16,6 +16,8 @@
 using torch_ext::InBandCheck;
 using torch_ext::PairExchange;
 
+namespace test_in_band_check {
+
 namespace {
 
 std::vector<double> reduce(const std::vector<std::vector<double>>& ranks, c10d::ReduceOp op) {
@@ -238,3 +240,5 @@ TEST(InBandCheck, AnExchangeTakesTheFourDtypesUpToItsBoundBetweenTwoRanksOnGloo)
   EXPECT_FALSE(InBandCheck::exchanges({at::ones({1})}, c10d::ReduceOp::PRODUCT, 2, gloo));
   EXPECT_FALSE(InBandCheck::exchanges({at::ones({1})}, c10d::ReduceOp::SUM, 2, other));  // gloo's operand order
 }
+
+}  // namespace test_in_band_check

@@ -20,6 +20,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_incident_protocol {
+
 namespace {
 
 constexpr int64_t kSec = 1'000'000'000;
@@ -343,3 +345,5 @@ TEST(IncidentProtocol, ALiveRequestForSomeRanksIsAnsweredByThoseOnly) {
   EXPECT_NE(std::find(left.begin(), left.end(), keys::snapshot(id, 2)), left.end());
   EXPECT_EQ(std::find(left.begin(), left.end(), keys::once(id)), left.end());
 }
+
+}  // namespace test_incident_protocol

@@ -18,6 +18,8 @@
 
 using namespace torch_ext;
 
+namespace test_join_handshake {
+
 namespace {
 
 JoinRecord recordWith(std::map<std::string, std::string> overrides) {
@@ -169,3 +171,5 @@ TEST(JoinHandshake, ARankThatNeverComesFailsTheOthersAtTheTimeout) {
     EXPECT_NE(errors[r].find("rank 2: never reached this group's creation"), std::string::npos) << errors[r];
   }
 }
+
+}  // namespace test_join_handshake

@@ -15,6 +15,8 @@
 using torch_ext::Json;
 using torch_ext::JsonError;
 
+namespace test_json {
+
 namespace {
 
 std::string parseError(const std::string& text) {
@@ -309,3 +311,5 @@ TEST(Json, FormerBugsStayFixed) {
     }
   }
 }
+
+}  // namespace test_json

@@ -13,6 +13,8 @@
 
 using namespace torch_ext;
 
+namespace test_labels {
+
 namespace {
 
 constexpr int64_t kNow = 1'700'000'000'000'000'000;
@@ -341,3 +343,5 @@ TEST(LabelTable, AMetricFieldIsWhatRanksMustAgreeOn) {
   EXPECT_EQ(LabelTable::currentIdentity(), 0u);
   LabelTable::setCurrent(prev);
 }
+
+}  // namespace test_labels

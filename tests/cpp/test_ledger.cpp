@@ -19,6 +19,8 @@ using torch_ext::FingerprintBuilder;
 using torch_ext::Ledger;
 using torch_ext::Op;
 
+namespace test_ledger {
+
 namespace {
 
 constexpr auto CPU = c10::DeviceType::CPU;
@@ -449,3 +451,5 @@ TEST(Ledger, CallbackCompletionsAreTimedOnTheHostAndPolledOnesByTheirStream) {
   EXPECT_TRUE(untimed.waitWindows().empty());
   EXPECT_TRUE(alone.waitWindows().empty());
 }
+
+}  // namespace test_ledger

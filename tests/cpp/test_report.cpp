@@ -13,6 +13,8 @@
 
 using namespace torch_ext;
 
+namespace test_report {
+
 namespace {
 
 constexpr auto CPU = c10::DeviceType::CPU;
@@ -680,3 +682,5 @@ TEST(Report, LastWordsSayHowARanksProcessEnded) {
   r.snapshot.incident = "terminated";
   EXPECT_EQ(lastWordsNote(r), "then its process was terminated");
 }
+
+}  // namespace test_report

@@ -24,6 +24,8 @@
 
 using namespace torch_ext;
 
+namespace test_snapshot {
+
 namespace {
 
 constexpr auto CPU = c10::DeviceType::CPU;
@@ -629,3 +631,5 @@ TEST(DumpAnalysis, ASendRecvThatFailedBeforeTheDumpIsStillTheGroupsHang) {
     EXPECT_EQ(findings[0].verdict.notArrived, (std::vector<int64_t>{1})) << findings[0].verdict.text;
   }
 }
+
+}  // namespace test_snapshot

@@ -14,6 +14,8 @@
 
 #include <string>
 
+namespace test_step_sync {
+
 namespace {
 
 namespace ops = torch_ext::ops;
@@ -159,3 +161,5 @@ TEST(StepSyncOp, UnknownGroupNamesTheFix) {
   EXPECT_NE(e.find("no process group named 'no_such_group'"), std::string::npos) << e;
   EXPECT_NE(e.find("dist.group.WORLD.group_name"), std::string::npos) << e;
 }
+
+}  // namespace test_step_sync

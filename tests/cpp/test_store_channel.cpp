@@ -16,6 +16,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_store_channel {
+
 namespace {
 
 double secondsSince(std::chrono::steady_clock::time_point t0) {
@@ -207,3 +209,5 @@ TEST(StoreChannel, QuiesceEndsTheThreadAndALaterCallStartsItAgain) {
   store->channel().quiesce();  // idempotent
   EXPECT_EQ(store->health(), StoreHealth::Healthy);
 }
+
+}  // namespace test_store_channel

@@ -34,6 +34,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_store_keys {
+
 namespace {
 
 // A HashStore that records every key written (set, add, compare-set, ...) and
@@ -336,3 +338,5 @@ TEST(StoreKeys, RankSpecsAreReadAsTheyAreWritten) {
     EXPECT_EQ(keys::specAsks(spec, r), in) << spec << " rank " << r;
   }
 }
+
+}  // namespace test_store_keys

@@ -16,6 +16,8 @@
 
 using namespace torch_ext;
 
+namespace test_stragglers {
+
 namespace {
 
 constexpr int64_t kMs = 1000000;
@@ -364,3 +366,5 @@ TEST(DumpStragglers, TwoWindowsOrAMissingRankOrOldDumpsNameNobody) {
   // TORCH_EXT_STRAGGLER=off: nothing analysed.
   EXPECT_EQ(stragglersFromSnapshots(std::vector<RankSnapshot>(three.begin(), three.end()), 0.0).size(), 1u);
 }
+
+}  // namespace test_stragglers

@@ -14,6 +14,8 @@ using torch_ext::device::GateVerdict;
 using torch_ext::device::GateWord;
 using torch_ext::device::StreamGate;
 
+namespace test_stream_gate {
+
 TEST(GateWord, ReleasePassesUpToTheVerifiedSeq) {
   const uint64_t w = GateWord::released(7);
   EXPECT_EQ(GateWord::decide(w, 6), GateVerdict::Pass);
@@ -111,3 +113,5 @@ TEST(StreamGate, NonDenseResultsAreHeldButNotFilled) {
   EXPECT_EQ(base.sum().item<float>(), 16.0f);
   EXPECT_FALSE(torch_ext::device::fillPoison(strided));
 }
+
+}  // namespace test_stream_gate

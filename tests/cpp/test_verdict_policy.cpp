@@ -9,6 +9,8 @@
 
 using namespace torch_ext;
 
+namespace test_verdict_policy {
+
 namespace {
 
 VerdictFacts facts(Verdict::Kind verdict, IncidentKind incident) {
@@ -111,3 +113,5 @@ TEST(VerdictPolicy, NoVerdictFailsNothingAndIsLoggedAtDebugOnly) {
     EXPECT_EQ(a.level, LogLevel::Debug);
   }
 }
+
+}  // namespace test_verdict_policy

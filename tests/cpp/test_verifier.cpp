@@ -19,6 +19,8 @@
 using namespace torch_ext;
 using std::chrono::milliseconds;
 
+namespace test_verifier {
+
 namespace {
 
 constexpr int64_t kUs = 1000;
@@ -277,3 +279,5 @@ TEST(Verifier, StatsCountRoundsAndTheLearnedBurstOnTheInjectedClock) {
 }
 
 }  // namespace
+
+}  // namespace test_verifier

@@ -10,6 +10,8 @@
 
 using namespace torch_ext;
 
+namespace test_wait_graph {
+
 namespace {
 
 constexpr int64_t kSec = 1000000000;
@@ -369,3 +371,5 @@ TEST(WaitGraph, CertaintyAndBlockedSurviveJson) {
   v.certain = false;
   EXPECT_FALSE(Verdict::fromJson(v.toJson()).certain);
 }
+
+}  // namespace test_wait_graph

@@ -11,6 +11,8 @@
 
 using namespace torch_ext;
 
+namespace test_work_retirement {
+
 namespace {
 
 // Records the thread that destroyed it.
@@ -93,3 +95,5 @@ TEST(WorkRetirement, WorksHeldElsewhereForLongAreNotScannedAtEveryCollective) {
   EXPECT_LE(r.kept(), keptBefore);
   for (auto& w : where) EXPECT_EQ(w.load(), std::this_thread::get_id());
 }
+
+}  // namespace test_work_retirement
