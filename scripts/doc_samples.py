@@ -38,6 +38,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))
                               if n.endswith(".md"))
 MARKER = re.compile(r"^<!-- sample: ([a-z0-9-]+) -->\s*$")
+# The tests set it: each source's programs are forked from a warm interpreter that imported torch once
+# (torch_ext.testing._warm; the same programs, output and exit, without 1-2 CPU-s of torch's import each).
+WARM = False
 
 
 # --- running the sources ------------------------------------------------------
@@ -56,8 +59,15 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> str:
     """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given."""
     # One stream, as in a terminal: the ranks' log lines (stderr) where they came.
-    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    if WARM:
+        from torch_ext.testing import _warm
+
+        env = _env()
+        _warm.start(env)  # outside the timeout: the first start imports torch
+        proc = _warm.run(argv, env=env, cwd=cwd, timeout=timeout, merge=True)
+    else:
+        proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=timeout)
     out = proc.stdout
     if proc.returncode != 0:
         raise RuntimeError(f"`python {' '.join(argv)}` exited {proc.returncode}:\n{out[-6000:]}")

@@ -27,6 +27,7 @@ from torch_ext.testing import (  # noqa: F401 - re-exported for the tests
     RankResult,
     RanksFailedError,
     RunResults,
+    _warm,
     assert_all_ok,
     free_port,
     rank_env,
@@ -38,14 +39,35 @@ from torch_ext.testing import run_ranks as _run_ranks
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def needs(*packages: str, module: bool = False) -> None:
+    """Skips the calling test (``module=True``: the whole module) unless ``packages`` are installed.
+
+    Unlike ``pytest.importorskip`` it imports nothing: Lightning costs about 3 CPU-s to import,
+    and a module that imports it when collected makes every pytest-xdist worker pay that, the
+    workers whose tests never use it too (issue 66). The tests' programs import what they use.
+    """
+    import importlib.util
+
+    import pytest
+
+    missing = [p for p in packages if importlib.util.find_spec(p) is None]
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)} (pip install {' '.join(missing)})", allow_module_level=module)
+
+
 def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = None, *,
-               python: str = sys.executable, source_tree: bool = True, **env: str) -> subprocess.CompletedProcess:
+               python: str = sys.executable, source_tree: bool = True, fresh: bool = False,
+               **env: str) -> subprocess.CompletedProcess:
     """Runs ``python ARGS`` (under torchrun with ``nproc`` local ranks if given) as a user would.
 
     The project root is on PYTHONPATH (unless ``source_tree=False``: then the
     caller's PYTHONPATH is dropped too, e.g. to run an installed wheel with
     another ``python``), one OpenMP thread per process, ``env`` added on top;
-    output is captured as text and the run is killed at ``timeout``.
+    output is captured as text and the run is killed at ``timeout``. The
+    program (torchrun's agent, under torchrun) is forked from a warm interpreter
+    (torch_ext.testing._warm) unless ``fresh`` or another ``python`` is asked for;
+    what it starts itself (torchrun's workers, an example's spawned ranks) are
+    new interpreters, as for a user.
     """
     launcher = [] if nproc is None else [
         "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
@@ -54,8 +76,11 @@ def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = No
     if source_tree:
         full_env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     full_env.update(OMP_NUM_THREADS="1", **env)
-    return subprocess.run([python, *launcher, *args], capture_output=True, text=True, timeout=timeout,
-                          env=full_env, cwd=cwd)
+    if fresh or python != sys.executable:
+        return subprocess.run([python, *launcher, *args], capture_output=True, text=True, timeout=timeout,
+                              env=full_env, cwd=cwd)
+    _warm.start(full_env)  # outside the timeout: the first start imports torch
+    return _warm.run([*launcher, *args], env=full_env, cwd=cwd, timeout=timeout)
 
 
 def run_ranks(fn, world_size: int, *args: Any, **options: Any) -> RunResults:
@@ -65,10 +90,12 @@ def run_ranks(fn, world_size: int, *args: Any, **options: Any) -> RunResults:
 
 
 def launch_script(args: list[str], world_size: int, *, store: str = "rank0", timeout: float = 60.0,
-                  env: dict[str, str] | None = None, wait_for: list[int] | None = None) -> list[ProcResult]:
+                  env: dict[str, str] | None = None, wait_for: list[int] | None = None,
+                  fresh: bool = False) -> list[ProcResult]:
     """:func:`torch_ext.testing.launch_script` from the project root, with it on PYTHONPATH."""
     env = {"PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
-    return _launch_script(args, world_size, store=store, timeout=timeout, env=env, wait_for=wait_for, cwd=ROOT)
+    return _launch_script(args, world_size, store=store, timeout=timeout, env=env, wait_for=wait_for, cwd=ROOT,
+                          fresh=fresh)
 
 
 class LogRecords(logging.Handler):

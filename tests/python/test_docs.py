@@ -88,6 +88,8 @@ def test_readme_first_screen_has_the_two_commands():
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import doc_samples  # noqa: E402
 
+doc_samples.WARM = True  # the examples forked from a warm interpreter (torch_ext.testing._warm)
+
 # Output blocks that are not (yet) made by doc_samples.py, each with why. Every other fenced
 # block showing torch_ext's output must be a marked sample. Keyed by file and the block's first line.
 NOT_GENERATED = {

@@ -14,10 +14,12 @@ import sys
 
 import pytest
 
-from harness import ROOT, run_script
+from harness import ROOT, needs, run_script
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import doc_samples  # noqa: E402
+
+doc_samples.WARM = True  # the examples forked from a warm interpreter (torch_ext.testing._warm)
 
 EXAMPLES = os.path.join(ROOT, "examples")
 
@@ -152,7 +154,7 @@ def test_ddp_unused_parameter_example_follows_ddps_error_with_the_bucket_held_ba
 def test_lightning_metric_keys_example_names_the_metrics_each_rank_synced(tmp_path):
     # Lightning#19106 under Lightning's own launcher: every rank raises, rank 0's report
     # names the metric, the self.log_dict line in validation_step, the keys per rank and the hint.
-    pytest.importorskip("lightning")
+    needs("lightning")
     out = _source("lightning_metric_keys", tmp_path)  # python examples/bugs/lightning_metric_keys.py
     raised = dict(re.findall(r"\[rank(\d)\] raised (\w+):", out))
     # Ranks 1 and 2 raise inside loss.backward() (autograd's engine): typed there too.
@@ -368,7 +370,7 @@ def test_multiscale_buckets_example_shows_equal_counts_and_the_bug(tmp_path):
 
 
 def test_webdataset_lightning_example_trains_the_announced_length(tmp_path):
-    pytest.importorskip("webdataset")
+    needs("webdataset")
     out = _example("webdataset_lightning.py", tmp_path, timeout=240)
     plan = _per_rank(r"rank (\d): split_by_node alone gives ranks \[([\d, ]+)\] batches; with_epoch set to (\d+)", out)
     assert sorted(plan) == [0, 1] and plan[0] == plan[1], out[-8000:]
@@ -380,7 +382,7 @@ def test_webdataset_lightning_example_trains_the_announced_length(tmp_path):
 
 
 def test_accelerate_example_runs_a_bucketed_loop_on_the_guard_with_equal_counts(tmp_path):
-    pytest.importorskip("accelerate")
+    needs("accelerate")
     out = _example("accelerate_guard.py", tmp_path, timeout=240)
     steps = re.findall(r"\[rank (\d)\] epoch (\d): (\d+) steps of (\d+)", out)
     by_epoch: dict[str, set[tuple[str, str]]] = {}

@@ -1,0 +1,109 @@
+"""Programs forked from the warm interpreter behave as fresh ``python ARGS`` (torch_ext/testing/_warm.py).
+
+Most of this suite's programs (launch_script's ranks, the examples, the CLIs, a replay's ranks) are
+forked from an interpreter that imported torch once, not started anew (issue 66: interpreter
+start-ups were most of CI's CPU). That is only sound if a program cannot tell: the same probe runs
+both ways and must see the same argv, sys.path, __main__, working directory, environment, warning
+filters and standard streams, end the same way (exit status, uncaught exception and its traceback,
+atexit hooks, non-daemon threads joined, a signal) and print the same. The one difference it may
+see is that torch is already imported.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from harness import ROOT
+from torch_ext.testing import _warm
+
+PROBE = os.path.join("tests", "python", "jobs", "warm_probe.py")  # relative, as a user types it
+
+
+def _both(args: list[str], **env: str):
+    full = dict(os.environ, PROBE="yes", PYTHONPATH="/probe/a" + os.pathsep + "/probe/b", **env)
+    fresh = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=60, env=full, cwd=ROOT)
+    _warm.start(full)
+    warm = _warm.run(args, env=full, cwd=ROOT, timeout=60)
+    return fresh, warm
+
+
+def _facts(proc) -> dict:
+    facts = json.loads(next(line for line in proc.stdout.splitlines() if line.startswith("{")))
+    facts.pop("torch_in_modules")  # the one difference: the warm interpreter has torch imported
+    return facts
+
+
+@pytest.mark.parametrize("how", [[], ["exit", "3"], ["raise"]], ids=["ends", "sys.exit(3)", "raises"])
+def test_a_program_sees_and_ends_as_under_a_fresh_interpreter(how):
+    fresh, warm = _both([PROBE, *how])
+    assert warm.returncode == fresh.returncode == {(): 0, ("exit", "3"): 3, ("raise",): 1}[tuple(how)]
+    assert _facts(warm) == _facts(fresh), (warm.stdout, fresh.stdout)
+    facts = _facts(warm)
+    assert facts["argv"] == [PROBE, *how] and facts["main_name"] == "__main__" and facts["env"] == "yes"
+    assert facts["path0"] == os.path.join(ROOT, "tests", "python", "jobs")
+    assert facts["pythonpath"] == ["/probe/a", "/probe/b"] and not facts["torch_ext_in_modules"]
+    # The main thread's end is the interpreter's: the non-daemon thread is joined, then atexit runs,
+    # seeing an uncaught exception as sys.last_value.
+    for proc in (fresh, warm):
+        tail = proc.stdout.splitlines()[-2:]
+        last = "ValueError" if how == ["raise"] else None
+        assert tail == ["thread: done", f"atexit: last_value={last}"], proc.stdout
+    assert warm.stderr == fresh.stderr, (warm.stderr, fresh.stderr)  # the traceback too, frame for frame
+    if how == ["raise"]:
+        assert warm.stderr.startswith("to stderr\nTraceback (most recent call last):\n  File \"" + os.path.join(
+            ROOT, PROBE) + "\", line"), warm.stderr
+
+
+def test_warning_options_and_unbuffered_output_come_from_the_programs_environment():
+    fresh, warm = _both([PROBE], PYTHONWARNINGS="ignore::UserWarning", PYTHONUNBUFFERED="1")
+    assert _facts(warm) == _facts(fresh)
+    facts = _facts(warm)
+    assert facts["warnoptions"] == ["ignore::UserWarning"] and facts["warnings_shown"] == ["deprecated"]
+    assert facts["stdout_write_through"] is True
+    fresh, warm = _both(["-W", "error::DeprecationWarning", PROBE])
+    assert warm.returncode == fresh.returncode == 1 and "DeprecationWarning: deprecated" in warm.stderr
+    assert warm.stderr == fresh.stderr
+
+
+def test_module_and_command_forms():
+    for args in (["-m", "json.tool", "--help"], ["-c", "import sys; print(sys.argv, sys.path[0] == '')", "x"]):
+        fresh, warm = _both(args)
+        assert (warm.returncode, warm.stdout, warm.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr), args
+
+
+def test_a_signal_ends_it_as_it_ends_a_fresh_one_and_wait_has_a_timeout(tmp_path):
+    fresh, warm = _both([PROBE, "kill"])
+    assert warm.returncode == fresh.returncode == -signal.SIGKILL
+    with open(tmp_path / "out", "w") as out:
+        p = _warm.popen(["-c", "import time; time.sleep(60)"], stdout=out, stderr=subprocess.STDOUT)
+        with pytest.raises(subprocess.TimeoutExpired):
+            p.wait(timeout=0.2)
+        p.terminate()
+        assert p.wait(timeout=10) == -signal.SIGTERM
+        p.kill()  # after the end: no signal reaches a pid the zygote has reaped
+
+
+def test_import_time_settings_that_differ_get_an_interpreter_of_their_own():
+    # OpenMP reads OMP_NUM_THREADS when torch loads it: a program asking for another value than the
+    # zygote's must not inherit the zygote's.
+    code = "import torch; print(torch.get_num_threads())"
+    for n in ("1", "2"):
+        out = _warm.run(["-c", code], env=dict(os.environ, OMP_NUM_THREADS=n), timeout=60)
+        assert out.stdout.strip() == n, (n, out)
+    assert not _warm.forkable(["-X", "dev", PROBE]) and _warm.forkable(["-u", "-W", "ignore", PROBE])
+
+
+def test_a_warm_start_costs_a_fraction_of_a_fresh_one():
+    # Not a timing assertion on the clock: CPU time of the started program's own process.
+    code = "import time, torch; print(time.process_time())"
+    _warm.start()
+    warm = float(_warm.run(["-c", code], timeout=60).stdout)
+    start = time.monotonic()
+    fresh = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout)
+    assert warm < fresh / 5, (warm, fresh, time.monotonic() - start)

@@ -1,0 +1,262 @@
+"""``python ARGS`` without importing torch again: programs forked from a warm interpreter.
+
+A new interpreter spends 1.2-2.3 CPU-s importing torch before a program's first line runs; a test
+suite that starts hundreds of real programs (one per rank, the examples, the CLIs) spends most of its
+CPU there (docs/testing.md, "CI time"). :func:`popen` asks a *zygote*, an interpreter that imported
+torch once (``_zygote.py``), to fork; the child sets itself up as ``python ARGS`` would and runs the
+program at the top of its stack, so its exit is a real interpreter's: atexit hooks (torch_ext's
+exit path), non-daemon threads joined, finalisation, the exit status and the moment it ends.
+
+What differs from a fresh interpreter, and when :func:`popen` starts one instead:
+
+- torch (``PRELOAD``) is imported before the program's environment is set. Variables read at
+  import or at interpreter start (``IMPORT_TIME``: OpenMP's and MKL's thread counts, the hash seed,
+  torch's C++ log level, ...) take the zygote's values, so a program whose environment sets them
+  otherwise gets a fresh interpreter (or a zygote of its own, started with those values).
+- The program's parent is the zygote, not this process: :class:`WarmProcess` has ``Popen``'s
+  ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill`` and ``returncode``, the exit status coming
+  from the zygote.
+- Programs of one zygote share Python's hash seed (forked ranks of ``run_ranks`` do too).
+- Options other than ``-u``, ``-W``, ``-m`` and ``-c`` before the program are not interpreted:
+  such a command line gets a fresh interpreter.
+
+One zygote per environment key and per process (a pytest-xdist worker), started on first use
+(about 2 s, outside any deadline of the caller's), ended when this process ends.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel"]
+# Read when the interpreter starts or when torch is imported: a program whose values differ from
+# the zygote's cannot be forked from it.
+IMPORT_TIME = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_", "GOMP_", "PYTHONHASHSEED",
+               "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC", "PYTHONSAFEPATH",
+               "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONSTARTUP",
+               "PYTHONUTF8", "PYTHONINTMAXSTRDIGITS", "PYTHONDONTWRITEBYTECODE", "PYTHONVERBOSE",
+               "PYTHONINSPECT", "PYTHONBREAKPOINT", "LD_", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES",
+               "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "CUDA_",
+               "NCCL_", "TORCH_CUDA", "PYTORCH_")
+_OPTIONS = {"-u": 0, "-W": 1, "-m": 1, "-c": 1}
+_ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
+
+
+def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+
+
+def forkable(args: list[str]) -> bool:
+    """Whether ``python ARGS`` is a command line the zygote runs as the interpreter would."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        a = args[i]
+        if a.startswith("-W") and a != "-W":
+            i += 1
+            continue
+        if a not in _OPTIONS:
+            return False
+        if a in ("-m", "-c"):
+            return i + 1 < len(args)
+        i += 1 + _OPTIONS[a]
+    return i < len(args)
+
+
+class _Zygote:
+    def __init__(self, env: dict[str, str]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        # This process's environment with the program's import-time values: nothing else of the
+        # program's is there while torch is imported (each child sets its own environment).
+        zenv = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
+        zenv.update((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))
+        for k in ("PYTHONPATH", "PYTHONWARNINGS"):
+            zenv.pop(k, None)
+        with open(os.devnull, "rb") as null:
+            self.proc = subprocess.Popen([sys.executable, _ZYGOTE, str(theirs.fileno()), *PRELOAD],
+                                         pass_fds=[theirs.fileno()], env=zenv, stdin=null,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        theirs.close()
+        self.sock = ours
+        self.lock = threading.Lock()
+
+    def ask(self, request: dict[str, Any], fds: list[int] = ()) -> Any:
+        with self.lock:
+            socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
+            reply = self.sock.recv(1 << 16)
+        if not reply:
+            raise OSError(f"the warm interpreter (pid {self.proc.pid}) ended (exit {self.proc.poll()})")
+        return pickle.loads(reply)
+
+    def close(self) -> None:
+        self.sock.close()  # the zygote sees the end of its socket and exits
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+_zygotes: dict[tuple, _Zygote] = {}
+_zygotes_lock = threading.Lock()
+
+
+def _zygote(env: dict[str, str]) -> _Zygote:
+    key = _key(env)
+    with _zygotes_lock:
+        z = _zygotes.get(key)
+        if z is None or z.proc.poll() is not None:
+            if not _zygotes:
+                atexit.register(_close_all)
+            z = _zygotes[key] = _Zygote(env)
+        return z
+
+
+def _close_all() -> None:
+    for z in list(_zygotes.values()):
+        z.close()
+    _zygotes.clear()
+
+
+def start(env: dict[str, str] | None = None) -> None:
+    """Starts the zygote for programs with environment ``env`` (default: this process's) now, if it
+    is not running: it imports torch (about 2 s), which a caller's first :func:`popen` then does not
+    pay inside a deadline."""
+    z = _zygote(dict(os.environ if env is None else env))
+    z.ask({"op": "status", "pid": -1})  # answered once the zygote has imported torch
+
+
+class WarmProcess:
+    """A program forked by the zygote: ``subprocess.Popen``'s interface for what the callers use."""
+
+    def __init__(self, zygote: _Zygote, pid: int, args: list[str]) -> None:
+        self._zygote, self.pid, self.args = zygote, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            got = self._zygote.ask({"op": "status", "pid": self.pid})
+            if got == "unknown":
+                raise OSError(f"the warm interpreter does not know pid {self.pid}")
+            self.returncode = got
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is not None:
+            return self.returncode
+        end = None if timeout is None else time.monotonic() + timeout
+        try:
+            fd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            fd = None  # already reaped by the zygote: poll() has its status
+        try:
+            while self.poll() is None:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(self.args, timeout)
+                if fd is not None:
+                    select.select([fd], [], [], left)
+                else:
+                    time.sleep(0.01)
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # never a pid the zygote has reaped (it may be another process's now)
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+
+def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, stdin: Any = None,
+          stdout: Any = None, stderr: Any = None, new_session: bool = False):
+    """``subprocess.Popen([sys.executable, *args], ...)``, forked warm where that runs it as a fresh interpreter
+    would (see the module's docstring), else a fresh interpreter. ``stdin``/``stdout``/``stderr``: ``None``
+    (this process's), a file object or descriptor, or ``subprocess.STDOUT`` for stderr."""
+    env = dict(os.environ if env is None else env)
+    cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+    if not forkable(args):
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdin=stdin, stdout=stdout,
+                                stderr=stderr, start_new_session=new_session)
+    fds = []
+    null = None
+    for i, f in enumerate((stdin, stdout, stderr)):
+        if f is None:
+            fds.append(i)
+        elif f == subprocess.STDOUT and i == 2:
+            fds.append(fds[1])
+        elif f == subprocess.DEVNULL:
+            null = null if null is not None else os.open(os.devnull, os.O_RDWR)
+            fds.append(null)
+        else:
+            fds.append(f if isinstance(f, int) else f.fileno())
+    zygote = _zygote(env)
+    try:
+        pid = zygote.ask({"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session},
+                         fds)
+    finally:
+        if null is not None:
+            os.close(null)
+    return WarmProcess(zygote, pid, args)
+
+
+def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, timeout: float | None = None,
+        merge: bool = False) -> subprocess.CompletedProcess:
+    """``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)``, warm where it can be;
+    ``merge``: stderr into stdout, as ``stderr=subprocess.STDOUT`` (one stream, as in a terminal)."""
+    pipes = [os.pipe() for _ in range(1 if merge else 2)]
+    try:
+        proc = popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=pipes[0][1],
+                     stderr=subprocess.STDOUT if merge else pipes[1][1])
+    finally:
+        for _, w in pipes:
+            os.close(w)
+    readers = [r for r, _ in pipes]
+    chunks: dict[int, list[bytes]] = {r: [] for r in readers}
+    open_fds = list(readers)
+    end = None if timeout is None else time.monotonic() + timeout
+    try:
+        while open_fds:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                proc.kill()
+                proc.wait()
+                outputs = [b"".join(chunks[r]) for r in readers]
+                raise subprocess.TimeoutExpired([sys.executable, *args], timeout, *outputs)
+            ready, _, _ = select.select(open_fds, [], [], left)
+            for fd in ready:
+                data = os.read(fd, 1 << 16)
+                if data:
+                    chunks[fd].append(data)
+                else:
+                    open_fds.remove(fd)
+        left = None if end is None else max(0.0, end - time.monotonic())
+        try:
+            code = proc.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+    finally:
+        for r in readers:
+            os.close(r)
+    # Text as subprocess.run(text=True) gives it: decoded, universal newlines.
+    out, err = (b"".join(chunks[r]).decode(errors="replace").replace("\r\n", "\n").replace("\r", "\n")
+                for r in (readers if not merge else readers * 2))
+    return subprocess.CompletedProcess([sys.executable, *args], code, out, None if merge else err)
