@@ -6,7 +6,9 @@
 #                                   and ninja, then the extension build
 #   bash scripts/setup.sh [test]    the same, plus what the tests need (scripts/test.sh): GoogleTest,
 #                                   cmake, ccache and a headless Chromium (Debian packages), pytest,
-#                                   lightning, webdataset, accelerate, torchmetrics, ruff, clang-format
+#                                   lightning, webdataset, accelerate, torchmetrics, ruff, clang-format,
+#                                   and the GoogleTest suite's binary (tests/cpp/build), built while
+#                                   the packages download
 #   --dry-run                       print the stages it would run, run none
 #
 # One progress line per stage, with its expected time; the installers' and the
@@ -96,6 +98,16 @@ apt_install() { DEBIAN_FRONTEND=noninteractive $APT apt-get install -y -qq --no-
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 torch_ok() { "$PY" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$TORCH_VERSION')" 2>/dev/null; }
 
+build_cpp_tests() {
+  local torch_cmake build_temp
+  torch_cmake=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+  # setup.py's build folder, build/temp.<platform>-<python tag>: the objects to link.
+  build_temp=$("$PY" -c 'import sys, sysconfig; print(f"build/temp.{sysconfig.get_platform()}-{sys.implementation.cache_tag}")')
+  cmake -S tests/cpp -B tests/cpp/build -DCMAKE_PREFIX_PATH="$torch_cmake" -DCMAKE_BUILD_TYPE=Release \
+    -DTORCH_EXT_BUILD_TEMP="$PWD/$build_temp" &&
+    cmake --build tests/cpp/build -j "$MAX_JOBS"
+}
+
 main() {
   local mode=test arg
   for arg in "$@"; do
@@ -174,6 +186,11 @@ main() {
   fi
   export MAX_JOBS=${MAX_JOBS:-2}
   stage "$what" pip_install --no-build-isolation -e .
+  if [ "$mode" = test ]; then
+    # The C++ tests' binary, while the test packages download (CPU beside the network):
+    # it links the core objects the extension build just compiled (tests/cpp/CMakeLists.txt).
+    stage "building the C++ tests (GoogleTest: about 30 s on 2 cores, beside the downloads)" build_cpp_tests
+  fi
 
   [ -z "$packages_pid" ] || await "the test packages' install" "$packages_pid" "$packages_log" || return 1
   [ -z "$chromium_pid" ] || await "the Chromium install" "$chromium_pid" "$chromium_log" || return 1
