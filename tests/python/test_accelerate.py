@@ -16,9 +16,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import assert_all_ok, run_ranks
+from harness import assert_all_ok, needs, run_ranks
 
-pytest.importorskip("accelerate")
+needs("accelerate", module=True)
 
 
 def _python(code: str, **env: str) -> str:

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from harness import needs
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -33,7 +35,7 @@ def test_overhead_added_prints_every_figure():
 
 @pytest.mark.timeout(120)
 def test_labels_prints_every_figure():
-    pytest.importorskip("lightning")
+    needs("lightning")
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "labels.py"), "--rounds", "3", "--n", "200", "--cold", "20",
          "--log-calls", "5"],

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from harness import run_script
+from harness import needs, run_script
 
 JOBS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "callsites")
 
@@ -65,7 +65,7 @@ def _names_ranks_1_2_as_gone(out: str) -> bool:
 @pytest.mark.parametrize("nproc,case", [pytest.param(None, "log_rank0_step", id="lightning-launcher-step"),
                                         pytest.param(3, "log_rank0", id="torchrun-epoch")])
 def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
-    pytest.importorskip("lightning")
+    needs("lightning")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", [case], nproc)
     if case == "log_rank0_step":
@@ -86,7 +86,7 @@ def test_lightning_rank0_only_log_sync_dist(tmp_path, nproc, case):
 def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tmp_path):
     """Issue 29: the sync runs at epoch end, from Lightning's loop; the report still
     names the metric, the user's self.log line in validation_step, and says what to do."""
-    pytest.importorskip("lightning")
+    needs("lightning")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", ["log_rank0"], None)  # Lightning's own launcher
     line = _line("lightning_job.py", "log_rank0")
@@ -102,7 +102,7 @@ def test_lightning_epoch_metric_sync_names_the_metric_its_log_line_and_a_hint(tm
 def test_lightning_log_dict_key_on_one_rank_names_the_key_and_the_log_dict_line(tmp_path):
     """Lightning#19106: log_dict keys that differ across ranks. The extra key's sync names
     the key and the user's log_dict line (through Lightning's log_dict -> log)."""
-    pytest.importorskip("lightning")
+    needs("lightning")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", ["log_dict_keys"], 3)
     line = _line("lightning_job.py", "log_dict")
@@ -124,8 +124,8 @@ def test_lightning_torchmetric_on_rank0_only_names_the_metric_its_log_line_and_a
     """Issue 29: a torchmetrics metric updated and logged on rank 0 only; Lightning computes
     it (torchmetrics syncs its state) at epoch end. The report names the logged name, the
     metric's class, the user's self.log line and what to do."""
-    pytest.importorskip("lightning")
-    pytest.importorskip("torchmetrics")
+    needs("lightning")
+    needs("torchmetrics")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", ["torchmetric_rank0"], None)  # Lightning's own launcher
     line = _line("lightning_job.py", "torchmetric_rank0")
@@ -140,7 +140,7 @@ def test_lightning_torchmetric_on_rank0_only_names_the_metric_its_log_line_and_a
 
 @pytest.mark.parametrize("nproc", LAUNCHERS)
 def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
-    pytest.importorskip("lightning")
+    needs("lightning")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", ["validate_rank0"], nproc)
     line = _line("lightning_job.py", "validate_rank0")
@@ -149,7 +149,7 @@ def test_lightning_rank0_only_validation_collective(tmp_path, nproc):
 
 
 def test_lightning_hang_in_training_step(tmp_path):
-    pytest.importorskip("lightning")
+    needs("lightning")
     _copy(tmp_path, "lightning_job.py")
     proc, out = _run(tmp_path, "lightning_job.py", ["hang"], 3, TORCH_EXT_WARN_AFTER="2")
     assert proc.returncode == 0, out[-6000:]  # a warning only: the stalled rank catches up
@@ -170,7 +170,7 @@ def test_lightning_hang_in_training_step(tmp_path):
 
 
 def test_accelerate_rank0_only_gather(tmp_path):
-    pytest.importorskip("accelerate")
+    needs("accelerate")
     _copy(tmp_path, "accelerate_job.py")
     proc, out = _run(tmp_path, "accelerate_job.py", [], 2)
     line = _line("accelerate_job.py", "gather_rank0")

@@ -11,12 +11,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import report, run_ranks
+from harness import needs, report, run_ranks
 
 ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
 TYPED = (torch_ext.CollectiveTimeoutError, torch_ext.CollectiveMismatchError, torch_ext.CollectiveFailureError)
@@ -54,7 +53,7 @@ def _torchmetrics_rank0(rank: int, world: int) -> None:
 
 
 def test_torchmetrics_compute_on_rank0_only_names_the_metric_and_the_compute_line():
-    pytest.importorskip("torchmetrics")
+    needs("torchmetrics")
     results = run_ranks(_torchmetrics_rank0, 3, env=ENV, timeout=90, check=False)
     texts = _ended_by_itself(results)
     line = _line("COMPUTE")
@@ -77,7 +76,7 @@ def _torchmetrics_labels(rank: int, world: int) -> list:
 
 
 def test_torchmetrics_labels_carry_the_metric_field_and_the_call():
-    pytest.importorskip("torchmetrics")
+    needs("torchmetrics")
     results = run_ranks(_torchmetrics_labels, 2, timeout=90, check=False)
     assert all(r.ok for r in results), report(results)
     labels = [lab for lab in results[0].value if lab]
@@ -105,7 +104,7 @@ def _accelerate_rank0(rank: int, world: int) -> None:
 
 
 def test_accelerate_gather_for_metrics_on_the_main_process_only_names_the_call_and_line():
-    pytest.importorskip("accelerate")
+    needs("accelerate")
     results = run_ranks(_accelerate_rank0, 3, env=ENV, timeout=120, check=False)
     texts = _ended_by_itself(results)
     line = _line("GATHER")

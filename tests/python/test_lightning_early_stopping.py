@@ -11,9 +11,9 @@ import textwrap
 
 import pytest
 
-from harness import run_script
+from harness import needs, run_script
 
-pytest.importorskip("lightning")
+needs("lightning", module=True)
 
 
 # Validation loss per rank and epoch. Alone, rank 1 plateaus first (its own

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, needs, report, run_ranks
 
-pytest.importorskip("lightning")
+needs("lightning", module=True)
 
 
 def _fit(rank: int, world: int, strategy_name: str, sync_dist: bool = True) -> dict:

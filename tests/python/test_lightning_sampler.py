@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import collections
 
-import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, needs, report, run_ranks
 from torch_ext import BucketBatchSampler
 
-pytest.importorskip("lightning")
+needs("lightning", module=True)
 
 KEYS = [0.5, 1.0, 1.0, 2.0, 1.0] * 13 + [0.5, 2.0]  # 67 samples: no even split over 2 ranks
 BATCH = {0.5: 3, 1.0: 4, 2.0: 2}

@@ -28,7 +28,7 @@ import re
 
 import pytest
 
-from harness import launch_script, report, run_ranks
+from harness import launch_script, needs, report, run_ranks
 from jobs import paths_job
 from torch_ext.diagnose import analyze_dir
 from torch_ext.diagnose.repro import build
@@ -82,7 +82,7 @@ CELLS = [(p, f, i) for p in PATHS for f in FAULTS for i in INNERS if not (f == "
 @pytest.mark.parametrize("path,fault,inner", CELLS, ids=["-".join(c) for c in CELLS])
 def test_every_path_raises_the_typed_error_naming_the_rank_and_replays_from_its_dumps(tmp_path, path, fault, inner):
     if path in ("lightning", "accelerate"):
-        pytest.importorskip(path)
+        needs(path)
     # The store in this process, as in torchrun's agent: run_ranks' ranks end
     # with os._exit, so a rank 0 hosting it would not linger for its peers
     # the way a program's exit does (the tests below launch real programs).

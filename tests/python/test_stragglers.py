@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torch_ext
-from harness import ROOT, run_script
+from harness import ROOT, needs, run_script
 
 # The tests that time ranks against each other run alone (pytest -m serial, scripts/test.sh): each
 # carries the mark; the ones that only parse settings or turn the analysis off run with the rest.
@@ -164,7 +164,7 @@ def _fit_with_a_slow_rank(rank: int, world: int, tmp: str) -> dict:
 
 @serial
 def test_lightning_logs_straggler_metrics_when_asked(tmp_path):
-    pytest.importorskip("lightning")
+    needs("lightning")
     from harness import assert_all_ok, run_ranks
 
     metrics = assert_all_ok(run_ranks(_fit_with_a_slow_rank, 3, str(tmp_path), backend=None, timeout=180))
@@ -175,7 +175,7 @@ def test_lightning_logs_straggler_metrics_when_asked(tmp_path):
 
 
 def test_lightning_refuses_a_negative_straggler_interval():
-    pytest.importorskip("lightning")
+    needs("lightning")
     from torch_ext.lightning import GuardDDPStrategy
 
     with pytest.raises(ValueError, match="log_stragglers must be True, False or a number of steps"):

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import assert_all_ok, report, run_ranks
+from harness import assert_all_ok, needs, report, run_ranks
 from torch_ext.webdataset import count_samples, rank_batches, set_epoch_length, shard_split
 
 wds = pytest.importorskip("webdataset")
@@ -212,7 +212,7 @@ def _lightning_webdataset(rank, world, urls):
 
 
 def test_lightning_knows_the_webdataset_epoch_length(shards):
-    pytest.importorskip("lightning")
+    needs("lightning")
     world = 2
     results = run_ranks(_lightning_webdataset, world, shards, backend=None, timeout=120)
     values = assert_all_ok(results)
