@@ -10,13 +10,22 @@ exit path), non-daemon threads joined, finalisation, the exit status and the mom
 What differs from a fresh interpreter, and when :func:`popen` starts one instead:
 
 - torch (``PRELOAD``) is imported before the program's environment is set. Variables read at
-  import or at interpreter start (``IMPORT_TIME``: OpenMP's and MKL's thread counts, the hash seed,
-  torch's C++ log level, ...) take the zygote's values, so a program whose environment sets them
-  otherwise gets a fresh interpreter (or a zygote of its own, started with those values).
+  import or at interpreter start (``IMPORT_TIME``: PYTHONPATH, whose packages torch may look for,
+  OpenMP's and MKL's thread counts, the hash seed, torch's C++ log level and distributed switches,
+  ...) take the zygote's values, so a program whose environment sets them otherwise gets a zygote
+  of its own, started with those values. What importing torch warned about is warned again in the
+  program, under its own filters.
+- The objects the preloads made are frozen out of the garbage collector's work (``gc.freeze``):
+  they live as long as the program, as they would in a fresh interpreter, but its collections and
+  its exit no longer walk them.
 - The program's parent is the zygote, not this process: :class:`WarmProcess` has ``Popen``'s
   ``pid``, ``poll``, ``wait``, ``send_signal``, ``kill`` and ``returncode``, the exit status coming
   from the zygote.
 - Programs of one zygote share Python's hash seed (forked ranks of ``run_ranks`` do too).
+- The program's main thread has the zygote's frames below its own ``<module>`` (four, in
+  ``torch_ext/testing/_zygote.py``): a full stack of it, such as the guard's reports print, counts
+  them among torch_ext's outer frames. Output that shows such stacks and must match a fresh run
+  (the docs' samples) comes from fresh programs.
 - Options other than ``-u``, ``-W``, ``-m`` and ``-c`` before the program are not interpreted:
   such a command line gets a fresh interpreter.
 
@@ -39,13 +48,13 @@ from typing import Any
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel"]
 # Read when the interpreter starts or when torch is imported: a program whose values differ from
 # the zygote's cannot be forked from it.
-IMPORT_TIME = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_", "GOMP_", "PYTHONHASHSEED",
-               "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC", "PYTHONSAFEPATH",
-               "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONSTARTUP",
-               "PYTHONUTF8", "PYTHONINTMAXSTRDIGITS", "PYTHONDONTWRITEBYTECODE", "PYTHONVERBOSE",
-               "PYTHONINSPECT", "PYTHONBREAKPOINT", "LD_", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES",
-               "TORCHDYNAMO_", "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "CUDA_",
-               "NCCL_", "TORCH_CUDA", "PYTORCH_")
+IMPORT_TIME = (
+    "PYTHONPATH", "PYTHONHASHSEED", "PYTHONOPTIMIZE", "PYTHONDEVMODE", "PYTHONMALLOC", "PYTHONTRACEMALLOC",
+    "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONPLATLIBDIR", "PYTHONSTARTUP",
+    "PYTHONUTF8", "PYTHONINTMAXSTRDIGITS", "PYTHONDONTWRITEBYTECODE", "PYTHONVERBOSE", "PYTHONINSPECT",
+    "PYTHONBREAKPOINT", "LD_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_", "GOMP_",
+    "CUDA_", "NCCL_", "PYTORCH_", "TORCH_CUDA", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCHDYNAMO_",
+    "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "TORCH_DISTRIBUTED_")
 _OPTIONS = {"-u": 0, "-W": 1, "-m": 1, "-c": 1}
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 
@@ -77,8 +86,7 @@ class _Zygote:
         # program's is there while torch is imported (each child sets its own environment).
         zenv = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
         zenv.update((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))
-        for k in ("PYTHONPATH", "PYTHONWARNINGS"):
-            zenv.pop(k, None)
+        zenv.pop("PYTHONWARNINGS", None)  # each child's own, applied when it starts
         with open(os.devnull, "rb") as null:
             self.proc = subprocess.Popen([sys.executable, _ZYGOTE, str(theirs.fileno()), *PRELOAD],
                                          pass_fds=[theirs.fileno()], env=zenv, stdin=null,

