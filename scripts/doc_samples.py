@@ -38,8 +38,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))
                               if n.endswith(".md"))
 MARKER = re.compile(r"^<!-- sample: ([a-z0-9-]+) -->\s*$")
-# The tests set it: each source's programs are forked from a warm interpreter that imported torch once
-# (torch_ext.testing._warm; the same programs, output and exit, without 1-2 CPU-s of torch's import each).
+# The tests set it: the commands a source runs after its example (diagnose, a replay) are forked from a
+# warm interpreter that imported torch once (torch_ext.testing._warm: the same programs, output and exit,
+# without 1-2 CPU-s of torch's import each). The example itself always starts fresh: its ranks' stacks
+# are in the samples, and a warm program has the warm interpreter's frames below its own.
 WARM = False
 
 
@@ -59,7 +61,7 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> str:
     """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given."""
     # One stream, as in a terminal: the ranks' log lines (stderr) where they came.
-    if WARM:
+    if WARM and echo is not None:
         from torch_ext.testing import _warm
 
         env = _env()
