@@ -42,6 +42,18 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _what(cmd: str) -> str:
+    """A new interpreter's program: its script's name, ``-m MODULE`` or ``-c``."""
+    words = cmd.split(" ")[1:]
+    while words and words[0].startswith("-") and words[0] not in ("-m", "-c"):
+        words = words[1:]
+    if not words:
+        return os.path.basename(cmd.split(" ", 1)[0])
+    if words[0] in ("-m", "-c"):
+        return " ".join(words[:2]) if words[0] == "-m" else "-c"
+    return os.path.basename(words[0])
+
+
 def _kind(cmd: str) -> str:
     # Forked from an interpreter that has torch imported: run_ranks' forkserver, the warm
     # interpreter (torch_ext/testing/_zygote.py). A spawned multiprocessing child is a new interpreter.
@@ -57,6 +69,7 @@ class CpuProfile:
         self.worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.group = None
         self.seen: dict[int, str] = {}
+        self.commands: dict[int, str] = {}  # pid -> what a new interpreter ran (its script or module)
         self.lock = threading.Lock()
         try:
             group = os.path.join(CGROUP_ROOT, f"torch_ext_tests_{os.getpid()}")
@@ -90,6 +103,8 @@ class CpuProfile:
                     cmd = _cmdline(pid)
                     with self.lock:
                         self.seen[pid] = _kind(cmd)
+                        if self.seen[pid] == "python":
+                            self.commands[pid] = _what(cmd)
             time.sleep(0.02)
 
     def _counts(self) -> dict[str, int]:
@@ -97,16 +112,23 @@ class CpuProfile:
             kinds = list(self.seen.values())
         return {k: kinds.count(k) for k in ("fork", "python", "other")}
 
+    def _commands(self, since: set[int]) -> dict[str, int]:
+        with self.lock:
+            new = [c for pid, c in self.commands.items() if pid not in since]
+        return {c: new.count(c) for c in sorted(set(new))}
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):  # noqa: ARG002 - pytest's hook signature
         before_counts = self._counts()
+        with self.lock:
+            before_pids = set(self.commands)
         t0, c0 = time.monotonic(), self._usage()
         yield
         wall, cpu = time.monotonic() - t0, self._usage() - c0
         after = self._counts()
         record = {"test": item.nodeid, "worker": self.worker, "start": time.time() - wall, "wall": round(wall, 3),
                   "cpu": round(cpu, 3), "cpu_source": "cgroup" if self.group else "rusage",
-                  **{k: after[k] - before_counts[k] for k in after}}
+                  **{k: after[k] - before_counts[k] for k in after}, "interpreters": self._commands(before_pids)}
         with open(self.out, "a") as f:
             f.write(json.dumps(record) + "\n")
 

@@ -64,10 +64,10 @@ def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = No
     caller's PYTHONPATH is dropped too, e.g. to run an installed wheel with
     another ``python``), one OpenMP thread per process, ``env`` added on top;
     output is captured as text and the run is killed at ``timeout``. The
-    program (torchrun's agent, under torchrun) is forked from a warm interpreter
-    (torch_ext.testing._warm) unless ``fresh`` or another ``python`` is asked for;
-    what it starts itself (torchrun's workers, an example's spawned ranks) are
-    new interpreters, as for a user.
+    program (under torchrun: the agent, and its workers through torchrun's own
+    ``PYTHON_EXEC``) is forked from a warm interpreter (torch_ext.testing._warm)
+    unless ``fresh`` or another ``python`` is asked for; what a program starts with
+    ``sys.executable`` itself (Lightning's launcher's ranks) are new interpreters.
     """
     launcher = [] if nproc is None else [
         "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", "0",
@@ -80,6 +80,8 @@ def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = No
         return subprocess.run([python, *launcher, *args], capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=cwd)
     _warm.start(full_env)  # outside the timeout: the first start imports torch
+    if launcher:  # torchrun starts each worker as PYTHON_EXEC ARGS: a warm python of the same zygote
+        full_env.setdefault("PYTHON_EXEC", _warm.shim(full_env))
     return _warm.run([*launcher, *args], env=full_env, cwd=cwd, timeout=timeout)
 
 

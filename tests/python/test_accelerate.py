@@ -8,24 +8,19 @@ test_examples.py.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from harness import assert_all_ok, needs, run_ranks
+from harness import ROOT, assert_all_ok, needs, run_ranks, run_script
 
 needs("accelerate", module=True)
 
 
 def _python(code: str, **env: str) -> str:
-    import os
-
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, **env))
+    out = run_script(["-c", textwrap.dedent(code)], ROOT, 120, **env)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
 

@@ -15,9 +15,6 @@ it) and in rank 0's (plain env://).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -25,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks
+from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks, run_script
 from jobs import defaults_job  # the pipeline's step, also run at the defaults there
 
 # The deadlocks here end at abort_after (END_DEADLOCKS=0): these tests read the warn_after
@@ -96,8 +93,7 @@ def test_two_groups_issued_in_opposite_orders_are_reported_as_one_deadlock(tmp_p
     assert missing in text, text
 
     # The post-mortem finds the same cycle from the dumps alone.
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path)], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = run_script(["-m", "torch_ext.diagnose", str(tmp_path)], ROOT, 60)
     assert "deadlock across groups dp and mp" in out.stdout, out.stdout + out.stderr
     assert 'rank 0 waits in collective #1 all_reduce(float32[4], SUM) on group "dp"' in out.stdout, out.stdout
 
@@ -195,8 +191,7 @@ def _one_deadlock(results, headline: str) -> str:
 
 
 def _diagnose(path) -> str:
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(path)], capture_output=True, text=True,
-                         timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    out = run_script(["-m", "torch_ext.diagnose", str(path)], ROOT, 60)
     assert out.returncode != 0 or out.stdout, out.stderr
     return out.stdout + out.stderr
 
@@ -268,9 +263,7 @@ def test_pipeline_send_recv_and_data_parallel_reduce_are_one_deadlock_live(tmp_p
     out = _diagnose(tmp_path)
     assert "deadlock across groups dp and pp" in out, out
     # The HTML view draws the loop: an arrow per wait, labelled with its group and operation.
-    html = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path),
-                           "--html", str(tmp_path / "r.html")],
-                          capture_output=True, text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    html = run_script(["-m", "torch_ext.diagnose", str(tmp_path), "--html", str(tmp_path / "r.html")], ROOT, 60)
     page = (tmp_path / "r.html").read_text()
     assert "<svg class='cycle'" in page, html.stdout + html.stderr
     assert page.count("class='wait'") == 4, page

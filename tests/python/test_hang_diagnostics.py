@@ -14,8 +14,6 @@ import ctypes.util
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -23,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import assert_all_ok, capture_logs, report, run_ranks
+from harness import ROOT, assert_all_ok, capture_logs, report, run_ranks, run_script
 
 FAST = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_INTERVAL": "0.1"}
 
@@ -81,8 +79,7 @@ def test_sleeping_rank_is_reported_by_lowest_waiting_rank_and_training_goes_on(t
                   "input_dtypes", "state", "frames"):
         assert field in entry  # Flight Recorder fields
     html = tmp_path.parent / "report.html"
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(tmp_path), "--html", str(html)],
-                         capture_output=True, text=True, timeout=120)
+    out = run_script(["-m", "torch_ext.diagnose", str(tmp_path), "--html", str(html)], ROOT, 120)
     assert out.returncode == 0, out.stderr
     assert "rank 2 has not arrived" in out.stdout and "in _slow_validation" in out.stdout, out.stdout
     page = html.read_text()  # drawn by its script: test_post_mortem.py renders it in headless Chromium
@@ -195,13 +192,11 @@ def test_diagnose_names_the_collective_that_failed_and_finds_nothing_in_a_clean_
     failed, clean = tmp_path / "failed", tmp_path / "clean"
     results = run_ranks(_killed, 3, env=dict(FAST, TORCH_EXT_DUMP_DIR=str(failed)), timeout=60)
     assert all(r.ok for r in results[:2]), report(results)
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(failed)], capture_output=True, text=True,
-                         timeout=120)
+    out = run_script(["-m", "torch_ext.diagnose", str(failed)], ROOT, 120)
     assert 'collective #2 all_reduce(float32[3], SUM) on group "default_pg" failed in the inner backend' in out.stdout
     assert "rank 2: no heartbeat" in out.stdout, out.stdout
     assert_all_ok(run_ranks(_clean, 2, env={"TORCH_EXT_DUMP_DIR": str(clean)}, timeout=60))
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(clean)], capture_output=True, text=True,
-                         timeout=120)
+    out = run_script(["-m", "torch_ext.diagnose", str(clean)], ROOT, 120)
     assert 'group "default_pg": nothing pending, no mismatch found' in out.stdout, out.stdout
 
 
@@ -313,8 +308,7 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
     (good / "notes.txt").write_text("not json")
     with open(good / "huge.json", "wb") as f:  # sparse: refused by its size, never read
         f.truncate(300 << 20)
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(good)], capture_output=True,
-                         text=True, timeout=120)
+    out = run_script(["-m", "torch_ext.diagnose", str(good)], ROOT, 120)
     assert out.returncode == 0, out.stderr
     assert "rank0.json: truncated JSON" in out.stdout, out.stdout
     assert "cut_in_a_string.json: truncated JSON: Unterminated string" in out.stdout, out.stdout
@@ -323,8 +317,7 @@ def test_diagnose_names_bad_files_and_analyses_the_rest(tmp_path):
     assert "huge.json: 300 MiB, over the 256 MiB a dump may hold" in out.stdout, out.stdout
     assert "1 dump(s) from rank(s) 1" in out.stdout  # the rest is analysed
     empty = tmp_path / "missing"
-    out = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", str(empty)], capture_output=True, text=True,
-                         timeout=120)
+    out = run_script(["-m", "torch_ext.diagnose", str(empty)], ROOT, 120)
     assert out.returncode == 2 and "is not a directory" in out.stderr
 
 

@@ -8,14 +8,11 @@ rank ends by itself with a typed error by abort_after.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import needs, report, run_ranks
+from harness import ROOT, needs, report, run_ranks, run_script
 
 ENV = {"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_ABORT_AFTER": "4", "TORCH_EXT_INTERVAL": "0.1"}
 TYPED = (torch_ext.CollectiveTimeoutError, torch_ext.CollectiveMismatchError, torch_ext.CollectiveFailureError)
@@ -119,6 +116,6 @@ def test_no_library_is_imported_by_torch_ext():
     # Wrapping needs no import: a process that never imports them never loads them.
     code = ("import sys, torch_ext, torch_ext._libraries as L; print(L.install()); "
             "print('torchmetrics' in sys.modules, 'accelerate' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_script(["-c", code], ROOT, 120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[1] == "False False", out.stdout

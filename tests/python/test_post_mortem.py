@@ -25,7 +25,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import sys
 import time
 import zlib
 
@@ -34,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 import torch_ext
-from harness import assert_all_ok, report, run_ranks
+from harness import ROOT, assert_all_ok, report, run_ranks, run_script
 from torch_ext.diagnose import culprits
 from torch_ext.diagnose.__main__ import main as diagnose_main
 
@@ -61,8 +60,7 @@ def _verdict(dump_dir) -> dict:
 
 def _torchfrtrace(fr_dir, *args: str) -> subprocess.CompletedProcess:
     """torch's Flight Recorder analyzer, from the installed torch (what the `torchfrtrace` script runs)."""
-    return subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir),
-                           "-p", PREFIX, *args], capture_output=True, text=True, timeout=120)
+    return run_script(["-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir), "-p", PREFIX, *args], ROOT, 120)
 
 
 def _export(dump_dir, fr_dir) -> list[dict]:

@@ -107,3 +107,37 @@ def test_a_warm_start_costs_a_fraction_of_a_fresh_one():
     start = time.monotonic()
     fresh = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout)
     assert warm < fresh / 5, (warm, fresh, time.monotonic() - start)
+
+
+def test_the_shim_stands_in_for_its_program_as_a_launcher_sees_it(tmp_path):
+    # torchrun starts each worker as PYTHON_EXEC ARGS and watches that process: its exit status, a
+    # signal passed on (SIGTERM when another worker failed), a SIGKILL that must end the program.
+    python = _warm.shim()
+    env = dict(os.environ, PYTHON_EXEC=python)
+    out = subprocess.run([python, "-c", "import os, sys; print(os.environ.get('PYTHON_EXEC')); sys.exit(7)"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert (out.returncode, out.stdout) == (7, "None\n"), out  # the launcher's setting is not the program's
+    code = "import os, sys, time; print(os.getpid(), os.getppid(), flush=True); time.sleep(60)"
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+        pid, ppid = map(int, p.stdout.readline().split())
+        assert ppid != p.pid  # forked by the zygote, not started by the shim
+        p.send_signal(sig)
+        assert p.wait(timeout=30) == -sig
+        deadline = time.monotonic() + 10  # the program ends with its stand-in (the zygote kills it)
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
+        assert not _alive(pid), f"the program of a shim killed by {sig.name} still runs"
+    # A program whose import-time settings differ starts fresh, under the same shim.
+    threads = "1" if os.environ.get("OMP_NUM_THREADS") != "1" else "2"
+    out = subprocess.run([python, "-c", "import torch; print(torch.get_num_threads())"], capture_output=True,
+                         text=True, timeout=60, env=dict(env, OMP_NUM_THREADS=threads))
+    assert out.stdout.strip() == threads, out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False

@@ -38,9 +38,11 @@ import atexit
 import os
 import pickle
 import select
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -55,7 +57,6 @@ IMPORT_TIME = (
     "PYTHONBREAKPOINT", "LD_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_", "GOMP_",
     "CUDA_", "NCCL_", "PYTORCH_", "TORCH_CUDA", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCHDYNAMO_",
     "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "TORCH_DISTRIBUTED_")
-_OPTIONS = {"-u": 0, "-W": 1, "-m": 1, "-c": 1}
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 
 
@@ -65,50 +66,84 @@ def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
 
 def forkable(args: list[str]) -> bool:
     """Whether ``python ARGS`` is a command line the zygote runs as the interpreter would."""
-    i = 0
-    while i < len(args) and args[i].startswith("-"):
-        a = args[i]
-        if a.startswith("-W") and a != "-W":
-            i += 1
-            continue
-        if a not in _OPTIONS:
-            return False
-        if a in ("-m", "-c"):
-            return i + 1 < len(args)
-        i += 1 + _OPTIONS[a]
-    return i < len(args)
+    return _zygote_module().plain(args)
+
+
+def _zygote_module():
+    """_zygote.py's functions (it imports nothing but the standard library at its top)."""
+    from torch_ext.testing import _zygote as module
+
+    return module
 
 
 class _Zygote:
-    def __init__(self, env: dict[str, str]) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # This process's environment with the program's import-time values: nothing else of the
-        # program's is there while torch is imported (each child sets its own environment).
-        zenv = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
-        zenv.update((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))
-        zenv.pop("PYTHONWARNINGS", None)  # each child's own, applied when it starts
-        with open(os.devnull, "rb") as null:
-            self.proc = subprocess.Popen([sys.executable, _ZYGOTE, str(theirs.fileno()), *PRELOAD],
-                                         pass_fds=[theirs.fileno()], env=zenv, stdin=null,
-                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        theirs.close()
-        self.sock = ours
+    """A connection to a zygote: one this process started (and ends with it), or the one that forked
+    this process, for programs with the same import-time settings (``sys._torch_ext_warm``)."""
+
+    def __init__(self, env: dict[str, str] | None = None, socket_path: str | None = None) -> None:
+        self.proc = None
+        self.lifeline = None
+        if socket_path is None:
+            self.dir = tempfile.mkdtemp(prefix="torch_ext_warm_")
+            socket_path = os.path.join(self.dir, "socket")
+            # This process's environment with the program's import-time values: nothing else of
+            # the program's is there while torch is imported (each child sets its own environment).
+            zenv = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
+            zenv.update((k, v) for k, v in (env or {}).items() if k.startswith(IMPORT_TIME))
+            zenv.pop("PYTHONWARNINGS", None)  # each child's own, applied when it starts
+            self.lifeline, theirs = socket.socketpair()
+            with open(os.devnull, "rb") as null:
+                self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, str(theirs.fileno()), *PRELOAD],
+                                             pass_fds=[theirs.fileno()], env=zenv, stdin=null,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            theirs.close()
+            while not os.path.exists(socket_path):  # listening before it imports torch: milliseconds
+                if self.proc.poll() is not None:
+                    raise OSError(f"the warm interpreter ended at its start (exit {self.proc.returncode})")
+                time.sleep(0.005)
+        self.socket_path = socket_path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.connect(socket_path)
         self.lock = threading.Lock()
+        self._shim = None
+
+    def alive(self) -> bool:
+        return self.proc is None or self.proc.poll() is None
 
     def ask(self, request: dict[str, Any], fds: list[int] = ()) -> Any:
         with self.lock:
             socket.send_fds(self.sock, [pickle.dumps(request)], list(fds))
             reply = self.sock.recv(1 << 16)
         if not reply:
-            raise OSError(f"the warm interpreter (pid {self.proc.pid}) ended (exit {self.proc.poll()})")
+            raise OSError(f"the warm interpreter at {self.socket_path} ended")
         return pickle.loads(reply)
 
+    def shim(self, key: tuple) -> str:
+        """A ``python`` for launchers that take an interpreter's path (torchrun's ``PYTHON_EXEC``): it
+        forks its program from this zygote, stands in for it (signals passed on, its exit status,
+        a signal's death re-raised) and starts a fresh interpreter where the import-time settings
+        differ (_zygote.shim_main)."""
+        if self._shim is None:
+            path = os.path.join(tempfile.mkdtemp(prefix="torch_ext_warm_shim_"), "python")
+            with open(path, "w") as f:
+                # -IS: an interpreter that starts in milliseconds (no site, nothing from the
+                # environment), running _zygote.shim_main.
+                f.write(f"#!{sys.executable} -IS\nimport sys\nsys.path.insert(0, {os.path.dirname(_ZYGOTE)!r})\n"
+                        f"import _zygote\n_zygote.shim_main({self.socket_path!r}, {key!r}, {sys.executable!r}, "
+                        f"{IMPORT_TIME!r})\n")
+            os.chmod(path, 0o755)
+            self._shim = path
+        return self._shim
+
     def close(self) -> None:
-        self.sock.close()  # the zygote sees the end of its socket and exits
-        try:
-            self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        self.sock.close()
+        if self.lifeline is not None:
+            self.lifeline.close()  # the zygote sees the end of its lifeline and exits
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _zygotes: dict[tuple, _Zygote] = {}
@@ -119,10 +154,15 @@ def _zygote(env: dict[str, str]) -> _Zygote:
     key = _key(env)
     with _zygotes_lock:
         z = _zygotes.get(key)
-        if z is None or z.proc.poll() is not None:
+        if z is None or not z.alive():
             if not _zygotes:
                 atexit.register(_close_all)
-            z = _zygotes[key] = _Zygote(env)
+            parent = getattr(sys, "_torch_ext_warm", None)  # this process is a warm program itself
+            if parent is not None and parent.get("key") == key and os.path.exists(parent["socket"]):
+                z = _Zygote(socket_path=parent["socket"])
+            else:
+                z = _Zygote(env)
+            _zygotes[key] = z
         return z
 
 
@@ -135,9 +175,25 @@ def _close_all() -> None:
 def start(env: dict[str, str] | None = None) -> None:
     """Starts the zygote for programs with environment ``env`` (default: this process's) now, if it
     is not running: it imports torch (about 2 s), which a caller's first :func:`popen` then does not
-    pay inside a deadline."""
-    z = _zygote(dict(os.environ if env is None else env))
-    z.ask({"op": "status", "pid": -1})  # answered once the zygote has imported torch
+    pay inside a deadline. A zygote that cannot start (torch does not import in that environment)
+    is no error here: :func:`popen` then starts fresh interpreters, which show why."""
+    try:
+        _zygote(dict(os.environ if env is None else env)).ask({"op": "ping"})  # answered once torch is imported
+    except OSError:
+        pass
+
+
+def shim(env: dict[str, str] | None = None) -> str:
+    """The path of a ``python`` that forks its programs warm, for launchers that start ``python ARGS``
+    themselves (``PYTHON_EXEC`` for torchrun's workers); programs whose import-time settings are not
+    ``env``'s get a fresh interpreter from it."""
+    env = dict(os.environ if env is None else env)
+    try:
+        zygote = _zygote(env)
+        zygote.ask({"op": "ping"})
+    except OSError:
+        return sys.executable  # no zygote in that environment: the launcher's programs start fresh
+    return zygote.shim(_key(env))
 
 
 class WarmProcess:
@@ -214,13 +270,18 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
             fds.append(null)
         else:
             fds.append(f if isinstance(f, int) else f.fileno())
-    zygote = _zygote(env)
     try:
-        pid = zygote.ask({"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session},
-                         fds)
+        zygote = _zygote(env)
+        pid = zygote.ask({"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session,
+                          "key": _key(env)}, fds)
+    except OSError:  # no zygote in that environment (torch did not import there): a fresh interpreter
+        pid = None
     finally:
         if null is not None:
             os.close(null)
+    if pid is None:
+        return subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdin=stdin, stdout=stdout, stderr=stderr,
+                                start_new_session=new_session)
     return WarmProcess(zygote, pid, args)
 
 

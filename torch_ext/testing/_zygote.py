@@ -1,12 +1,19 @@
 """A warm interpreter: imports torch once, then forks ``python ARGS`` programs on request.
 
-Run as a script (``python _zygote.py FD MODULE...``), never imported as part of torch_ext: a
-preloaded torch_ext would have run its import-time set-up with this process's settings. The client
-is :mod:`torch_ext.testing._warm`; the protocol is one pickled request per SOCK_SEQPACKET message on
-the socket ``FD``, with the new program's standard streams as SCM_RIGHTS:
+Run as a script (``python _zygote.py SOCKET LIFELINE MODULE...``), never imported as part of
+torch_ext: a preloaded torch_ext would have run its import-time set-up with this process's
+settings. The clients are :mod:`torch_ext.testing._warm` (in the process that started this one, and
+in programs it forked: a replay's ranks) and the ``python`` shims ``_warm.shim`` writes (torchrun's
+workers, through ``PYTHON_EXEC``). It serves them on the AF_UNIX SOCK_SEQPACKET socket ``SOCKET``,
+one pickled request per message, and ends when the socket ``LIFELINE`` (its creator's end) closes:
 
-  {"op": "start", "args": [...], "env": {...}, "cwd": ...} + fds 0, 1, 2 -> the program's pid
+  {"op": "start", "args": [...], "env": {...}, "cwd": ..., "fds": [N, ...]} + SCM_RIGHTS
+      -> the program's pid; the descriptors become the program's descriptors N, ...
   {"op": "status", "pid": PID}   -> its exit code (a signal: -N), or None while it runs
+  {"op": "wait", "pid": PID}     -> its exit code, once it has ended
+
+A program started with ``"kill_on_close": True`` (a shim's) is killed when the connection that
+started it closes: the shim, its stand-in for its launcher, was killed.
 
 The zygote is single-threaded and installs no signal handler, so a child inherits nothing of it but
 what a fresh interpreter that imported torch would have. The child sets itself up as ``python ARGS``
@@ -21,6 +28,8 @@ import gc
 import io
 import os
 import pickle
+import select
+import signal
 import socket
 import sys
 import types
@@ -60,6 +69,21 @@ def _stream(fd, mode, encoding, errors, line_buffering, unbuffered):
     raw = io.open(fd, "wb", buffering=0 if unbuffered else -1, closefd=False)
     return io.TextIOWrapper(raw, encoding=encoding, errors=errors, newline="\n", line_buffering=line_buffering,
                             write_through=unbuffered)
+
+
+def plain(args):
+    """Whether ``python ARGS`` runs a program with only options this file interprets (-u, -W, -m, -c)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-"):
+        if args[i] in ("-m", "-c"):
+            return i + 1 < len(args)
+        if args[i] == "-W":
+            i += 2
+        elif args[i] == "-u" or args[i].startswith("-W"):
+            i += 1
+        else:
+            return False
+    return i < len(args)
 
 
 def _parse(args):
@@ -158,14 +182,26 @@ def _run(kind, target, main):
     return 0, None
 
 
-def _child(req, fds, sock, torch_filters, import_warnings):
-    sock.close()
-    for target, fd in enumerate(fds):
-        os.dup2(fd, target)
-        if fd > 2:
+def _child(req, fds, sockets, torch_filters, import_warnings):
+    for s in sockets:
+        s.close()
+    # Each descriptor to the number the program had it under (dup2 clears close-on-exec, as for an
+    # inherited one); first out of the way of those numbers.
+    moved = [os.dup(fd) for fd in fds]
+    for fd in fds:
+        os.close(fd)
+    targets = req.get("fds", list(range(len(moved))))
+    for number, fd in zip(targets, moved):
+        os.dup2(fd, number)
+    for fd in moved:
+        if fd not in targets:
             os.close(fd)
     if req.get("new_session"):
         os.setsid()
+    # Where this program's own warm launches go (a replay from a warm repro.py): this zygote, for
+    # programs whose import-time settings are the same. Not in the environment: the program's is
+    # exactly what it was given.
+    sys._torch_ext_warm = {"socket": _SOCKET, "key": req.get("key")}
     kind, target, main = _become(req, torch_filters, import_warnings)
     del req, fds
     code, exc = _run(kind, target, main)
@@ -178,38 +214,175 @@ def _child(req, fds, sock, torch_filters, import_warnings):
     raise SystemExit(code)  # unwinds to the top: the interpreter's exit, as at the end of any program
 
 
-def serve(fd, modules):
+_SOCKET = None
+
+
+def serve(path, lifeline_fd, modules):
+    global _SOCKET
+    _SOCKET = path
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path + ".binding")
+    listener.listen(64)
+    os.rename(path + ".binding", path)  # there once it accepts: clients wait for the name
+    lifeline = socket.socket(fileno=lifeline_fd)
     torch_filters, import_warnings = _preload(modules)
     # What the preloads made stays out of the children's collections: their exit (a full
     # collection, then module teardown) then takes 0.26 CPU-s instead of 0.47, and fewer pages
     # are copied on write. Those objects live as long as the program in a fresh interpreter too.
     gc.freeze()
-    sock = socket.socket(fileno=fd)
     sys.stdout.flush()
     sys.stderr.flush()
-    while True:
+    clients = {}  # socket -> pids it started with kill_on_close, not ended yet
+    waiters = {}  # pidfd -> (pid, socket waiting for its end)
+    done = {}  # pid -> exit code, once reaped
+
+    def reply(sock, value):
         try:
-            msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
-        except ConnectionResetError:
-            msg, fds = b"", []
-        if not msg:
-            os._exit(0)  # the client is gone; its programs run on, as orphans do
-        req = pickle.loads(msg)
-        if req["op"] == "start":
-            pid = os.fork()
-            if pid == 0:
-                _child(req, fds, sock, torch_filters, import_warnings)  # raises SystemExit: never returns
-            for f in fds:
-                os.close(f)
-            sock.send(pickle.dumps(pid))
-        elif req["op"] == "status":
+            sock.send(pickle.dumps(value))
+        except OSError:
+            pass  # the client is gone
+
+    def reap():
+        while True:
             try:
-                got, status = os.waitpid(req["pid"], os.WNOHANG)
-                reply = os.waitstatus_to_exitcode(status) if got else None
+                pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                reply = "unknown"
-            sock.send(pickle.dumps(reply))
+                return
+            if pid == 0:
+                return
+            done[pid] = os.waitstatus_to_exitcode(status)
+            for pids in clients.values():
+                pids.discard(pid)
+
+    while True:
+        readable, _, _ = select.select([listener, lifeline, *clients, *waiters], [], [], 1.0)
+        reap()
+        for r in readable:
+            if r is lifeline:
+                for pids in clients.values():
+                    for pid in pids:
+                        _kill(pid)
+                os._exit(0)  # the creator is gone: so is this server
+            if r is listener:
+                conn, _ = listener.accept()
+                clients[conn] = set()
+                continue
+            if r in waiters:
+                pid, sock = waiters.pop(r)
+                os.close(r)
+                reap()
+                reply(sock, done.get(pid, "unknown"))
+                continue
+            try:
+                msg, fds, _, _ = socket.recv_fds(r, 1 << 20, 64)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:  # the client left: a shim's program goes with it (the shim was killed)
+                for pid in clients.pop(r):
+                    _kill(pid)
+                for fd, (_, sock) in list(waiters.items()):
+                    if sock is r:
+                        del waiters[fd]
+                        os.close(fd)
+                r.close()
+                continue
+            req = pickle.loads(msg)
+            if req["op"] == "start":
+                pid = os.fork()
+                if pid == 0:  # raises SystemExit in the end: never returns here
+                    _child(req, fds, [listener, lifeline, *clients], torch_filters, import_warnings)
+                for f in fds:
+                    os.close(f)
+                if req.get("kill_on_close"):
+                    clients[r].add(pid)
+                reply(r, pid)
+            elif req["op"] == "status":
+                reap()
+                reply(r, done.get(req["pid"]) if req["pid"] in done or _ours(req["pid"]) else "unknown")
+            elif req["op"] == "wait":
+                reap()
+                if req["pid"] in done:
+                    reply(r, done[req["pid"]])
+                elif _ours(req["pid"]):
+                    waiters[os.pidfd_open(req["pid"])] = (req["pid"], r)
+                else:
+                    reply(r, "unknown")
+            elif req["op"] == "ping":
+                reply(r, os.getpid())
+
+
+def _ours(pid):
+    """Whether ``pid`` is a running child of this process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def shim_main(path, key, python, import_time):
+    """A warm ``python`` (the file ``_warm.shim`` writes runs this): started as ``python ARGS`` by a
+    launcher (torchrun's worker, through PYTHON_EXEC), it has the zygote at ``path`` fork ARGS with
+    its own environment, working directory and descriptors, passes the signals a launcher sends on
+    to that program, and ends as it ended: its exit status, or the same signal. Where ARGS is not a
+    plain program or the import-time settings differ from the zygote's, it becomes a fresh
+    interpreter (exec)."""
+    args = sys.argv[1:]
+    env = dict(os.environ)
+    if env.get("PYTHON_EXEC") == sys.argv[0]:
+        del env["PYTHON_EXEC"]  # the launcher's setting for its own use: a fresh worker does not see it
+
+    def fresh():
+        os.execve(python, [python, *args], env)
+
+    if tuple(sorted((k, v) for k, v in env.items() if k.startswith(import_time))) != tuple(key) or not plain(args):
+        fresh()
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        sock.connect(path)
+    except OSError:
+        fresh()  # the zygote has ended (its creator did): start as any interpreter
+    fds = [int(n) for n in os.listdir("/proc/self/fd")]
+    fds = sorted(fd for fd in fds if fd != sock.fileno() and _open(fd) and (fd <= 2 or os.get_inheritable(fd)))
+    request = {"op": "start", "args": args, "env": env, "cwd": os.getcwd(), "fds": fds, "kill_on_close": True,
+               "key": key}
+    socket.send_fds(sock, [pickle.dumps(request)], fds)
+    pid = pickle.loads(sock.recv(1 << 16))
+    for fd in fds:
+        if fd > 2:
+            os.close(fd)
+
+    def pass_on(signum, _frame):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, pass_on)
+    sock.send(pickle.dumps({"op": "wait", "pid": pid}))
+    code = pickle.loads(sock.recv(1 << 16))
+    code = code if isinstance(code, int) else 1
+    if code < 0:  # die of the same signal, as the launcher expects of its worker
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+def _open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+def _kill(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), sys.argv[2:])
+    serve(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
