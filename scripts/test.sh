@@ -12,12 +12,12 @@
 #   each) runs from the start, beside the set-up;
 # - ctest then runs beside the first pytest pass (3 CPU-s over 16 s: its tests
 #   wait on their own short deadlines);
-# - pytest runs three tests at a time (pytest-xdist; the packaging tests among
+# - pytest runs four tests at a time (pytest-xdist; the packaging tests among
 #   them, on one worker): most tests wait on deadlines and other processes part of
-#   the time; then the tests marked `serial`, whose assertions time the guard
+#   the time (three left a sixth of the two cores idle: docs/testing.md); then the tests marked `serial`, whose assertions time the guard
 #   against the clock, one at a time. The programs the tests start are forked from
 #   an interpreter that imported torch once (torch_ext/testing/_warm.py).
-# PYTEST_WORKERS=N: N tests at a time (default 3; 0: one at a time, in one process).
+# PYTEST_WORKERS=N: N tests at a time (default 4; 0: one at a time, in one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -73,8 +73,8 @@ pytest_pass() {
 
 # -m replaces pyproject.toml's "not packaging and not sweep": the packaging tests (sdist -> wheel,
 # lowest setuptools, installed outside the tree) run in this pass, on one worker.
-echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-3} at a time), packaging tests included"
-pytest_pass -n "${PYTEST_WORKERS:-3}" --dist loadgroup -m "not serial and not sweep" "$@"
+echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-4} at a time), packaging tests included"
+pytest_pass -n "${PYTEST_WORKERS:-4}" --dist loadgroup -m "not serial and not sweep" "$@"
 
 echo "== C++ (GoogleTest): ctest output"
 cpp_rc=0
