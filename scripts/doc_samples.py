@@ -38,10 +38,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = ["README.md"] + sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs"))
                               if n.endswith(".md"))
 MARKER = re.compile(r"^<!-- sample: ([a-z0-9-]+) -->\s*$")
-# The tests set it: the commands a source runs after its example (diagnose, a replay) are forked from a
-# warm interpreter that imported torch once (torch_ext.testing._warm: the same programs, output and exit,
-# without 1-2 CPU-s of torch's import each). The example itself always starts fresh: its ranks' stacks
-# are in the samples, and a warm program has the warm interpreter's frames below its own.
+# The tests set it: the programs a source runs (the example, then diagnose or a replay) are forked from
+# a warm interpreter that imported torch once (torch_ext.testing._warm: the same programs, output and exit,
+# without 1-2 CPU-s of torch's import each; a stack in a guard's report starts at the program's own top
+# level, so the warm interpreter's frames below it are not in the samples); a torchrun source's workers too.
 WARM = False
 
 
@@ -61,11 +61,13 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> str:
     """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given."""
     # One stream, as in a terminal: the ranks' log lines (stderr) where they came.
-    if WARM and echo is not None:
+    if WARM:
         from torch_ext.testing import _warm
 
         env = _env()
-        _warm.start(env)  # outside the timeout: the first start imports torch
+        _warm.start(env, argv, cwd)  # outside the timeout: the first start imports torch
+        if argv[:2] == ["-m", "torch.distributed.run"]:  # its workers: PYTHON_EXEC ARGS, warm too
+            env.setdefault("PYTHON_EXEC", _warm.shim(env, argv[-1:], cwd))
         proc = _warm.run(argv, env=env, cwd=cwd, timeout=timeout, merge=True)
     else:
         proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,

@@ -391,7 +391,19 @@ Helper& helper() {
 // library frames between them (folded when the report is written), within
 // kMaxStackFrames: the user's frames are what a report is for, so library
 // frames are dropped first.
+//
+// Frames outside the program's top level (the outermost `<module>` frame of
+// user code) are its launcher's, not the program's: runpy's for `python -m`, a
+// debugger's, a harness that runs programs in a process it forked
+// (torch_ext/testing/_zygote.py). They are left out, so a program's stack reads
+// the same however it was started.
 std::vector<Frame> filterFrames(std::vector<Frame> raw) {
+  for (size_t i = raw.size(); i-- > 0;) {
+    if (raw[i].function == "<module>" && raw[i].isUser()) {
+      raw.resize(i + 1);
+      break;
+    }
+  }
   size_t users = 0;
   size_t keep = 0;
   while (keep < raw.size() && users < kMaxUserStackFrames) {

@@ -79,9 +79,9 @@ def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = No
     if fresh or python != sys.executable:
         return subprocess.run([python, *launcher, *args], capture_output=True, text=True, timeout=timeout,
                               env=full_env, cwd=cwd)
-    _warm.start(full_env)  # outside the timeout: the first start imports torch
-    if launcher:  # torchrun starts each worker as PYTHON_EXEC ARGS: a warm python of the same zygote
-        full_env.setdefault("PYTHON_EXEC", _warm.shim(full_env))
+    _warm.start(full_env, [*launcher, *args], cwd)  # outside the timeout: the first start imports torch
+    if launcher:  # torchrun starts each worker as PYTHON_EXEC ARGS: a warm python (its own preloads)
+        full_env.setdefault("PYTHON_EXEC", _warm.shim(full_env, args, cwd))
     return _warm.run([*launcher, *args], env=full_env, cwd=cwd, timeout=timeout)
 
 

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import ROOT, assert_all_ok, run_ranks
+from harness import ROOT, assert_all_ok, run_ranks, run_script
 
 # No deadline fires while the job is looked at (about 10 s, 30 on a loaded runner): what the report shows
 # is live. The replay of its dumps reaches the hang's verdict at this warn_after (it was 120 s: the
@@ -113,9 +113,8 @@ def _release(ctl: str) -> None:
 
 
 def _cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "torch_ext.diagnose", "live", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    """``python -m torch_ext.diagnose live ARGS`` from the project root (forked warm: harness.run_script)."""
+    return run_script(["-m", "torch_ext.diagnose", "live", *args], ROOT, timeout)
 
 
 @pytest.mark.parametrize("store", ["parent", "rank0"])

@@ -74,7 +74,7 @@ def launch_script(args: list[str], world_size: int, *, store: str = "rank0", tim
     instead, for what depends on the interpreter's own start-up.
     """
     if not fresh:
-        _warm.start(_environment(env))  # outside the deadline: the first start imports torch
+        _warm.start(_environment(env), args, cwd)  # outside the deadline: the first start imports torch
     deadline = time.monotonic() + timeout
     for _ in range(3):
         results, port_lost = _launch_once(args, world_size, store, deadline, env, wait_for, cwd, fresh)

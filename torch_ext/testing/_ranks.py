@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import importlib.util
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -23,11 +24,17 @@ import traceback
 from datetime import timedelta
 from typing import Any, Callable
 
+from torch_ext.testing import _zygote
 from torch_ext.testing._gpu import GPU_RUNNER_VAR, apply_gpu_rule, gpu_shortfall
 
 _CTX = None
 # Imported once by the forkserver, so every rank starts with them loaded.
+# Lightning too where it is installed: about 2 CPU-s to import, paid once here instead of in every
+# rank that trains through it; what it reads from the environment at import, each rank reads again
+# from its own (_zygote.settle_preloads).
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch_ext"]
+if importlib.util.find_spec("lightning") is not None:
+    PRELOAD.append("lightning")
 
 DEVICES = ("cpu", "cuda")
 STORES = ("parent", "rank0")
@@ -204,6 +211,7 @@ def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, store_
     os.dup2(fd, 2)
     os.environ.update(env)
     os.environ.update(rank_env(rank, world_size, port, store_host))
+    _zygote.settle_preloads()  # Lightning (preloaded) reads its rank again, from this rank's environment
     # Just before the parent's deadline, every thread's stack goes to the output,
     # so a rank killed there still says where it was.
     before = deadline - time.monotonic() - 1.0

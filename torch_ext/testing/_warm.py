@@ -29,7 +29,11 @@ What differs from a fresh interpreter, and when :func:`popen` starts one instead
 - Options other than ``-u``, ``-W``, ``-m`` and ``-c`` before the program are not interpreted:
   such a command line gets a fresh interpreter.
 
-One zygote per environment key and per process (a pytest-xdist worker), started on first use
+A program whose own file imports one of ``EXTRA`` (Lightning: 2 CPU-s more) gets a zygote that imported
+it too: what such a module reads from the environment at its import, the program reads again from its
+own (``_zygote.settle_preloads``).
+
+One zygote per environment key, extra preloads and process (a pytest-xdist worker), started on first use
 (about 2 s, outside any deadline of the caller's), ended when this process ends.
 """
 from __future__ import annotations
@@ -37,6 +41,7 @@ from __future__ import annotations
 import atexit
 import os
 import pickle
+import re
 import select
 import shutil
 import socket
@@ -48,6 +53,9 @@ import time
 from typing import Any
 
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel"]
+# Preloaded too for a program whose own file imports them (a line ``import X`` or ``from X ...``).
+EXTRA = ("lightning",)
+_IMPORTS = re.compile(r"^[ \t]*(?:import|from)[ \t]+(" + "|".join(EXTRA) + r")\b", re.M)
 # Read when the interpreter starts or when torch is imported: a program whose values differ from
 # the zygote's cannot be forked from it.
 IMPORT_TIME = (
@@ -56,12 +64,27 @@ IMPORT_TIME = (
     "PYTHONUTF8", "PYTHONINTMAXSTRDIGITS", "PYTHONDONTWRITEBYTECODE", "PYTHONVERBOSE", "PYTHONINSPECT",
     "PYTHONBREAKPOINT", "LD_", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "KMP_", "GOMP_",
     "CUDA_", "NCCL_", "PYTORCH_", "TORCH_CUDA", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCHDYNAMO_",
-    "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "TORCH_DISTRIBUTED_")
+    "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "TORCH_DISTRIBUTED_", "POSSIBLE_USER_WARNINGS")
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
 
 
-def _key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME)))
+def _key(env: dict[str, str], extra: tuple[str, ...] = ()) -> tuple:
+    """A zygote's identity: the import-time settings it was started with, and its extra preloads."""
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(IMPORT_TIME))), tuple(extra)
+
+
+def preloads(args: list[str] | None, cwd: Any = None) -> tuple[str, ...]:
+    """The modules of ``EXTRA`` that the program of ``python ARGS`` imports in its own file (a script)."""
+    if not args or not forkable(args):
+        return ()
+    kind, target = _zygote_module()._parse(list(args))[:2]
+    if kind != "script":
+        return ()
+    try:
+        with open(os.path.join(os.fspath(cwd) if cwd is not None else os.getcwd(), target), encoding="utf-8") as f:
+            return tuple(sorted(set(_IMPORTS.findall(f.read()))))
+    except (OSError, UnicodeDecodeError):
+        return ()
 
 
 def forkable(args: list[str]) -> bool:
@@ -80,7 +103,8 @@ class _Zygote:
     """A connection to a zygote: one this process started (and ends with it), or the one that forked
     this process, for programs with the same import-time settings (``sys._torch_ext_warm``)."""
 
-    def __init__(self, env: dict[str, str] | None = None, socket_path: str | None = None) -> None:
+    def __init__(self, env: dict[str, str] | None = None, socket_path: str | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
         self.proc = None
         self.lifeline = None
         if socket_path is None:
@@ -93,7 +117,8 @@ class _Zygote:
             zenv.pop("PYTHONWARNINGS", None)  # each child's own, applied when it starts
             self.lifeline, theirs = socket.socketpair()
             with open(os.devnull, "rb") as null:
-                self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, str(theirs.fileno()), *PRELOAD],
+                self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, str(theirs.fileno()), *PRELOAD,
+                                              *extra],
                                              pass_fds=[theirs.fileno()], env=zenv, stdin=null,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             theirs.close()
@@ -150,8 +175,8 @@ _zygotes: dict[tuple, _Zygote] = {}
 _zygotes_lock = threading.Lock()
 
 
-def _zygote(env: dict[str, str]) -> _Zygote:
-    key = _key(env)
+def _zygote(env: dict[str, str], extra: tuple[str, ...] = ()) -> _Zygote:
+    key = _key(env, extra)
     with _zygotes_lock:
         z = _zygotes.get(key)
         if z is None or not z.alive():
@@ -161,7 +186,7 @@ def _zygote(env: dict[str, str]) -> _Zygote:
             if parent is not None and parent.get("key") == key and os.path.exists(parent["socket"]):
                 z = _Zygote(socket_path=parent["socket"])
             else:
-                z = _Zygote(env)
+                z = _Zygote(env, extra=extra)
             _zygotes[key] = z
         return z
 
@@ -172,28 +197,31 @@ def _close_all() -> None:
     _zygotes.clear()
 
 
-def start(env: dict[str, str] | None = None) -> None:
+def start(env: dict[str, str] | None = None, args: list[str] | None = None, cwd: Any = None) -> None:
     """Starts the zygote for programs with environment ``env`` (default: this process's) now, if it
     is not running: it imports torch (about 2 s), which a caller's first :func:`popen` then does not
-    pay inside a deadline. A zygote that cannot start (torch does not import in that environment)
+    pay inside a deadline; ``args`` (``python ARGS``, in ``cwd``): the zygote for that program (its
+    extra preloads). A zygote that cannot start (torch does not import in that environment)
     is no error here: :func:`popen` then starts fresh interpreters, which show why."""
     try:
-        _zygote(dict(os.environ if env is None else env)).ask({"op": "ping"})  # answered once torch is imported
+        _zygote(dict(os.environ if env is None else env), preloads(args, cwd)).ask({"op": "ping"})  # once imported
     except OSError:
         pass
 
 
-def shim(env: dict[str, str] | None = None) -> str:
+def shim(env: dict[str, str] | None = None, args: list[str] | None = None, cwd: Any = None) -> str:
     """The path of a ``python`` that forks its programs warm, for launchers that start ``python ARGS``
     themselves (``PYTHON_EXEC`` for torchrun's workers); programs whose import-time settings are not
-    ``env``'s get a fresh interpreter from it."""
+    ``env``'s get a fresh interpreter from it. ``args``: the program the launcher will start (its extra
+    preloads), in ``cwd``."""
     env = dict(os.environ if env is None else env)
+    extra = preloads(args, cwd)
     try:
-        zygote = _zygote(env)
+        zygote = _zygote(env, extra)
         zygote.ask({"op": "ping"})
     except OSError:
         return sys.executable  # no zygote in that environment: the launcher's programs start fresh
-    return zygote.shim(_key(env))
+    return zygote.shim(_key(env, extra))
 
 
 class WarmProcess:
@@ -270,10 +298,11 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
             fds.append(null)
         else:
             fds.append(f if isinstance(f, int) else f.fileno())
+    extra = preloads(args, cwd)
     try:
-        zygote = _zygote(env)
+        zygote = _zygote(env, extra)
         pid = zygote.ask({"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session,
-                          "key": _key(env)}, fds)
+                          "key": _key(env, extra)}, fds)
     except OSError:  # no zygote in that environment (torch did not import there): a fresh interpreter
         pid = None
     finally:

@@ -63,6 +63,16 @@ def _preload(modules):
     return added, [(w.message, w.category, w.filename, w.lineno) for w in issued]
 
 
+def settle_preloads():
+    """Reads again from this process's environment what a preloaded module read from its own at import:
+    for a process forked after its preloads (a warm program, a ``run_ranks`` rank) once its environment
+    is set. Lightning's ``rank_zero_only.rank`` (from RANK, LOCAL_RANK, SLURM_PROCID, ...), which its
+    strategies set again once the process group is up; until then it decides which rank prints."""
+    rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")
+    if rank_zero is not None:
+        rank_zero.rank_zero_only.rank = rank_zero._get_rank() or 0
+
+
 def _stream(fd, mode, encoding, errors, line_buffering, unbuffered):
     if mode == "r":
         return io.TextIOWrapper(io.open(fd, "rb", closefd=False), encoding=encoding, errors=errors)
@@ -154,6 +164,7 @@ def _become(req, torch_filters, import_warnings):
     # filters decide), where it imports torch: before its own lines run.
     for message, category, filename, lineno in import_warnings:
         warnings.warn_explicit(message, category, filename, lineno)
+    settle_preloads()
     if env.get("PYTHONFAULTHANDLER"):
         import faulthandler
 
@@ -335,7 +346,7 @@ def shim_main(path, key, python, import_time):
     def fresh():
         os.execve(python, [python, *args], env)
 
-    if tuple(sorted((k, v) for k, v in env.items() if k.startswith(import_time))) != tuple(key) or not plain(args):
+    if tuple(sorted((k, v) for k, v in env.items() if k.startswith(import_time))) != tuple(key[0]) or not plain(args):
         fresh()
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
