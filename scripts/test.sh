@@ -18,9 +18,6 @@
 #   against the clock, one at a time. The programs the tests start are forked from
 #   an interpreter that imported torch once (torch_ext/testing/_warm.py).
 # PYTEST_WORKERS=N: N tests at a time (default 4; 0: one at a time, in one process).
-# TORCH_EXT_RANGE_LOG=FILE: the torch range's check was started already (by .ci/run, beside the
-#   demo's set-up, where the CPU is idle), writing its output to FILE and, when it ends, its exit
-#   status to FILE.rc: this script reports that result instead of running the check again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -39,26 +36,19 @@ start_range() {
   trap 'kill -- -"$range_pid" 2>/dev/null || true' EXIT
 }
 range_pid=""
-range_given=${TORCH_EXT_RANGE_LOG:-}
-if [ -z "$range_given" ] && command -v g++ >/dev/null 2>&1; then start_range; fi
+if command -v g++ >/dev/null 2>&1; then start_range; fi
 
 bash scripts/setup.sh test  # everything the tests need, not only what the demo uses; builds the C++ tests
-[ -n "$range_given" ] || [ -n "$range_pid" ] || start_range
+[ -n "$range_pid" ] || start_range
 
 echo "== Lint (ruff, clang-format: scripts/lint.sh)"
 bash scripts/lint.sh
 
 echo "== torch range: header check output"
 range_rc=0
-if [ -n "$range_given" ]; then
-  for _ in $(seq 900); do [ -s "$range_given.rc" ] && break; sleep 1; done
-  range_rc=$(cat "$range_given.rc" 2>/dev/null || echo "no result after 15 min")
-  cat "$range_given"
-else
-  wait "$range_pid" || range_rc=$?
-  trap - EXIT
-  cat "$range_log"
-fi
+wait "$range_pid" || range_rc=$?
+trap - EXIT
+cat "$range_log"
 rm -f "$range_log"
 if [ "$range_rc" != 0 ]; then
   echo "error: csrc/ does not compile against a supported torch's headers (exit $range_rc, output above;" \

@@ -19,10 +19,11 @@ import time
 
 import pytest
 
-from harness import ROOT
+from harness import ROOT, launch_script
 from torch_ext.testing import _warm
 
 PROBE = os.path.join("tests", "python", "jobs", "warm_probe.py")  # relative, as a user types it
+STACK_JOB = os.path.join("tests", "python", "jobs", "stack_job.py")
 
 
 def _both(args: list[str], **env: str):
@@ -141,3 +142,23 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def _main_thread_frames(args: list[str], fresh: bool, tmp_path) -> list[tuple[str, str]]:
+    """Rank 1's main-thread stack in the dump it wrote at warn_after, as (file, function), innermost first."""
+    dumps = tmp_path / ("fresh" if fresh else "warm")
+    results = launch_script(args, 2, env={"TORCH_EXT_WARN_AFTER": "1", "TORCH_EXT_DUMP_DIR": str(dumps)},
+                            timeout=90, fresh=fresh)
+    assert all(r.ok for r in results), [r.describe() for r in results]
+    main = json.loads((dumps / "rank1.json").read_text())["main_thread"]
+    assert main["available"], main
+    return [(os.path.basename(f["filename"]), f["name"]) for f in main["frames"]]
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_a_reported_stack_starts_at_the_programs_top_level_however_it_was_started(form, tmp_path):
+    """The frames below a program's top level are its launcher's (runpy's for ``python -m``, the warm
+    interpreter's): the guard's reports and dumps leave them out, so a stack reads the same fresh and warm."""
+    args = [STACK_JOB] if form == "script" else ["-m", STACK_JOB[:-3].replace(os.sep, ".")]
+    fresh, warm = (_main_thread_frames(args, f, tmp_path) for f in (True, False))
+    assert fresh == warm == [("stack_job.py", "_away"), ("stack_job.py", "<module>")], (fresh, warm)
