@@ -9,6 +9,9 @@
 #                                   lightning, webdataset, accelerate, torchmetrics, ruff, clang-format,
 #                                   and the GoogleTest suite's binary (tests/cpp/build), built while
 #                                   the packages download
+#   bash scripts/setup.sh cpp-tests only the GoogleTest suite's binary, against the extension's build
+#   --no-cpp-tests                  (with test) all of it but the GoogleTest binary: scripts/test.sh
+#                                   builds it itself, at the lowest CPU priority, beside the tests
 #   --dry-run                       print the stages it would run, run none
 #
 # One progress line per stage, with its expected time; the installers' and the
@@ -109,14 +112,21 @@ build_cpp_tests() {
 }
 
 main() {
-  local mode=test arg
+  local mode=test arg cpp_tests=1
   for arg in "$@"; do
     case $arg in
-      demo | test) mode=$arg ;;
+      demo | test | cpp-tests) mode=$arg ;;
+      --no-cpp-tests) cpp_tests="" ;;
       --dry-run) DRY=1 ;;
-      *) echo "usage: bash scripts/setup.sh [demo|test] [--dry-run]" >&2; return 2 ;;
+      *) echo "usage: bash scripts/setup.sh [demo|test|cpp-tests] [--no-cpp-tests] [--dry-run]" >&2; return 2 ;;
     esac
   done
+  if [ "$mode" = cpp-tests ]; then
+    export MAX_JOBS=${MAX_JOBS:-2}
+    stage "building the C++ tests (GoogleTest: about 60 CPU-s)" build_cpp_tests
+    [ -z "$LOG" ] || rm -f "$LOG"
+    return 0
+  fi
   local missing chromium=""
   missing=$(system_packages "$mode")
   if [ "$mode" = test ] && ! have_chromium; then chromium=1; fi
@@ -186,7 +196,7 @@ main() {
   fi
   export MAX_JOBS=${MAX_JOBS:-2}
   stage "$what" pip_install --no-build-isolation -e .
-  if [ "$mode" = test ]; then
+  if [ "$mode" = test ] && [ -n "$cpp_tests" ]; then
     # The C++ tests' binary, while the test packages download (CPU beside the network):
     # it links the core objects the extension build just compiled (tests/cpp/CMakeLists.txt).
     stage "building the C++ tests (GoogleTest: about 30 s on 2 cores, beside the downloads)" build_cpp_tests

@@ -35,6 +35,7 @@ _CTX = None
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "torch_ext"]
 if importlib.util.find_spec("lightning") is not None:
     PRELOAD.append("lightning")
+PRELOAD.append("torch_ext.testing._frozen")
 
 DEVICES = ("cpu", "cuda")
 STORES = ("parent", "rank0")
