@@ -11,7 +11,8 @@
 #   translation unit each) from the start, the GoogleTest binary (two unity units,
 #   linking the core objects of the extension build) once the set-up is done;
 #   ctest runs at normal priority as soon as its binary is there (3 CPU-s over
-#   16 s: its tests wait on their own short deadlines); their output comes last;
+#   16 s: its tests wait on their own short deadlines); all of it is done (and its
+#   output shown) before the serial tests start;
 # - pytest runs five tests at a time (pytest-xdist; the packaging tests among
 #   them, on one worker): most tests wait on deadlines and other processes part of
 #   the time (four used 1.6 of the two cores: docs/testing.md, "CI time"); then the
@@ -72,9 +73,6 @@ echo "== Python (pytest -m 'not serial', ${PYTEST_WORKERS:-5} at a time), packag
   "C++ builds at idle priority beside it"
 pytest_pass -n "${PYTEST_WORKERS:-5}" --dist loadgroup -m "not serial and not sweep" "$@"
 
-echo "== Python (pytest -m serial): timing-sensitive, one at a time"
-pytest_pass -m serial "$@"
-
 # finish NAME PID LOG HINT: the background job's output; its failure fails the run.
 finish() {
   local rc=0
@@ -86,9 +84,14 @@ finish() {
     exit 1
   fi
 }
+# Before the serial tests: nothing in the background while they time the guard against the clock
+# (the C++ work is done by now unless something else took the idle CPU during the pass).
 echo "== torch range: header check output"
 finish "the check against a supported torch's headers" "$range_pid" "$range_log" \
   "per file: bash scripts/check_torch_headers.sh VERSION"
 echo "== C++ (GoogleTest): build and ctest output"
 finish "the GoogleTest suite" "$cpp_pid" "$cpp_log" "rebuild: bash scripts/setup.sh cpp-tests"
 trap - EXIT
+
+echo "== Python (pytest -m serial): timing-sensitive, one at a time"
+pytest_pass -m serial "$@"
