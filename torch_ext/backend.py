@@ -297,8 +297,11 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # (torch names the default group "0" and describes it "default_pg", the name reports use; a
     # subgroup's description reaches the backend only after it is created.)
     shown = "default_pg" if not dist_opts.global_ranks_in_group else group_name
+    # This process's rank in the job, and the members it asked for: two processes that asked for
+    # different lists get one group name from torch (a counter) and meet here (issue 67).
+    global_rank = dist.get_rank() if dist_opts.global_ranks_in_group else rank
     config, adopt, notes = _C._join(store, rank, size, shown, config, _version(), torch.__version__,
-                                    socket.gethostname(), os.getpid())
+                                    socket.gethostname(), os.getpid(), global_rank, global_ranks)
     if adopt:
         for note in notes:
             _logger.warning("%s", note)

@@ -119,14 +119,16 @@ void bindJoin(py::module& m) {
       "_join",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, const std::string& groupName,
          const torch_ext::Config& cfg, const std::string& torchExt, const std::string& torch, const std::string& host,
-         int64_t pid) {
+         int64_t pid, int64_t globalRank, const std::vector<int64_t>& members) {
         torch_ext::JoinContext ctx;
         ctx.group = groupName;
         ctx.rank = rank;
         ctx.size = size;
         ctx.warnAfter = std::chrono::milliseconds(static_cast<int64_t>(cfg.warnAfterS * 1000.0));
         ctx.timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.joinTimeoutS * 1000.0));
-        const auto mine = torch_ext::JoinRecord::of(cfg, torchExt, torch, host, pid);
+        auto mine = torch_ext::JoinRecord::of(cfg, torchExt, torch, host, pid);
+        mine.globalRank = globalRank;
+        mine.members = members;
         torch_ext::JoinResult out;
         {
           py::gil_scoped_release release;

@@ -26,6 +26,14 @@ JoinRecord recordWith(std::map<std::string, std::string> overrides) {
   return JoinRecord::of(Config::resolve(overrides), "0.1.0", "2.13.0", "host", 1);
 }
 
+// A process of global rank `global` that asked for the group `members`.
+JoinRecord asked(int64_t global, std::vector<int64_t> members) {
+  JoinRecord r = recordWith({});
+  r.globalRank = global;
+  r.members = std::move(members);
+  return r;
+}
+
 JoinContext context(int rank, int size, int timeoutMs = 20000) {
   JoinContext ctx;
   ctx.group = "g";
@@ -170,6 +178,83 @@ TEST(JoinHandshake, ARankThatNeverComesFailsTheOthersAtTheTimeout) {
     EXPECT_NE(errors[r].find("rank 2 did not join it within join_timeout (1.5 s)"), std::string::npos) << errors[r];
     EXPECT_NE(errors[r].find("rank 2: never reached this group's creation"), std::string::npos) << errors[r];
   }
+}
+
+TEST(JoinHandshake, MembersRoundTripAndListsThatDifferFailNamingEach) {
+  const JoinRecord r = asked(2, {2, 3});
+  const auto again = JoinRecord::decode(r.encode());
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->globalRank, 2);
+  EXPECT_EQ(again->members, (std::vector<int64_t>{2, 3}));
+  // Rank 0 concludes from one list: the verdict carries it.
+  const JoinVerdict same = JoinHandshake::conclude(context(0, 2), {asked(0, {0, 1}), asked(1, {0, 1})});
+  ASSERT_TRUE(same.ok) << same.error;
+  EXPECT_EQ(same.members, (std::vector<int64_t>{0, 1}));
+  // Each pair's first claimant of a group rank: new_group([0, 1]) on one, new_group([2, 3]) on the other.
+  const JoinVerdict pairs = JoinHandshake::conclude(context(0, 2), {asked(0, {0, 1}), asked(3, {2, 3})});
+  ASSERT_FALSE(pairs.ok);
+  EXPECT_NE(pairs.error.find("asked for different member lists"), std::string::npos) << pairs.error;
+  EXPECT_NE(pairs.error.find("new_group([0, 1]) on global rank 0"), std::string::npos) << pairs.error;
+  EXPECT_NE(pairs.error.find("new_group([2, 3]) on global rank 3"), std::string::npos) << pairs.error;
+  // One list, but a process stands where the list puts another.
+  const JoinVerdict moved = JoinHandshake::conclude(context(0, 2), {asked(0, {0, 1}), asked(2, {0, 1})});
+  EXPECT_FALSE(moved.ok);
+}
+
+TEST(JoinHandshake, TwoProcessesClaimingOneGroupRankFailEveryOneOfThem) {
+  // Two pairs, each creating "its" group: torch gives both one name and one store.
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(4);
+  std::vector<std::thread> ranks;
+  const auto start = std::chrono::steady_clock::now();
+  for (int g = 0; g < 4; ++g) {
+    ranks.emplace_back([&, g] {
+      const std::vector<int64_t> pair = g < 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{2, 3};
+      try {
+        JoinHandshake::join(*store, context(g % 2, 2), asked(g, pair));
+      } catch (const GroupJoinError& e) {
+        errors[g] = e.what_without_backtrace();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 10.0);
+  for (int g = 0; g < 4; ++g) {
+    EXPECT_NE(errors[g].find("new_group([0, 1])"), std::string::npos) << g << errors[g];
+    EXPECT_NE(errors[g].find("new_group([2, 3])"), std::string::npos) << g << errors[g];
+  }
+}
+
+TEST(JoinHandshake, AClaimAfterTheGroupConcludedRefusesItThroughTheAlerts) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::thread> first;
+  for (int g : {0, 1}) first.emplace_back([&, g] { JoinHandshake::join(*store, context(g, 2), asked(g, {0, 1})); });
+  for (auto& t : first) t.join();  // ranks 0 and 1 concluded: their group exists
+  const std::string prefix = keys::kPrefix;
+  // Ranks 0 and 1's watchdogs: they read the alert and say so, and the late
+  // process, which may host the store, leaves then, not at kSeenWithin.
+  std::thread watchdogs([&] {
+    while (store->add(prefix + keys::kAlerts, 0) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    store->add(prefix + keys::kJoinSeen, 2);
+  });
+  std::string error;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    JoinHandshake::join(*store, context(0, 2), asked(2, {2, 3}));
+  } catch (const GroupJoinError& e) {
+    error = e.what_without_backtrace();
+  }
+  watchdogs.join();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, JoinHandshake::kSeenWithin);
+  EXPECT_NE(error.find("two processes claim group rank 0"), std::string::npos) << error;
+  // The group's watchdogs read it in the alerts (IncidentProtocol, kJoinRefused).
+  const auto n = store->add(prefix + keys::kAlerts, 0);
+  ASSERT_EQ(n, 1);
+  const auto raw = store->get(prefix + keys::alert(1));
+  const auto alert = keys::AlertRecord::decode(std::string(raw.begin(), raw.end()));
+  ASSERT_TRUE(alert.has_value());
+  EXPECT_EQ(alert->id, keys::kJoinRefused);
+  EXPECT_EQ(alert->body, error);
 }
 
 }  // namespace test_join_handshake

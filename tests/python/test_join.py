@@ -152,3 +152,47 @@ def test_a_rank_that_never_reaches_init_fails_the_others_naming_it(tmp_path, sto
     # later hears that verdict sooner after its own start (CI's busy cores start
     # processes a second or more apart), so only the decider's wait is bounded below.
     assert records[joined[0]]["after_s"] > 2.5, text
+
+
+PAIRS = ["tests/python/jobs/pairs_job.py"]
+
+
+def _pairs(tmp_path, store: str, mode: str):
+    results = launch_script(PAIRS, 4, store=store, timeout=60, env={"OUT": str(tmp_path), "MODE": mode, **DEFAULTS})
+    text = "\n".join(r.describe() for r in results)
+    records = {r.rank: json.loads((tmp_path / f"rank{r.rank}.json").read_text())
+               for r in results if (tmp_path / f"rank{r.rank}.json").exists()}
+    return results, records, text
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", STORES)
+@pytest.mark.parametrize("mode", ["own", "staggered"])
+def test_pairs_creating_a_group_from_their_own_lists_all_fail_naming_both_lists(tmp_path, store, mode):
+    """Each pair calls new_group with its own ranks: torch names both groups "1", one store prefix.
+
+    Plain gloo cross-wires them: rank 0 sums with rank 3 and exits 0, the others fail in
+    gloo's transport (docs/conformance.md). Before, the guard hung some ranks in its own
+    group creation. Now the second process to claim a group rank refuses the group: ranks
+    still joining read the verdict, ranks that concluded it (staggered: ranks 0 and 1 are
+    training in it) read the refusal in the group's alerts, all within seconds.
+    """
+    results, records, text = _pairs(tmp_path, store, mode)
+    for r in results:
+        assert r.returncode == 3, text  # ended by itself, with the error: none exits 0, none hangs
+        rec = records[r.rank]
+        assert rec["error"] == "GroupJoinError", text
+        assert rec["after_s"] < 10, text
+        assert "asked for different member lists" in rec["message"], rec["message"]
+        assert "new_group([0, 1]) on global rank" in rec["message"], rec["message"]
+        assert "new_group([2, 3]) on global rank" in rec["message"], rec["message"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store", STORES)
+def test_pairs_created_as_torch_asks_work_each_in_its_own_pair(tmp_path, store):
+    results, records, text = _pairs(tmp_path, store, "right")
+    for r in results:
+        assert r.returncode == 0, text
+        pair = [0, 1] if r.rank < 2 else [2, 3]
+        assert records[r.rank]["sums"] == [float(sum(p + i for p in pair)) for i in range(5)], text

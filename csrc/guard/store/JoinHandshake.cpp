@@ -39,6 +39,28 @@ std::map<std::string, std::string> stringMapOf(const Json* j) {
   return out;
 }
 
+Json intList(const std::vector<int64_t>& v) {
+  Json j = Json::array();
+  for (int64_t x : v) j.push(x);
+  return j;
+}
+
+std::vector<int64_t> intListOf(const Json* j) {
+  std::vector<int64_t> out;
+  if (j == nullptr || !j->isArray()) return out;
+  for (const auto& x : j->asArray()) {
+    if (x.type() == Json::Type::Int) out.push_back(x.asInt());
+  }
+  return out;
+}
+
+// "[0, 1]", as the list was written in the program.
+std::string listText(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
 std::string secondsText(std::chrono::milliseconds ms) {
   std::ostringstream os;
   os.precision(3);
@@ -51,8 +73,11 @@ std::string head(const JoinContext& ctx) {
 }
 
 // The store's keys of this handshake (the guard's under its prefix).
-std::string recordKey(int rank) {
-  return std::string(keys::kPrefix) + keys::joinRecord(rank);
+std::string recordKey(int rank, int64_t claim = 1) {
+  return std::string(keys::kPrefix) + keys::joinRecord(rank, claim);
+}
+std::string claimKey(int rank) {
+  return std::string(keys::kPrefix) + keys::joinClaim(rank);
 }
 std::string storeFailedText(const JoinContext& ctx, const std::exception& e) {
   std::string what = e.what();
@@ -61,8 +86,8 @@ std::string storeFailedText(const JoinContext& ctx, const std::exception& e) {
          "); the store is torchrun's agent, or rank 0's process under plain env://";
 }
 
-std::string seenKey(int rank) {
-  return std::string(keys::kPrefix) + keys::joinSeen(rank);
+std::string seenKey() {
+  return std::string(keys::kPrefix) + keys::kJoinSeen;
 }
 const std::string& verdictKey() {
   static const std::string k = std::string(keys::kPrefix) + keys::kJoinVerdict;
@@ -103,6 +128,15 @@ JoinVerdict settle(c10d::Store& store, const JoinVerdict& mine) {
     return bad;
   }
   return *theirs;
+}
+
+// Ends the group on the ranks that concluded it already: the group's alerts
+// carry the refusal to their watchdogs (StoreKeys.h, kJoinRefused). A store
+// that fails here is the caller's error to report.
+void refuse(c10d::Store& store, int rank, const std::string& why) {
+  const int64_t k = store.add(std::string(keys::kPrefix) + keys::kAlerts, 1);
+  store.set(std::string(keys::kPrefix) + keys::alert(k),
+            asBytes(keys::AlertRecord{keys::kJoinRefused, rank, why}.encode()));
 }
 
 // Asks the store whether every key is there, and paces the next ask at a
@@ -148,6 +182,8 @@ std::string JoinRecord::encode() const {
   j.set("torch", torch);
   j.set("host", host);
   j.set("pid", pid);
+  j.set("global_rank", globalRank);
+  j.set("members", intList(members));
   j.set("settings", stringMap(settings));
   j.set("sources", stringMap(sources));
   return j.dump();
@@ -162,6 +198,8 @@ std::optional<JoinRecord> JoinRecord::decode(const std::string& value) {
     r.torch = j.stringOr("torch");
     r.host = j.stringOr("host");
     r.pid = j.intOr("pid");
+    r.globalRank = j.intOr("global_rank", -1);
+    r.members = intListOf(j.get("members"));
     r.settings = stringMapOf(j.get("settings"));
     r.sources = stringMapOf(j.get("sources"));
     return r;
@@ -174,6 +212,7 @@ std::string JoinVerdict::encode() const {
   Json j = Json::object();
   j.set("ok", ok);
   j.set("error", error);
+  j.set("members", intList(members));
   j.set("settings", stringMap(settings));
   j.set("sources", stringMap(sources));
   return j.dump();
@@ -186,6 +225,7 @@ std::optional<JoinVerdict> JoinVerdict::decode(const std::string& value) {
     const Json* ok = j.get("ok");
     v.ok = ok != nullptr && ok->type() == Json::Type::Bool && ok->asBool();
     v.error = j.stringOr("error");
+    v.members = intListOf(j.get("members"));
     v.settings = stringMapOf(j.get("settings"));
     v.sources = stringMapOf(j.get("sources"));
     return v;
@@ -225,10 +265,48 @@ JoinVerdict JoinHandshake::conclude(const JoinContext& ctx, const std::vector<Jo
               "\nInstall one torch_ext release on every node (pip show torch_ext on each).";
     return v;
   }
+  for (size_t r = 0; r < records.size(); ++r) {
+    const JoinRecord& rec = records[r];
+    const bool where = rec.members.size() <= r || rec.members[r] == rec.globalRank;
+    if (rec.members != zero.members || !where) {
+      v.error = membersText(ctx, records, -1);
+      return v;
+    }
+  }
   v.ok = true;
+  v.members = zero.members;
   v.settings = zero.settings;
   v.sources = zero.sources;
   return v;
+}
+
+std::string JoinHandshake::membersText(const JoinContext& ctx, const std::vector<JoinRecord>& records, int claimed) {
+  // One line per list asked for, with the processes that asked for it.
+  std::vector<std::pair<std::vector<int64_t>, std::vector<const JoinRecord*>>> rows;
+  for (const JoinRecord& rec : records) {
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& row) { return row.first == rec.members; });
+    if (it == rows.end()) {
+      rows.push_back({rec.members, {&rec}});
+    } else {
+      it->second.push_back(&rec);
+    }
+  }
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::ostringstream os;
+  os << head(ctx) << "its processes asked for different member lists";
+  if (claimed >= 0) os << " (two processes claim group rank " << claimed << ")";
+  os << ", so torch gave two groups one name and one store:";
+  for (const auto& [list, who] : rows) {
+    os << "\n  new_group(" << (list.empty() ? std::string("?") : listText(list)) << ") on ";
+    for (size_t i = 0; i < who.size(); ++i) {
+      os << (i ? ", " : "") << "global rank " << who[i]->globalRank;
+      if (!who[i]->host.empty()) os << " (" << who[i]->host << ", pid " << who[i]->pid << ")";
+    }
+  }
+  os << "\nCall new_group on every rank with the same ranks, in the same order, also on ranks outside the group "
+        "(torch.distributed.new_group's contract): for a group per node, create every node's group on every rank "
+        "and keep your own (or use torch.distributed.new_subgroups / a DeviceMesh).";
+  return os.str();
 }
 
 JoinResult JoinHandshake::apply(const JoinContext& ctx, const JoinRecord& mine, const JoinVerdict& verdict) {
@@ -288,18 +366,40 @@ std::string JoinHandshake::missingText(const JoinContext& ctx, const std::vector
   return os.str();
 }
 
-void JoinHandshake::holdUntilSeen(c10d::Store& store, const JoinContext& ctx) {
-  store.set(seenKey(ctx.rank), asBytes("1"));
-  if (ctx.rank != 0) return;
-  // Group rank 0 stays until every rank that joined has read the verdict
-  // (bounded: a rank that joined and then died never says so).
-  std::vector<std::string> seen;
-  for (int r = 1; r < ctx.size; ++r) {
-    if (present(store, recordKey(r))) seen.push_back(seenKey(r));
-  }
+void JoinHandshake::holdUntilSeen(c10d::Store& store, const JoinContext& ctx, bool hold) {
+  store.add(seenKey(), 1);
+  if (!hold) return;
+  // Stay until every process that claimed a rank of this group has read the
+  // failure (bounded: one that claimed and then died never says so).
+  int64_t claims = 0;
+  for (int r = 0; r < ctx.size; ++r) claims += store.add(claimKey(r), 0);
   const auto until = Clock::now() + kSeenWithin;
-  Poll poll;
-  while (!seen.empty() && Clock::now() < until && !poll.there(store, seen)) continue;
+  while (store.add(seenKey(), 0) < claims && Clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string JoinHandshake::refusal(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine, int64_t claim,
+                                   const JoinVerdict& verdict) {
+  if (claim > 1) {
+    // The first claimant writes its record right after its claim.
+    std::vector<JoinRecord> records;
+    Poll poll;
+    const auto until = Clock::now() + std::chrono::seconds(2);
+    while (!poll.there(store, {recordKey(ctx.rank)}) && Clock::now() < until) continue;
+    if (present(store, recordKey(ctx.rank))) {
+      if (auto first = JoinRecord::decode(asText(store.get(recordKey(ctx.rank))))) records.push_back(*first);
+    }
+    records.push_back(mine);
+    return membersText(ctx, records, ctx.rank);
+  }
+  if (verdict.ok && !verdict.members.empty() && !mine.members.empty() && verdict.members != mine.members) {
+    std::vector<JoinRecord> records;
+    if (auto zero = JoinRecord::decode(asText(store.get(recordKey(0))))) records.push_back(*zero);
+    records.push_back(mine);
+    return membersText(ctx, records, -1);
+  }
+  return "";
 }
 
 JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine) {
@@ -307,7 +407,20 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
   const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   JoinVerdict verdict;
   try {
-    store.set(recordKey(ctx.rank), asBytes(mine.encode()));
+    const int64_t claim = store.add(claimKey(ctx.rank), 1);
+    store.set(recordKey(ctx.rank, claim), asBytes(mine.encode()));
+    if (claim > 1) {
+      // Another process holds this group rank: the group cannot exist as
+      // either asked. Ranks still joining read the verdict; ranks past it, the
+      // alert.
+      const std::string why = refusal(store, ctx, mine, claim, verdict);
+      JoinVerdict fail;
+      fail.error = why;
+      settle(store, fail);
+      refuse(store, ctx.rank, why);
+      holdUntilSeen(store, ctx, true);
+      throw GroupJoinError(why);
+    }
     std::vector<std::string> records;
     for (int r = 0; r < ctx.size; ++r) records.push_back(recordKey(r));
     // Ranks other than 0 give up a little after rank 0 would, so that rank
@@ -373,7 +486,13 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
         }
       }
     }
-    if (!verdict.ok) holdUntilSeen(store, ctx);
+    if (!verdict.ok) holdUntilSeen(store, ctx, ctx.rank == 0);
+    if (const std::string why = refusal(store, ctx, mine, claim, verdict); !why.empty()) {
+      // Rank 0 concluded from lists that agree, and this rank asked for another.
+      refuse(store, ctx.rank, why);
+      holdUntilSeen(store, ctx, true);
+      throw GroupJoinError(why);
+    }
   } catch (const GuardError&) {
     throw;
   } catch (const std::exception& e) {

@@ -17,7 +17,17 @@
 //    rank that did, naming it and what is known of it: it created a plain
 //    gloo group there (read in gloo's own rendezvous key: at once, not at the
 //    timeout), it announced a guard without the handshake (an older
-//    torch_ext), or nothing (still starting, stuck before the group, dead).
+//    torch_ext), or nothing (still starting, stuck before the group, dead);
+//  - the members: every record carries the process's global rank and the
+//    member list it asked for. torch names a group by a counter, so processes
+//    that called new_group with different lists (each node creating a group of
+//    its own ranks) get one name, one store prefix and the same group ranks:
+//    two processes then claim one group rank (store.add on join/claim/<rank>),
+//    and the second fails the group naming both lists, also for ranks that
+//    concluded before it came (through the group's alerts, which their
+//    watchdogs read: GroupJoinError within an exchange); lists that differ
+//    without a double claim fail at rank 0's conclusion, and a rank whose own
+//    list differs from the verdict's fails itself the same way.
 // The verdict is set once (compare_set): by rank 0, or by a rank whose own
 // join_timeout passed first, so that no rank proceeds into the inner
 // rendezvous while another has given up.
@@ -47,7 +57,8 @@ namespace torch_ext {
 // Bumped whenever what ranks exchange about a group changes shape (records,
 // check words, status records): ranks whose versions differ fail at creation.
 // 3: between two ranks a 4-byte element is packed with its check (InBandCheck::packs).
-inline constexpr int kJoinProtocol = 3;
+// 4: records carry the rank's global rank and the members it asked for (claims).
+inline constexpr int kJoinProtocol = 4;
 
 // What one rank says when it joins: who it is, what it runs, and its job-wide
 // settings (option -> Setting::show, exact and parseable) with their sources.
@@ -57,6 +68,8 @@ struct JoinRecord {
   std::string torch;     // torch's version
   std::string host;
   int64_t pid = 0;
+  int64_t globalRank = -1;       // this process's rank in the job
+  std::vector<int64_t> members;  // the global ranks it asked the group to have, in group-rank order
   std::map<std::string, std::string> settings;
   std::map<std::string, std::string> sources;  // option -> "TORCH_EXT_CHECK", "GuardOptions(check)", "default"
 
@@ -71,6 +84,7 @@ struct JoinRecord {
 struct JoinVerdict {
   bool ok = false;
   std::string error;
+  std::vector<int64_t> members;  // ok: the group's members (rank 0's list)
   std::map<std::string, std::string> settings;
   std::map<std::string, std::string> sources;
 
@@ -114,17 +128,27 @@ class JoinHandshake {
     std::string known;
   };
   static std::string missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS);
+  // Why the group cannot start when its processes asked for different member
+  // lists: one line per list with the processes that asked for it. `claimed`:
+  // the group rank two processes claimed (-1: none known).
+  static std::string membersText(const JoinContext& ctx, const std::vector<JoinRecord>& records, int claimed);
 
   // How long group rank 0 waits for the joined ranks to have read a verdict
   // that fails the group before it raises (holdUntilSeen).
   static constexpr std::chrono::milliseconds kSeenWithin{5000};
 
  private:
-  // A verdict failed the group: this rank says it read it; group rank 0 (whose
-  // process hosts the store under plain env://) waits, at most kSeenWithin,
-  // for every rank that joined to say so, so that its exit does not leave them
-  // with "the store failed" instead of the verdict.
-  static void holdUntilSeen(c10d::Store& store, const JoinContext& ctx);
+  // The group failed: this process says it read it (join/seen); with `hold`
+  // (group rank 0, whose process hosts the store under plain env://, and a
+  // process that refused the group) it waits, at most kSeenWithin, for every
+  // process that claimed a rank to say so, so that its exit does not leave
+  // them with "the store failed" instead of the verdict.
+  static void holdUntilSeen(c10d::Store& store, const JoinContext& ctx, bool hold);
+  // Why this process cannot be in the group it asked for (membersText), or
+  // "": it claimed a group rank another process holds (claim > 1), or its
+  // member list differs from the concluded verdict's.
+  static std::string refusal(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine, int64_t claim,
+                             const JoinVerdict& verdict);
 };
 
 }  // namespace torch_ext

@@ -41,14 +41,24 @@ inline std::string status(int groupRank) {
 inline std::string joinRecord(int groupRank) {
   return "join/" + std::to_string(groupRank);
 }
-inline constexpr const char* kJoinVerdict = "join/verdict";
-// join/seen/<rank>: set by a rank that read a verdict that fails the group;
-// group rank 0 (under plain env:// its process hosts the store) waits, a few
-// seconds at most, for those of the ranks that joined before it raises, so
-// that its exit does not take the verdict from them. Left like the records.
-inline std::string joinSeen(int groupRank) {
-  return "join/seen/" + std::to_string(groupRank);
+// join/claim/<rank>: how many processes claimed group rank <rank> (add 1
+// each). The first writes join/<rank>; a second one (processes that asked
+// new_group for different lists and got one group name) writes its record
+// under join/<rank>/<n> and fails the group, naming both, in the verdict and
+// in the group's alerts (kJoinRefused). Deleted with the records.
+inline std::string joinClaim(int groupRank) {
+  return "join/claim/" + std::to_string(groupRank);
 }
+inline std::string joinRecord(int groupRank, int64_t claim) {
+  return claim <= 1 ? joinRecord(groupRank) : joinRecord(groupRank) + "/" + std::to_string(claim);
+}
+inline constexpr const char* kJoinVerdict = "join/verdict";
+// join/seen: how many processes read a failure of the group's creation (add
+// 1 each: a failing verdict, a refusal, its alert). Group rank 0 (under plain
+// env:// its process hosts the store) and a process that refused the group
+// wait, a few seconds at most, until every process that claimed a rank has,
+// so that their exit does not take the failure from the others.
+inline constexpr const char* kJoinSeen = "join/seen";
 
 // Not the guard's: what torch's ProcessGroupGloo writes at the store prefix a
 // backend is given ("<context>/<rank>", context 0 first), read (never
@@ -94,6 +104,12 @@ struct AlertRecord {
     return AlertRecord{value.substr(0, nl1), static_cast<int64_t>(p), value.substr(nl2 + 1)};
   }
 };
+
+// An alert with this id ends the group on every rank that reads it with
+// GroupJoinError, the body its text: the group's creation was refused after
+// some ranks had concluded it (a second claim of a group rank, or a rank
+// whose member list differs from the verdict's). No analyst, no verdict.
+inline constexpr const char* kJoinRefused = "join-refused";
 
 // once/<incident id>: compare-set by the rank that raises an incident or
 // publishes a verdict first; the others see they lost. Deleted at leave.

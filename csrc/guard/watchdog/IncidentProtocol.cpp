@@ -120,6 +120,11 @@ void IncidentProtocol::pollAlerts(int64_t nowNs) {
       }
       continue;
     }
+    if (iid == keys::kJoinRefused) {
+      store.add(keys::kJoinSeen, 1);
+      if (hooks_.refused) hooks_.refused(alert->body);
+      continue;
+    }
     auto inc = Incident::fromId(iid);
     if (!inc) continue;
     inc->poster = alert->poster;

@@ -51,6 +51,9 @@ class IncidentProtocol {
     // This rank's answer to a live request ("live:<token>", StoreKeys.h): its
     // process-wide snapshot as JSON text. Unset: live requests are ignored.
     std::function<std::string(const std::string& requestId)> live;
+    // The group's creation was refused after this rank concluded it
+    // (keys::kJoinRefused): `why` is the GroupJoinError's text.
+    std::function<void(const std::string& why)> refused;
   };
 
   IncidentProtocol(GroupState& state, Hooks hooks);

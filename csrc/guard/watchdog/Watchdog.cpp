@@ -108,6 +108,11 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                              RankSnapshot snap = dog.snapshot(requestId, nullptr, kHangWindow, WithWaitWindows::Yes);
                              snap.threads = Runtime::instance().threadStacks(std::chrono::milliseconds(200));
                              return toJson(snap).dump();
+                           },
+                           [&dog, st = state.get()](const std::string& why) {
+                             if (dog.failGroup(*st, GroupFailure{GuardErrorKind::Join, why}) && st->id().rank == 0) {
+                               logMessage(LogLevel::Error, why);
+                             }
                            }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
@@ -235,6 +240,8 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
   for (int r = 0; r < size; ++r) written.push_back(keys::lastWords(r));
   for (int r = 0; r < size; ++r) written.push_back(keys::joinRecord(r));
+  for (int r = 0; r < size; ++r) written.push_back(keys::joinClaim(r));
+  written.push_back(keys::kJoinSeen);
   written.push_back(keys::kLeave);
   written.push_back(keys::kStragglers);
   written.push_back(keys::kJoinVerdict);
