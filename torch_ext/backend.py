@@ -82,6 +82,11 @@ class GuardOptions:
         ledger_size: collectives remembered per group (TORCH_EXT_LEDGER_SIZE).
         interval: watchdog tick in seconds (TORCH_EXT_INTERVAL).
         call_sites: record Python call sites (TORCH_EXT_CALL_SITES).
+        call_paths: compare each collective's call path (its line and the lines
+            that called it) across ranks, so look-alike collectives from
+            different lines fail before their data is released: ``"auto"``
+            (default: in strict only), ``"on"`` / ``True`` (verify and async
+            too), ``"off"`` / ``False`` (TORCH_EXT_CALL_PATHS).
         store_timeout: seconds a store call of the guard may go unanswered
             before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
         store_budget: store operations per second the watchdogs of the whole
@@ -112,6 +117,7 @@ class GuardOptions:
     ledger_size: int | None = None
     interval: float | None = None
     call_sites: bool | None = None
+    call_paths: bool | str | None = None
     store_timeout: float | None = None
     store_budget: int | None = None
     join_timeout: float | None = None

@@ -156,12 +156,26 @@ CheckMode parseCheckMode(const std::string& text, const std::string& what) {
   bad(what, text, "one of off, async, verify, strict");
 }
 
-StreamGateMode parseStreamGateMode(const std::string& text, const std::string& what) {
+namespace {
+
+// auto, on, off (or 1, 0) into an enum of those three names.
+template <typename Mode>
+Mode parseAutoOnOff(const std::string& text, const std::string& what) {
   std::string t = lower(trim(text));
-  if (t == "1") return StreamGateMode::On;
-  if (t == "0") return StreamGateMode::Off;
-  if (auto mode = enumFromName<StreamGateMode>(t)) return *mode;
+  if (t == "1") return Mode::On;
+  if (t == "0") return Mode::Off;
+  if (auto mode = enumFromName<Mode>(t)) return *mode;
   bad(what, text, "one of auto, on, off (or 1, 0)");
+}
+
+}  // namespace
+
+StreamGateMode parseStreamGateMode(const std::string& text, const std::string& what) {
+  return parseAutoOnOff<StreamGateMode>(text, what);
+}
+
+CallPathMode parseCallPathMode(const std::string& text, const std::string& what) {
+  return parseAutoOnOff<CallPathMode>(text, what);
 }
 
 std::vector<std::string> parsePackageNames(const std::string& text, const std::string& what) {
@@ -311,6 +325,16 @@ const std::vector<Setting>& settings() {
        [](Config& c, const std::string& v, const std::string& what) { c.callSites = detail::parseBool(v, what); },
        [](const Config& c) -> SettingValue { return c.callSites; },
        [](const Config& c) { return std::string(c.callSites ? "1" : "0"); }},
+      {"call_paths", "TORCH_EXT_CALL_PATHS", "auto", SettingScope::Job,
+       "Compare each collective's call path (its line and the lines that called it) across ranks, with its op and "
+       "shapes: look-alike collectives from different lines (one rank skipped a module) then fail before their data "
+       "is released. auto: in strict only; on: in verify and async too; off: never. A legal rank-dependent branch "
+       "(if rank == 0: broadcast(x) else: broadcast(y)) then fails as well.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         c.callPaths = detail::parseCallPathMode(v, what);
+       },
+       [](const Config& c) -> SettingValue { return std::string(enumName(c.callPaths)); },
+       [](const Config& c) { return std::string(enumName(c.callPaths)); }},
       {"store_budget", "TORCH_EXT_STORE_BUDGET", "20000", SettingScope::Job,
        "Store operations per second the guard's watchdogs may spend across the whole job (0: no budget). Groups "
        "larger than budget * interval / 3.125 ranks (1,280 with the defaults) exchange statuses less often, and their "

@@ -51,6 +51,23 @@ struct EnumTable<StreamGateMode> {
   };
 };
 
+// Whether the ranks compare each collective's call path (its line and the
+// user frames that called it) as part of what must agree (issue 67): auto is
+// strict only; on adds verify and async; off: never. A path difference then
+// fails the collective before its data is released, as a shape would; legal
+// rank-dependent branches (`if rank == 0: broadcast(x) else: broadcast(y)`)
+// fail too, which is why the default leaves it to strict.
+enum class CallPathMode : uint8_t { Off, Auto, On };
+
+template <>
+struct EnumTable<CallPathMode> {
+  static constexpr NamedValue<CallPathMode> kEntries[] = {
+      {CallPathMode::Off, "off"},
+      {CallPathMode::Auto, "auto"},
+      {CallPathMode::On, "on"},
+  };
+};
+
 // The watchdog's store operations per rank per exchange (status set, the ring
 // neighbours' multi_get, the alert counter), which the store budget divides.
 constexpr int kStoreOpsPerExchange = 3;
@@ -91,6 +108,7 @@ struct Config {
   int64_t ledgerSize = 1024;
   double intervalS = 0.2;
   bool callSites = true;
+  CallPathMode callPaths = CallPathMode::Auto;
   // The longest a store call of the guard may go unanswered before the store
   // is declared lost (its own client; never the group's timeout).
   double storeTimeoutS = 3.0;
@@ -180,6 +198,7 @@ int64_t parseInt(const std::string& text, const std::string& what, int64_t lo, i
 bool parseBool(const std::string& text, const std::string& what);
 CheckMode parseCheckMode(const std::string& text, const std::string& what);
 StreamGateMode parseStreamGateMode(const std::string& text, const std::string& what);
+CallPathMode parseCallPathMode(const std::string& text, const std::string& what);
 // "SIGUSR2", "usr1", "SIGRTMIN+3", "off" -> the signal number (0: off).
 int parseSignal(const std::string& text, const std::string& what);
 // The name parseSignal reads back: "SIGUSR2", "SIGRTMIN+3", "off".

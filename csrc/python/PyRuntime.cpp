@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -131,20 +132,35 @@ struct CodeInfo {
 
 // A call site is the user's frame and the innermost framework frame above it
 // (code object and instruction of each; the framework half is null when the
-// user's code called torch directly).
+// user's code called torch directly), then its path: the user frames that
+// called it, up to kCallers (issue 67: look-alike collectives issued through
+// one helper differ a frame or two up, at the line that called the helper).
+constexpr size_t kCallers = 3;
+// How many frames above the user's frame a capture reads at most for its
+// callers: a path is a few user frames up, not the whole stack (under a
+// framework, user frames are far apart; what is past this bound is left out).
+constexpr int kCallerWalk = 16;
+
 struct SiteKey {
   PyCodeObject* code;
   int lasti;
   PyCodeObject* viaCode;
   int viaLasti;
+  std::array<PyCodeObject*, kCallers> callerCode{};
+  std::array<int, kCallers> callerLasti{};
   bool operator==(const SiteKey& o) const {
-    return code == o.code && lasti == o.lasti && viaCode == o.viaCode && viaLasti == o.viaLasti;
+    return code == o.code && lasti == o.lasti && viaCode == o.viaCode && viaLasti == o.viaLasti &&
+           callerCode == o.callerCode && callerLasti == o.callerLasti;
   }
 };
 struct SiteKeyHash {
   size_t operator()(const SiteKey& k) const {
     size_t h = std::hash<void*>()(k.code) ^ (static_cast<size_t>(k.lasti) * 0x9e3779b97f4a7c15ULL);
-    return h ^ (std::hash<void*>()(k.viaCode) * 31u) ^ (static_cast<size_t>(k.viaLasti) * 0xc2b2ae3d27d4eb4fULL);
+    h ^= (std::hash<void*>()(k.viaCode) * 31u) ^ (static_cast<size_t>(k.viaLasti) * 0xc2b2ae3d27d4eb4fULL);
+    for (size_t i = 0; i < kCallers; ++i) {
+      h = h * 0x100000001b3ULL ^ std::hash<void*>()(k.callerCode[i]) ^ static_cast<size_t>(k.callerLasti[i]);
+    }
+    return h;
   }
 };
 
@@ -215,12 +231,24 @@ uint32_t siteOfStack(Next&& next) {
     }
     if (f.info->kind == FrameKind::Framework && via.code == nullptr) via = f;
   }
+  std::array<WalkedFrame, kCallers> callers{};
+  size_t nCallers = 0;
   if (user.code == nullptr) {
     if (via.code == nullptr) return 0;
     user = via;  // no user frame: the framework frame stands alone
     via = WalkedFrame{};
+  } else {
+    // The user frames that called it (the program's top level included).
+    for (int walked = 0; nCallers < kCallers && walked < kCallerWalk && next(&f); ++walked) {
+      f.info = &codeInfo(f.code);
+      if (f.info->kind == FrameKind::User) callers[nCallers++] = f;
+    }
   }
   SiteKey key{user.code, user.lasti, via.code, via.code != nullptr ? via.lasti : -1};
+  for (size_t i = 0; i < nCallers; ++i) {
+    key.callerCode[i] = callers[i].code;
+    key.callerLasti[i] = callers[i].lasti;
+  }
   auto it = g_sites->find(key);
   if (it != g_sites->end()) return it->second;
   std::vector<Frame> frames{
@@ -228,10 +256,15 @@ uint32_t siteOfStack(Next&& next) {
   if (via.code != nullptr) {
     frames.push_back(Frame{via.info->filename, lineAt(via.code, via.lasti), via.info->function, via.info->library});
   }
+  for (size_t i = 0; i < nCallers; ++i) {
+    const WalkedFrame& c = callers[i];
+    frames.push_back(Frame{c.info->filename, lineAt(c.code, c.lasti), c.info->function, c.info->library});
+  }
   const uint32_t id = CallSites::instance().intern(frames);
   // The cache keeps its code objects alive (see above).
   Py_INCREF(user.code);
   Py_XINCREF(via.code);
+  for (size_t i = 0; i < nCallers; ++i) Py_INCREF(callers[i].code);
   g_sites->emplace(key, id);
   return id;
 }

@@ -423,6 +423,10 @@ TEST(CheckPolicy, WhatEachModeDoes) {
                          p.comparesInStatusRing,
                          p.auditsSplitsAfterIssue};
     for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], row.answers[i]) << "answer " << i;
+    // Call paths: compared in strict by default, in any comparing mode when on, never when off.
+    EXPECT_EQ(p.comparesCallPaths, row.mode == CheckMode::Strict);
+    EXPECT_EQ(CheckPolicy::of(row.mode, CallPathMode::On).comparesCallPaths, row.mode != CheckMode::Off);
+    EXPECT_FALSE(CheckPolicy::of(row.mode, CallPathMode::Off).comparesCallPaths);
   }
 }
 

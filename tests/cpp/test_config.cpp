@@ -69,6 +69,14 @@ TEST(Config, StreamGateModes) {
   EXPECT_THROW(Config::resolve({{"stream_gate", "cuda"}}), ConfigError);
 }
 
+TEST(Config, CallPathModes) {
+  EXPECT_EQ(Config::resolve().callPaths, torch_ext::CallPathMode::Auto);  // strict compares them, verify does not
+  EnvGuard on("TORCH_EXT_CALL_PATHS", "on");
+  EXPECT_EQ(Config::resolve().callPaths, torch_ext::CallPathMode::On);
+  EXPECT_EQ(Config::resolve({{"call_paths", "0"}}).callPaths, torch_ext::CallPathMode::Off);
+  EXPECT_THROW(Config::resolve({{"call_paths", "sometimes"}}), ConfigError);
+}
+
 TEST(Config, EnvironmentAndOverrides) {
   EnvGuard inner("TORCH_EXT_INNER", "cuda:gloo");
   EnvGuard check("TORCH_EXT_CHECK", "STRICT");

@@ -151,10 +151,40 @@ TEST(History, SaysNothingTheMismatchLinesDoNotAlreadySay) {
   EXPECT_EQ(text.find("reading:"), std::string::npos) << text;
 }
 
+TEST(History, WhereLookAlikesFromDifferentLinesPartTheReadingNamesTheLineSkipped) {
+  // One helper gathers each module's shard; rank 1 skips the vision tower's gather.
+  const std::string vision = "m.py:28 in gather from m.py:36 in step";
+  const std::string text = "m.py:28 in gather from m.py:38 in step";
+  const std::string loss = "m.py:40 in step";
+  std::vector<HistoryItem> zero, one;
+  uint64_t a = 1, b = 1;
+  add(zero, a, 1, "all_gather", vision);
+  add(zero, a, 1, "all_gather", text);
+  add(zero, a, 1, "all_reduce", loss);
+  add(zero, a, 1, "all_gather", vision);
+  add(zero, a, 1, "all_gather", text);  // #5, against rank 1's all_reduce
+  add(one, b, 1, "all_gather", vision);
+  add(one, b, 1, "all_gather", text);
+  add(one, b, 1, "all_reduce", loss);
+  add(one, b, 1, "all_gather", text);  // #4: rank 0's vision gather's pair
+  add(one, b, 1, "all_reduce", loss);
+  const std::string out = formatHistories(
+      {RankHistory{0, true, historyRuns(zero, 8)}, RankHistory{1, true, historyRuns(one, 8)}}, 5);
+  EXPECT_NE(out.find("reading: the histories part at #4: rank 0 issued all_gather at " + vision + ", rank 1 issued it at " +
+                     text + "; rank 1 skipped rank 0's"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("so #4 paired look-alikes (one signature, two lines)"), std::string::npos) << out;
+  // The line that called a site shows where a site is reached from more than one line only.
+  EXPECT_NE(out.find("1 x all_reduce at m.py:40 in step\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 x all_gather at " + vision), std::string::npos) << out;
+}
+
 TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
   DifferenceWords w;
   w.text = "all_reduce(float32[9], SUM)";
   w.where = "train.py:67 in <module>";
+  w.caller = "train.py:90 in main";
   w.hint = "a hint";
   w.metricSync = true;
   w.metrics = {"val_loss", "val_acc"};
@@ -164,6 +194,7 @@ TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
   EXPECT_EQ(back.facts, w.facts);
   EXPECT_EQ(back.text, w.text);
   EXPECT_EQ(back.where, w.where);
+  EXPECT_EQ(back.caller, w.caller);
   EXPECT_EQ(back.hint, w.hint);
   EXPECT_TRUE(back.metricSync);
   EXPECT_EQ(back.metrics, w.metrics);

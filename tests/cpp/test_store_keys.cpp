@@ -250,7 +250,7 @@ TEST(StoreKeys, LeavingTheGroupRemovesEveryKindOfKeyItWrote) {
     std::vector<std::thread> threads;
     for (int r = 0; r < kSize; ++r) {
       threads.emplace_back([&, r] {
-        seen[r] = exchangeStrictFingerprints(*ranks[r], allReduce(8 + r), 7, "train.py:" + std::to_string(r));
+        seen[r] = exchangeStrictFingerprints(*ranks[r], allReduce(8 + r), 7, "train.py:" + std::to_string(r), "");
       });
     }
     for (auto& t : threads) t.join();

@@ -113,6 +113,46 @@ def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
         _replays(tmp_path, out)
 
 
+def test_skipped_module_example_names_the_line_where_the_histories_part(tmp_path):
+    """Default settings: the look-alike gathers pass (#10); the report names the line rank 1 skipped."""
+    out = _source("skipped_module", tmp_path)
+    assert _raised(out) == {0: "CollectiveMismatchError", 1: "CollectiveMismatchError"}, out[-8000:]
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
+    for rank in (0, 1):
+        report = out.split(f"[rank{rank}] raised CollectiveMismatchError:")[1]
+        assert report.startswith("\ncollective #11 on group"), report
+        assert re.search(r"reading: the histories part at #10: rank 0 issued all_gather_into_tensor at "
+                         r"skipped_module\.py:\d+ in gather from skipped_module\.py:(\d+) in step, rank 1 issued it at "
+                         r"skipped_module\.py:\d+ in gather from skipped_module\.py:\d+ in step; rank 1 skipped rank 0's",
+                         report), report
+    # The line it names is the vision tower's gather.
+    line = int(re.search(r"the histories part at #10: rank 0 issued \S+ at \S+ in gather from skipped_module\.py:(\d+)",
+                         out).group(1))
+    source = open(os.path.join(EXAMPLES, "bugs", "skipped_module.py")).read().splitlines()
+    assert "vision = gather(" in source[line - 1], source[line - 1]
+    doc_samples.check_source("skipped_module", out)
+
+
+@pytest.mark.parametrize("setting", ["strict", "paths"])
+def test_skipped_module_example_with_call_paths_compared_fails_at_the_look_alike(tmp_path, setting):
+    """strict, and verify with TORCH_EXT_CALL_PATHS=on: the paired gathers (#10) fail, nothing of them released."""
+    if setting == "strict":
+        out = _source("skipped_module_strict", tmp_path)  # python examples/bugs/skipped_module.py strict
+    else:
+        out = _run([os.path.join(EXAMPLES, "bugs", "skipped_module.py"), setting], tmp_path)
+    assert _raised(out) == {0: "CollectiveMismatchError", 1: "CollectiveMismatchError"}, out[-8000:]
+    for rank in (0, 1):
+        report = out.split(f"[rank{rank}] raised CollectiveMismatchError:")[1]
+        assert report.startswith("\ncollective #10 on group"), report
+        assert re.search(r"rank 0: all_gather_into_tensor\(float32\[4\]\)  at skipped_module\.py:\d+ in gather from "
+                         r"skipped_module\.py:\d+ in step\n  rank 1: all_gather_into_tensor\(float32\[4\]\)  at", report), report
+        assert "the same collective from different lines" in report, report
+    # Rank 0 printed the loss of steps 0-2 only: step 3's gathers never returned.
+    assert re.findall(r"step (\d): loss", out) == ["0", "1", "2"], out
+    if setting == "strict":
+        doc_samples.check_source("skipped_module_strict", out)
+
+
 def test_ddp_uneven_steps_example_raises_the_typed_error_out_of_backward(tmp_path):
     # Rank 0's error comes out of loss.backward() (DDP's reducer, inside the
     # autograd engine): typed there too, not torch's plain DistBackendError; the

@@ -180,9 +180,15 @@ def _op(entry: dict[str, Any], group: str) -> dict[str, Any]:
         if m and m.group(1) and m.group(2):
             op["send_splits"] = [int(x) for x in m.group(1).split(",")]
             op["recv_splits"] = [int(x) for x in m.group(2).split(",")]
-    frames = [{"filename": f["filename"], "name": f["name"], "line": int(f["line"])} for f in entry.get("frames", [])]
+    recorded = entry.get("frames", [])
+    frames = [{"filename": f["filename"], "name": f["name"], "line": int(f["line"])} for f in recorded]
+    # The call site (the user's frame, then the framework frame it went through), then its path:
+    # the user frames that called it, replayed around it so that the replay's call paths are the job's.
+    site = 2 if len(recorded) > 1 and recorded[1].get("library") else 1
     if frames:
-        op["frames"] = frames
+        op["frames"] = frames[:site]
+    if frames[site:]:
+        op["callers"] = frames[site:]
     if entry.get("label"):
         op["label"] = entry["label"]
     if entry.get("state") != "completed":

@@ -224,8 +224,10 @@ def _frame_function(filename: str, function: str, line: int) -> Callable[[Callab
     return fn
 
 
-def _at_site(frames: list[dict[str, Any]], call: Callable[[], Any]) -> Any:
-    """Calls ``call`` under the recorded frames (innermost first: the user's frame, then the framework's)."""
+def _at_site(frames: list[dict[str, Any]], call: Callable[[], Any],
+             callers: list[dict[str, Any]] | None = None) -> Any:
+    """Calls ``call`` under the recorded frames (innermost first: the user's frame, then the framework's), and
+    those under the user frames that called them (``callers``, innermost first: the call path)."""
     if not frames:
         return call()
     user = frames[0]
@@ -234,7 +236,11 @@ def _at_site(frames: list[dict[str, Any]], call: Callable[[], Any]) -> Any:
         via = frames[1]
         via_fn = _frame_function(via["filename"], via["name"], via["line"])
         inner = lambda: via_fn(call)  # noqa: E731 - torch_ext's own frame: never a call site
-    return _frame_function(user["filename"], user["name"], user["line"])(inner)
+    user_fn = _frame_function(user["filename"], user["name"], user["line"])
+    site = lambda: user_fn(inner)  # noqa: E731
+    for c in callers or []:
+        site = (lambda fn, below: lambda: fn(below))(_frame_function(c["filename"], c["name"], c["line"]), site)
+    return site()
 
 
 def _issue(op: dict[str, Any], group, granks: list[int], me: int):
@@ -298,13 +304,13 @@ def _issue_at_site(op: dict[str, Any], group, granks: list[int], me: int):
     issue = lambda: _issue(op, group, granks, me)  # noqa: E731
     lab = op.get("label")
     if not lab:
-        return _at_site(op.get("frames", []), issue)
+        return _at_site(op.get("frames", []), issue, op.get("callers"))
     origin = None
     if lab.get("origin"):
         o = lab["origin"][0]
         origin = (_frame_function(o["filename"], o["name"], o["line"]).__code__, int(o["line"]))
     with torch_ext.label(lab["text"], origin=origin, hint=lab.get("hint", ""), **lab.get("fields", {})):
-        return _at_site(op.get("frames", []), issue)
+        return _at_site(op.get("frames", []), issue, op.get("callers"))
 
 
 def _rank_main(rank: int, plan_path: str) -> int:

@@ -28,10 +28,15 @@ class CallSites {
   uint32_t intern(const std::vector<Frame>& frames);
   // Frames of `id`; empty for 0 or an unknown id.
   std::vector<Frame> frames(uint32_t id) const;
-  std::string describe(uint32_t id) const;  // describeCallSite(frames(id))
+  std::string describe(uint32_t id) const;      // describeCallSite(frames(id))
+  std::string describePath(uint32_t id) const;  // describeCallPath(frames(id))
   // The same on every rank for the same frames (a hash of them), unlike the
   // id: how ranks name a call site to each other (straggler windows). 0 for 0.
   uint64_t stableKey(uint32_t id) const;
+  // The call path's key: the user's frames of the site and its callers (file
+  // basename, line, function), the same on every rank that issued from the
+  // same lines, wherever each rank's copy of the program lives. 0 for 0.
+  uint64_t pathKey(uint32_t id) const;
   // The id this process gave the frames of `stableKey` (0: never seen here).
   uint32_t byStableKey(uint64_t key) const;
 
@@ -50,6 +55,7 @@ class CallSites {
   std::vector<std::vector<Frame>> sites_{std::vector<Frame>{}};  // index 0: unknown
   std::unordered_map<std::string, uint32_t> byKey_;
   std::vector<uint64_t> stableKeys_{0};  // by id
+  std::vector<uint64_t> pathKeys_{0};    // by id
   std::unordered_map<uint64_t, uint32_t> byStableKey_;
   std::atomic<Provider> provider_{nullptr};
 };

@@ -2,7 +2,7 @@
 
 namespace torch_ext {
 
-CheckPolicy CheckPolicy::of(CheckMode mode) {
+CheckPolicy CheckPolicy::of(CheckMode mode, CallPathMode callPaths) {
   CheckPolicy p;
   p.mode = mode;
   p.compares = mode != CheckMode::Off;
@@ -11,6 +11,8 @@ CheckPolicy CheckPolicy::of(CheckMode mode) {
   p.resultsWaitForTheCheck = mode == CheckMode::Verify || mode == CheckMode::Strict;
   p.comparesInStatusRing = mode == CheckMode::Async;
   p.auditsSplitsAfterIssue = mode == CheckMode::Async;
+  p.comparesCallPaths = p.compares && (callPaths == CallPathMode::On ||
+                                       (callPaths == CallPathMode::Auto && mode == CheckMode::Strict));
   return p;
 }
 

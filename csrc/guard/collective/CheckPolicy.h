@@ -35,8 +35,11 @@ struct CheckPolicy {
   // all-to-all's split sizes are audited on the helper group after issue.
   bool comparesInStatusRing = false;
   bool auditsSplitsAfterIssue = false;
+  // strict (and any comparing mode with call_paths=on): each collective's call
+  // path is part of what the ranks compare (Config.h, CallPathMode).
+  bool comparesCallPaths = false;
 
-  static CheckPolicy of(CheckMode mode);
+  static CheckPolicy of(CheckMode mode, CallPathMode callPaths = CallPathMode::Auto);
 };
 
 }  // namespace torch_ext

@@ -65,6 +65,10 @@ Operation CollectiveChecks::record(Fingerprint fp, c10::DeviceType device, bool 
   if (const uint64_t identity = LabelTable::currentIdentity(); identity != 0 && !isP2P(o.op)) {
     fp.hash = detail::combine(fp.hash, identity);
   }
+  // The call path, where the policy compares it: look-alikes from other lines differ.
+  if (policy_.comparesCallPaths && o.site != 0 && !isP2P(o.op)) {
+    fp.hash = detail::combine(fp.hash, CallSites::instance().pathKey(o.site));
+  }
   o.hash = fp.hash;
   o.splitSend = fp.splitSend;
   o.splitRecv = fp.splitRecv;
@@ -166,7 +170,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   metrics[0].known = metricAt(seq).has_value();
   metrics[0].names = metricRunAround(seq, seq, seq, metricAt);
   std::vector<RankOp> ops = exchangeStrictFingerprints(
-      *state_, fp, seq, describeSite(callSite), LabelTable::instance().get(LabelTable::current()).hint, &metrics);
+      *state_, fp, seq, describeSite(callSite),
+      describeCaller(CallSites::instance().frames(callSite)), LabelTable::instance().get(LabelTable::current()).hint, &metrics);
   // Shown when the op is a metric sync on some rank; every rank's list is known.
   bool metricSync = false;
   for (auto& m : metrics) {

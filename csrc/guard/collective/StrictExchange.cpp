@@ -42,12 +42,14 @@ void awaitKeys(GroupState& st, const std::vector<std::string>& keys, const std::
 }  // namespace
 
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
-                                               const std::string& where, const std::string& hint,
+                                               const std::string& where, const std::string& caller,
+                                               const std::string& hint,
                                                std::vector<RankMetrics>* metrics) {
   const auto& id = st.id();
   Json mine = Json::object();
   mine.set("text", fp.describe());
   mine.set("where", where);
+  if (!caller.empty()) mine.set("caller", caller);
   if (!hint.empty()) mine.set("hint", hint);
   if (metrics != nullptr && !metrics->empty()) {
     Json names = Json::array();
@@ -76,6 +78,7 @@ std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint
       Json j = Json::parse(values.value[r]);
       o.text = j.at("text").asString();
       o.where = j.at("where").asString();
+      o.caller = j.stringOr("caller");
       if (const Json* h = j.get("hint"); h != nullptr && h->isString()) o.hint = h->asString();
       o.hash = parseHex64(j.at("hash").asString(), "hash");
       if (const Json* f = j.get("facts"); f != nullptr && f->isObject()) o.facts = OpFacts::fromJson(*f);

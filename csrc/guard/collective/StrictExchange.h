@@ -26,13 +26,15 @@
 namespace torch_ext {
 
 // Every rank's fingerprint at `seq`; throws the group's error if it fails
-// meanwhile (e.g. the store is lost).
+// meanwhile (e.g. the store is lost). `where`: the call site (and label);
+// `caller`: the line that called it ("" when none).
 // `hint`: the hint of the label active on this rank, if any.
 // `metrics` (optional): this rank's metric syncs around `seq` (`names`, and
 // `known` set when the op at `seq` is itself a metric sync); on return, every
 // rank's, in group-rank order.
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
-                                               const std::string& where, const std::string& hint = std::string(),
+                                               const std::string& where, const std::string& caller,
+                                               const std::string& hint = std::string(),
                                                std::vector<RankMetrics>* metrics = nullptr);
 
 struct P2PPrint {

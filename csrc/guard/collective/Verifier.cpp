@@ -60,7 +60,7 @@ std::vector<HistoryRun> localHistory(Ledger& ledger, uint64_t seq) {
     auto e = ledger.bySeq(s);
     if (!e) break;
     auto site = sites.find(e->callSite);
-    if (site == sites.end()) site = sites.emplace(e->callSite, CallSites::instance().describe(e->callSite)).first;
+    if (site == sites.end()) site = sites.emplace(e->callSite, CallSites::instance().describePath(e->callSite)).first;
     items.push_back(HistoryItem{s, opName(e->fp.op), site->second});
   }
   std::reverse(items.begin(), items.end());
@@ -460,6 +460,7 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     const Label label = LabelTable::instance().get(e->label);
     const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
     words.where = describeCallSite(frames) + labelSuffix(label, frames);
+    words.caller = describeCaller(frames);
     words.hint = label.hint;
     hash = e->fp.hash;
   }
@@ -483,6 +484,7 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
       op.globalRank = globalRank;
       op.text = std::move(words.text);
       op.where = std::move(words.where);
+      op.caller = std::move(words.caller);
       op.hint = std::move(words.hint);
       op.hash = static_cast<uint64_t>(w[stride - 1]);
       op.facts = std::move(words.facts);

@@ -19,7 +19,7 @@ std::string plain(std::string s) {
 
 std::string encodeWith(const DifferenceWords& w, size_t skipRuns) {
   std::string out =
-      plain(w.text) + kField + plain(w.where) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
+      plain(w.text) + kField + plain(w.where) + kName + plain(w.caller) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
   for (const auto& m : w.metrics) out += plain(m) + kName;
   out += kField;
   // The op's facts, before the history (which the encoder shortens first).
@@ -60,7 +60,10 @@ DifferenceWords DifferenceWords::decode(const std::string& bytes) {
   auto f = split(bytes, kField, 7);
   f.resize(7);
   w.text = f[0];
-  w.where = f[1];
+  auto where = split(f[1], kName, 2);
+  where.resize(2);
+  w.where = where[0];
+  w.caller = where[1];
   w.hint = f[2];
   w.metricSync = f[3] == "1";
   for (const auto& m : split(f[4], kName, SIZE_MAX)) {

@@ -16,6 +16,7 @@ namespace torch_ext {
 struct DifferenceWords {
   std::string text = "(no longer in this rank's ledger)";  // the op's fingerprint text
   std::string where;                                       // call site (and label)
+  std::string caller;                                      // the line that called the call site
   std::string hint;                                        // its label's hint
   bool metricSync = false;                                 // the op itself is a metric sync
   std::vector<std::string> metrics;                        // metricRunAround's names

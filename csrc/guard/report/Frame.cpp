@@ -1,5 +1,6 @@
 #include "guard/report/Frame.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
@@ -28,6 +29,22 @@ std::string describeCallSite(const std::vector<Frame>& frames) {
   std::string out = frames[0].describe();
   if (frames[0].isUser() && frames.size() > 1 && !frames[1].isUser()) out += " (via " + frames[1].describe() + ")";
   return out;
+}
+
+std::vector<Frame> callersOf(const std::vector<Frame>& site) {
+  if (site.empty() || !site[0].isUser()) return {};
+  const size_t first = site.size() > 1 && !site[1].isUser() ? 2 : 1;  // past the framework frame
+  return {site.begin() + static_cast<std::ptrdiff_t>(std::min(first, site.size())), site.end()};
+}
+
+std::string describeCaller(const std::vector<Frame>& site) {
+  const std::vector<Frame> callers = callersOf(site);
+  return callers.empty() ? "" : callers[0].describe();
+}
+
+std::string describeCallPath(const std::vector<Frame>& site) {
+  const std::string caller = describeCaller(site);
+  return describeCallSite(site) + (caller.empty() ? "" : " from " + caller);
 }
 
 namespace {

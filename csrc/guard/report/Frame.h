@@ -31,9 +31,17 @@ struct Frame {
 std::string describeFrames(const std::vector<Frame>& frames, size_t maxFrames = 3);
 
 // A call site as captured (innermost first): the user's frame, then the
-// framework frame it went through, if any:
+// framework frame it went through, if any, then its path: the user frames that
+// called it (a few, innermost first). The site alone:
 // "train.py:15 in validation_step (via lightning .../distributed.py:213 in _sync_ddp)".
 std::string describeCallSite(const std::vector<Frame>& frames);
+// The user frames that called a call site (its path), innermost first.
+std::vector<Frame> callersOf(const std::vector<Frame>& site);
+// The site and the line that called it, which tells apart collectives issued
+// through one helper: "model.py:28 in gather from model.py:37 in step".
+std::string describeCallPath(const std::vector<Frame>& site);
+// The line that called the site ("model.py:37 in step"; "" when none).
+std::string describeCaller(const std::vector<Frame>& site);
 
 // A main-thread stack (innermost first) for reports: the innermost frame (where
 // the thread is now), then the user's frames, with each run of library frames

@@ -1,8 +1,11 @@
 #include "guard/report/History.h"
 
+#include "guard/report/Frame.h"
 #include "guard/report/RankList.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
 #include <sstream>
 
 namespace torch_ext {
@@ -82,6 +85,70 @@ std::string earlyEndReading(const std::vector<int64_t>& early, const std::vector
     os << fewer << " or took a branch the others did not (a collective under `if rank == ...`)";
   }
   return os.str();
+}
+
+// The run of `runs` that covers `seq`, or null.
+const HistoryRun* runAt(const std::vector<HistoryRun>& runs, uint64_t seq) {
+  for (const auto& r : runs) {
+    if (r.firstSeq <= seq && seq <= r.lastSeq) return &r;
+  }
+  return nullptr;
+}
+
+std::string seqRange(uint64_t first, uint64_t last) {
+  return first == last ? "#" + std::to_string(first) : "#" + std::to_string(first) + "-#" + std::to_string(last);
+}
+
+// Where two histories part before `seq` (issue 67): the first collective both
+// issued as the same op from different call paths. A look-alike (same
+// signature, another line) passes every check that compares signatures, so the
+// difference found at `seq` is its consequence, not its cause. When one side's
+// next collective is what the other issued there, that side skipped the other's
+// line (a branch: a module skipped on a batch without it). "" when the
+// histories do not part that way before `seq`.
+std::string partingReading(const std::vector<HistoryRun>& a, const std::vector<int64_t>& aRanks,
+                           const std::vector<HistoryRun>& b, const std::vector<int64_t>& bRanks, uint64_t start,
+                           uint64_t seq) {
+  for (uint64_t s = start; s < seq; ++s) {
+    const HistoryRun* x = runAt(a, s);
+    const HistoryRun* y = runAt(b, s);
+    if (x == nullptr || y == nullptr || x->op != y->op) return "";
+    if (x->sameSite(*y)) continue;
+    const HistoryRun* xNext = runAt(a, s + 1);
+    const HistoryRun* yNext = runAt(b, s + 1);
+    std::ostringstream os;
+    os << "\n  reading: the histories part at #" << s << ": " << formatRanks(aRanks) << " issued " << x->op << at(*x)
+       << ", " << formatRanks(bRanks) << " issued it" << at(*y) << "; ";
+    if (xNext != nullptr && xNext->sameSite(*y)) {
+      os << formatRanks(bRanks) << " skipped " << formatRanks(aRanks) << "'s (a branch taken on some ranks only: a "
+         << "module, a micro-batch or a step skipped), so ";
+    } else if (yNext != nullptr && yNext->sameSite(*x)) {
+      os << formatRanks(aRanks) << " skipped " << formatRanks(bRanks) << "'s (a branch taken on some ranks only: a "
+         << "module, a micro-batch or a step skipped), so ";
+    }
+    os << seqRange(s, seq - 1) << " paired look-alikes (one signature, two lines): what "
+       << (s + 1 == seq ? "it" : "they") << " returned on these ranks is the other line's data";
+    return os.str();
+  }
+  return "";
+}
+
+// A run's where is "<site> from <the line that called it>" (describeCallPath).
+// The caller tells apart collectives issued through one helper; where every
+// collective of a site came from one line it is noise, and left out.
+std::string siteOf(const std::string& where) {
+  const auto at = where.rfind(" from ");
+  return at == std::string::npos ? where : where.substr(0, at);
+}
+
+// Each run as shown: its caller kept only where `paths` has more than one for its site.
+std::vector<HistoryRun> shownRuns(std::vector<HistoryRun> runs,
+                                  const std::map<std::string, std::set<std::string>>& paths) {
+  for (auto& r : runs) {
+    auto it = paths.find(siteOf(r.where));
+    if (it != paths.end() && it->second.size() < 2) r.where = it->first;
+  }
+  return runs;
 }
 
 // `runs` without what was issued at or after `seq`.
@@ -175,6 +242,10 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
     }
   }
   if (lines.size() < 2) return "";
+  std::map<std::string, std::set<std::string>> paths;  // site -> the call paths it was reached from
+  for (const auto& l : lines) {
+    for (const auto& r : l.runs) paths[siteOf(r.where)].insert(r.where);
+  }
   // Only when it tells more than the lines of the mismatch itself: the histories
   // part before `seq`, or one side left a run the other is still in (below).
   bool priorDiffers = false;
@@ -190,7 +261,8 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
     }
   }
   std::string reading;
-  if (lines.size() == 2) {
+  if (lines.size() == 2) reading = partingReading(lines[0].runs, lines[0].ranks, lines[1].runs, lines[1].ranks, start, seq);
+  if (lines.size() == 2 && reading.empty()) {
     // One side still in a run at `seq` (its last run covers seq), the other's
     // run at the same site ended at seq - 1 and something else followed.
     for (int a = 0; a < 2; ++a) {
@@ -205,7 +277,8 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
         // Counted from the same start only: a window that begins inside the run
         // would make the counts incomparable.
         if (earlyRun.firstSeq == lateRun.firstSeq) {
-          reading = earlyEndReading(early.ranks, late.ranks, earlyRun, earlyNext, countAt(early.runs, earlyRun, seq),
+          reading = earlyEndReading(early.ranks, late.ranks, shownRuns({earlyRun}, paths)[0],
+                                    shownRuns({earlyNext}, paths)[0], countAt(early.runs, earlyRun, seq),
                                     countAt(late.runs, lateRun, seq));
         }
         break;
@@ -225,8 +298,9 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
   os << "\n  how each rank got to #" << seq << " (its collectives from #" << start
      << " on, each run from one call site counted):";
   for (const auto& l : lines) {
-    for (size_t i = 0; i < l.runs.size(); ++i) {
-      const HistoryRun& r = l.runs[i];
+    const std::vector<HistoryRun> shown = shownRuns(l.runs, paths);
+    for (size_t i = 0; i < shown.size(); ++i) {
+      const HistoryRun& r = shown[i];
       std::string name = i == 0 ? formatRanks(l.ranks) + ":" : "";
       std::string at = seqs(r), count = std::to_string(r.count);
       name.resize(who + 1, ' ');

@@ -159,6 +159,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
       if (e) {
         op.text = e->text;
         op.where = e->where();
+        op.caller = describeCaller(e->frames);
         if (r.lastWords) op.where += " (" + lastWordsNote(r) + ": from its last words)";
         op.hint = e->label.hint;
         op.hash = e->hash;
@@ -194,7 +195,7 @@ std::string historyLines(const std::vector<RankInput>& ranks, uint64_t seq) {
       std::vector<HistoryItem> items;
       for (const auto& e : g->entries) {
         if (!e.isP2P && e.seq <= seq && (items.empty() || e.seq > items.back().seq)) {
-          items.push_back(HistoryItem{e.seq, opName(e.op), describeCallSite(e.frames)});
+          items.push_back(HistoryItem{e.seq, opName(e.op), describeCallPath(e.frames)});
         }
       }
       h.known = !items.empty();
@@ -471,7 +472,7 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
   struct Line {
     uint64_t hash;
     bool issued;
-    std::string text, where;
+    std::string text, where, caller;
     std::vector<int64_t> ranks;
   };
   std::vector<Line> lines;
@@ -480,13 +481,22 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
       return l.issued == op.issued && l.hash == op.hash && l.text == op.text && l.where == op.where;
     });
     if (it == lines.end()) {
-      lines.push_back(Line{op.hash, op.issued, op.text, op.issued ? op.where : "", {op.globalRank}});
+      lines.push_back(Line{op.hash, op.issued, op.text, op.issued ? op.where : "", op.caller, {op.globalRank}});
     } else {
       it->ranks.push_back(op.globalRank);
     }
   }
+  // One signature from one site, reached from different lines (the ranks
+  // compare call paths: strict, or call_paths=on): the lines that called it tell them apart.
+  bool pathOnly = lines.size() > 1;
+  for (size_t i = 0; i < lines.size() && pathOnly; ++i) {
+    pathOnly = lines[i].issued && lines[i].text == lines[0].text && lines[i].where == lines[0].where;
+    for (size_t j = 0; j < i && pathOnly; ++j) pathOnly = lines[i].caller != lines[j].caller;
+  }
+  for (auto& l : lines) l.where += pathOnly && !l.caller.empty() ? " from " + l.caller : "";
   // Identical texts with different fingerprints: show the hash to tell them apart.
   for (auto& l : lines) {
+    if (pathOnly) break;
     for (const auto& m : lines) {
       if (&l != &m && l.issued && m.issued && l.text == m.text && l.hash != m.hash) {
         l.text += " [fingerprint " + hex64(l.hash).substr(0, 8) + "]";
@@ -508,6 +518,10 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     } else {
       os << padRight(l.text, textWidth) << "  at " << l.where;
     }
+  }
+  if (pathOnly) {
+    os << "\n  the same collective from different lines: the ranks compare call paths (call_paths), and these part "
+          "here (a module, a micro-batch or a step skipped on some ranks, or a branch taken)";
   }
   if (!note.empty()) os << "\n  " << note;
   os << more;

@@ -48,6 +48,7 @@ Json Verdict::toJson() const {
       l.set("issued", op.issued);
       l.set("op", op.text);
       l.set("where", op.where);
+      if (!op.caller.empty()) l.set("caller", op.caller);
       if (!op.hint.empty()) l.set("hint", op.hint);
       l.set("hash", hex64(op.hash));
       lines.push(l);
@@ -115,6 +116,7 @@ Verdict Verdict::fromJson(const Json& j) {
       op.issued = l.at("issued").asBool("issued");
       op.text = l.at("op").asString("op");
       op.where = l.at("where").asString("where");
+      op.caller = l.stringOr("caller");
       op.hint = stringOr(l, "hint", empty);
       if (const Json* h = l.get("hash"); h != nullptr && h->isString()) op.hash = parseHex64(h->asString(), "hash");
       v.ops.push_back(std::move(op));

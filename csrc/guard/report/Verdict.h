@@ -24,6 +24,7 @@ struct RankOp {
   uint64_t hash = 0;
   std::string hint;  // the hint of the op's label, if any
   OpFacts facts;     // what it issued, as values (unknown when not issued)
+  std::string caller;  // the line that called the call site ("" when none): shown where it tells ranks apart
 };
 
 struct Verdict {

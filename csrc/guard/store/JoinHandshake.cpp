@@ -403,8 +403,6 @@ std::string JoinHandshake::refusal(c10d::Store& store, const JoinContext& ctx, c
 }
 
 JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine) {
-  const auto start = Clock::now();
-  const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   JoinVerdict verdict;
   try {
     const int64_t claim = store.add(claimKey(ctx.rank), 1);
@@ -417,82 +415,12 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
       JoinVerdict fail;
       fail.error = why;
       settle(store, fail);
-      refuse(store, ctx.rank, why);
-      holdUntilSeen(store, ctx, true);
-      throw GroupJoinError(why);
+      refuseAndThrow(store, ctx, why);
     }
-    std::vector<std::string> records;
-    for (int r = 0; r < ctx.size; ++r) records.push_back(recordKey(r));
-    // Ranks other than 0 give up a little after rank 0 would, so that rank
-    // 0's verdict (which names every missing rank) normally comes first.
-    const auto deadline = start + ctx.timeout + (ctx.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
-    const auto warnAt = start + ctx.warnAfter;
-    bool warned = false;
-    auto nextLook = start + std::chrono::seconds(1);
-    Poll poll;
-    for (;;) {
-      if (ctx.rank == 0) {
-        if (poll.there(store, records)) {
-          std::vector<JoinRecord> all;
-          for (const auto& value : store.multiGet(records)) {
-            auto rec = JoinRecord::decode(asText(value));
-            if (!rec) {
-              rec = JoinRecord{};
-              rec->protocol = -1;  // unreadable: cannot work together either
-            }
-            all.push_back(*rec);
-          }
-          verdict = settle(store, conclude(ctx, all));
-          break;
-        }
-        if (present(store, verdictKey())) {
-          verdict = settle(store, JoinVerdict{});  // another rank gave up first: its verdict
-          break;
-        }
-      } else if (poll.there(store, {verdictKey()})) {
-        verdict = settle(store, JoinVerdict{});
-        break;
-      }
-      const auto now = Clock::now();
-      if (now >= nextLook || now >= deadline) {
-        nextLook = now + std::chrono::seconds(1);
-        // Rank 0 looks at every rank that has not joined; the others at rank 0
-        // only (the one they wait for), so the store sees O(1) reads per rank.
-        std::vector<Missing> missing;
-        if (ctx.rank == 0 || now >= deadline) {
-          missing = findMissing(store, ctx.size);
-        } else if (!present(store, recordKey(0))) {
-          missing.push_back({0, knownOf(store, 0)});
-        }
-        const bool foreign =
-            std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
-        if (foreign || now >= deadline) {
-          if (foreign && ctx.rank != 0) missing = findMissing(store, ctx.size);
-          if (!missing.empty()) {
-            JoinVerdict fail;
-            fail.error = missingText(ctx, missing, waited());
-            verdict = settle(store, fail);
-            break;
-          }
-        }
-        if (!warned && now >= warnAt && !missing.empty()) {
-          warned = true;
-          std::vector<int64_t> ranks;
-          for (const auto& m : missing) ranks.push_back(m.rank);
-          logMessage(LogLevel::Warning, "guard group \"" + ctx.group + "\" (" + std::to_string(ctx.size) +
-                                            " ranks): waiting for " + formatRanks(ranks) + " to join it (" +
-                                            secondsText(ctx.warnAfter) + " since this rank joined; join_timeout " +
-                                            secondsText(ctx.timeout) + ")");
-        }
-      }
-    }
+    verdict = awaitVerdict(store, ctx);
     if (!verdict.ok) holdUntilSeen(store, ctx, ctx.rank == 0);
-    if (const std::string why = refusal(store, ctx, mine, claim, verdict); !why.empty()) {
-      // Rank 0 concluded from lists that agree, and this rank asked for another.
-      refuse(store, ctx.rank, why);
-      holdUntilSeen(store, ctx, true);
-      throw GroupJoinError(why);
-    }
+    // Rank 0 concluded from lists that agree, and this rank asked for another.
+    if (const std::string why = refusal(store, ctx, mine, claim, verdict); !why.empty()) refuseAndThrow(store, ctx, why);
   } catch (const GuardError&) {
     throw;
   } catch (const std::exception& e) {
@@ -500,6 +428,75 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
   }
   if (!verdict.ok) throw GroupJoinError(verdict.error);
   return apply(ctx, mine, verdict);
+}
+
+void JoinHandshake::refuseAndThrow(c10d::Store& store, const JoinContext& ctx, const std::string& why) {
+  refuse(store, ctx.rank, why);
+  holdUntilSeen(store, ctx, true);
+  throw GroupJoinError(why);
+}
+
+JoinVerdict JoinHandshake::awaitVerdict(c10d::Store& store, const JoinContext& ctx) {
+  const auto start = Clock::now();
+  const auto waited = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  std::vector<std::string> records;
+  for (int r = 0; r < ctx.size; ++r) records.push_back(recordKey(r));
+  // Ranks other than 0 give up a little after rank 0 would, so that rank
+  // 0's verdict (which names every missing rank) normally comes first.
+  const auto deadline = start + ctx.timeout + (ctx.rank == 0 ? std::chrono::seconds(0) : std::chrono::seconds(2));
+  const auto warnAt = start + ctx.warnAfter;
+  bool warned = false;
+  auto nextLook = start + std::chrono::seconds(1);
+  Poll poll;
+  for (;;) {
+    if (ctx.rank == 0) {
+      if (poll.there(store, records)) {
+        std::vector<JoinRecord> all;
+        for (const auto& value : store.multiGet(records)) {
+          auto rec = JoinRecord::decode(asText(value));
+          if (!rec) {
+            rec = JoinRecord{};
+            rec->protocol = -1;  // unreadable: cannot work together either
+          }
+          all.push_back(*rec);
+        }
+        return settle(store, conclude(ctx, all));
+      }
+      if (present(store, verdictKey())) return settle(store, JoinVerdict{});  // another rank gave up first
+    } else if (poll.there(store, {verdictKey()})) {
+      return settle(store, JoinVerdict{});
+    }
+    const auto now = Clock::now();
+    if (now < nextLook && now < deadline) continue;
+    nextLook = now + std::chrono::seconds(1);
+    // Rank 0 looks at every rank that has not joined; the others at rank 0
+    // only (the one they wait for), so the store sees O(1) reads per rank.
+    std::vector<Missing> missing;
+    if (ctx.rank == 0 || now >= deadline) {
+      missing = findMissing(store, ctx.size);
+    } else if (!present(store, recordKey(0))) {
+      missing.push_back({0, knownOf(store, 0)});
+    }
+    const bool foreign =
+        std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
+    if (foreign || now >= deadline) {
+      if (foreign && ctx.rank != 0) missing = findMissing(store, ctx.size);
+      if (!missing.empty()) {
+        JoinVerdict fail;
+        fail.error = missingText(ctx, missing, waited());
+        return settle(store, fail);
+      }
+    }
+    if (!warned && now >= warnAt && !missing.empty()) {
+      warned = true;
+      std::vector<int64_t> ranks;
+      for (const auto& m : missing) ranks.push_back(m.rank);
+      logMessage(LogLevel::Warning, "guard group \"" + ctx.group + "\" (" + std::to_string(ctx.size) +
+                                        " ranks): waiting for " + formatRanks(ranks) + " to join it (" +
+                                        secondsText(ctx.warnAfter) + " since this rank joined; join_timeout " +
+                                        secondsText(ctx.timeout) + ")");
+    }
+  }
 }
 
 }  // namespace torch_ext

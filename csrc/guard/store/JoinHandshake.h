@@ -149,6 +149,12 @@ class JoinHandshake {
   // member list differs from the concluded verdict's.
   static std::string refusal(c10d::Store& store, const JoinContext& ctx, const JoinRecord& mine, int64_t claim,
                              const JoinVerdict& verdict);
+  // Ends the group on the ranks that concluded it (the group's alerts), waits
+  // for the others to have read it (holdUntilSeen) and throws GroupJoinError.
+  [[noreturn]] static void refuseAndThrow(c10d::Store& store, const JoinContext& ctx, const std::string& why);
+  // Waits for the group's verdict: rank 0 concludes from every record, the
+  // others read it; a rank missing (found, or past join_timeout) fails it.
+  static JoinVerdict awaitVerdict(c10d::Store& store, const JoinContext& ctx);
 };
 
 }  // namespace torch_ext
