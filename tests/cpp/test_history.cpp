@@ -168,16 +168,40 @@ TEST(History, WhereLookAlikesFromDifferentLinesPartTheReadingNamesTheLineSkipped
   add(one, b, 1, "all_reduce", loss);
   add(one, b, 1, "all_gather", text);  // #4: rank 0's vision gather's pair
   add(one, b, 1, "all_reduce", loss);
-  const std::string out = formatHistories(
-      {RankHistory{0, true, historyRuns(zero, 8)}, RankHistory{1, true, historyRuns(one, 8)}}, 5);
-  EXPECT_NE(out.find("reading: the histories part at #4: rank 0 issued all_gather at " + vision + ", rank 1 issued it at " +
-                     text + "; rank 1 skipped rank 0's"),
+  const std::string out =
+      formatHistories({RankHistory{0, true, historyRuns(zero, 8)}, RankHistory{1, true, historyRuns(one, 8)}}, 5);
+  EXPECT_NE(out.find("reading: the histories part at #4: rank 0 issued all_gather at " + vision +
+                     ", rank 1 issued it at " + text + "; rank 1 skipped rank 0's"),
             std::string::npos)
       << out;
   EXPECT_NE(out.find("so #4 paired look-alikes (one signature, two lines)"), std::string::npos) << out;
   // The line that called a site shows where a site is reached from more than one line only.
   EXPECT_NE(out.find("1 x all_reduce at m.py:40 in step\n"), std::string::npos) << out;
   EXPECT_NE(out.find("1 x all_gather at " + vision), std::string::npos) << out;
+}
+
+TEST(History, ALookAlikeAtTheDifferingCollectiveIsWhereThePathsPart) {
+  // A gradient hook's all_reduce against a norm all_reduce of one signature, call paths compared.
+  const std::string hook = "t.py:13 in sync_grad from t.py:22 in <module>";
+  const std::string norm = "t.py:24 in <module>";
+  std::vector<HistoryItem> zero, one;
+  uint64_t a = 1, b = 1;
+  for (auto* items : {&zero, &one}) {
+    uint64_t& seq = items == &zero ? a : b;
+    add(*items, seq, 1, "all_reduce", hook);
+    add(*items, seq, 1, "all_reduce", norm);
+  }
+  add(zero, a, 1, "all_reduce", hook);  // #3: rank 1's hook did not run
+  add(one, b, 1, "all_reduce", norm);
+  const std::vector<RankHistory> ranks{RankHistory{0, true, historyRuns(zero, 8)},
+                                       RankHistory{1, true, historyRuns(one, 8)}};
+  const std::string out = formatHistories(ranks, 3, /*lookAlike=*/true);
+  EXPECT_NE(out.find("reading: the histories part at #3: rank 0 issued all_reduce at " + hook +
+                     ", rank 1 issued it at " + norm + "; a collective issued on some ranks only"),
+            std::string::npos)
+      << out;
+  // Signatures that differ at #3 are no look-alike: no parting read there.
+  EXPECT_EQ(formatHistories(ranks, 3).find("the histories part"), std::string::npos);
 }
 
 TEST(DifferenceWords, RoundTripAndFitsItsBudget) {

@@ -202,7 +202,9 @@ TEST(JoinHandshake, MembersRoundTripAndListsThatDifferFailNamingEach) {
 }
 
 TEST(JoinHandshake, TwoProcessesClaimingOneGroupRankFailEveryOneOfThem) {
-  // Two pairs, each creating "its" group: torch gives both one name and one store.
+  // Two pairs, each creating "its" group: torch gives both one name and one store. Whichever
+  // claims come first, every process ends up with the refusal naming both lists: in the error
+  // it raises, or in the group's alerts if its pair concluded first.
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(4);
   std::vector<std::thread> ranks;
@@ -212,6 +214,13 @@ TEST(JoinHandshake, TwoProcessesClaimingOneGroupRankFailEveryOneOfThem) {
       const std::vector<int64_t> pair = g < 2 ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{2, 3};
       try {
         JoinHandshake::join(*store, context(g % 2, 2), asked(g, pair));
+        // Both first claims were this pair's: its group concluded, and the other pair's refusal
+        // reaches it in the group's alerts, as its watchdog reads them.
+        const std::string prefix = keys::kPrefix;
+        while (store->add(prefix + keys::kAlerts, 0) < 1) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const auto raw = store->get(prefix + keys::alert(1));
+        errors[g] = keys::AlertRecord::decode(std::string(raw.begin(), raw.end()))->body;
+        store->add(prefix + keys::kJoinSeen, 1);
       } catch (const GroupJoinError& e) {
         errors[g] = e.what_without_backtrace();
       }

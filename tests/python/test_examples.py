@@ -122,9 +122,9 @@ def test_skipped_module_example_names_the_line_where_the_histories_part(tmp_path
         report = out.split(f"[rank{rank}] raised CollectiveMismatchError:")[1]
         assert report.startswith("\ncollective #11 on group"), report
         assert re.search(r"reading: the histories part at #10: rank 0 issued all_gather_into_tensor at "
-                         r"skipped_module\.py:\d+ in gather from skipped_module\.py:(\d+) in step, rank 1 issued it at "
-                         r"skipped_module\.py:\d+ in gather from skipped_module\.py:\d+ in step; rank 1 skipped rank 0's",
-                         report), report
+                         r"skipped_module\.py:\d+ in gather from skipped_module\.py:(\d+) in step, "
+                         r"rank 1 issued it at skipped_module\.py:\d+ in gather from skipped_module\.py:\d+ in step; "
+                         r"rank 1 skipped rank 0's", report), report
     # The line it names is the vision tower's gather.
     line = int(re.search(r"the histories part at #10: rank 0 issued \S+ at \S+ in gather from skipped_module\.py:(\d+)",
                          out).group(1))
@@ -145,7 +145,8 @@ def test_skipped_module_example_with_call_paths_compared_fails_at_the_look_alike
         report = out.split(f"[rank{rank}] raised CollectiveMismatchError:")[1]
         assert report.startswith("\ncollective #10 on group"), report
         assert re.search(r"rank 0: all_gather_into_tensor\(float32\[4\]\)  at skipped_module\.py:\d+ in gather from "
-                         r"skipped_module\.py:\d+ in step\n  rank 1: all_gather_into_tensor\(float32\[4\]\)  at", report), report
+                         r"skipped_module\.py:\d+ in step\n  rank 1: all_gather_into_tensor\(float32\[4\]\)  at",
+                         report), report
         assert "the same collective from different lines" in report, report
     # Rank 0 printed the loss of steps 0-2 only: step 3's gathers never returned.
     assert re.findall(r"step (\d): loss", out) == ["0", "1", "2"], out

@@ -11,8 +11,8 @@ CheckPolicy CheckPolicy::of(CheckMode mode, CallPathMode callPaths) {
   p.resultsWaitForTheCheck = mode == CheckMode::Verify || mode == CheckMode::Strict;
   p.comparesInStatusRing = mode == CheckMode::Async;
   p.auditsSplitsAfterIssue = mode == CheckMode::Async;
-  p.comparesCallPaths = p.compares && (callPaths == CallPathMode::On ||
-                                       (callPaths == CallPathMode::Auto && mode == CheckMode::Strict));
+  p.comparesCallPaths =
+      p.compares && (callPaths == CallPathMode::On || (callPaths == CallPathMode::Auto && mode == CheckMode::Strict));
   return p;
 }
 

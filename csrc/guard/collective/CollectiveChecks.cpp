@@ -170,8 +170,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
   metrics[0].known = metricAt(seq).has_value();
   metrics[0].names = metricRunAround(seq, seq, seq, metricAt);
   std::vector<RankOp> ops = exchangeStrictFingerprints(
-      *state_, fp, seq, describeSite(callSite),
-      describeCaller(CallSites::instance().frames(callSite)), LabelTable::instance().get(LabelTable::current()).hint, &metrics);
+      *state_, fp, seq, describeSite(callSite), describeCaller(CallSites::instance().frames(callSite)),
+      LabelTable::instance().get(LabelTable::current()).hint, &metrics);
   // Shown when the op is a metric sync on some rank; every rank's list is known.
   bool metricSync = false;
   for (auto& m : metrics) {

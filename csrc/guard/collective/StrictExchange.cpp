@@ -43,8 +43,7 @@ void awaitKeys(GroupState& st, const std::vector<std::string>& keys, const std::
 
 std::vector<RankOp> exchangeStrictFingerprints(GroupState& st, const Fingerprint& fp, uint64_t seq,
                                                const std::string& where, const std::string& caller,
-                                               const std::string& hint,
-                                               std::vector<RankMetrics>* metrics) {
+                                               const std::string& hint, std::vector<RankMetrics>* metrics) {
   const auto& id = st.id();
   Json mine = Json::object();
   mine.set("text", fp.describe());

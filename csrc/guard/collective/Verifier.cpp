@@ -493,8 +493,9 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
       metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
       histories.push_back(RankHistory{globalRank, true, std::move(words.history)});
     }
+    const bool lookAlike = std::all_of(ops.begin(), ops.end(), [&](const RankOp& o) { return o.text == ops[0].text; });
     const std::string more =
-        (metricSync ? formatMetricSyncs(metrics) : std::string()) + formatHistories(histories, first);
+        (metricSync ? formatMetricSyncs(metrics) : std::string()) + formatHistories(histories, first, lookAlike);
     self->failWithReport(*state, first,
                          differenceVerdict(state->label(), self->size_, first, std::move(ops),
                                            splitsOnly ? messages::kSplitsDoNotPair : "", more));

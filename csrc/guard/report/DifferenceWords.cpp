@@ -18,8 +18,8 @@ std::string plain(std::string s) {
 }
 
 std::string encodeWith(const DifferenceWords& w, size_t skipRuns) {
-  std::string out =
-      plain(w.text) + kField + plain(w.where) + kName + plain(w.caller) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
+  std::string out = plain(w.text) + kField + plain(w.where) + kName + plain(w.caller) + kField + plain(w.hint) +
+                    kField + (w.metricSync ? "1" : "0") + kField;
   for (const auto& m : w.metrics) out += plain(m) + kName;
   out += kField;
   // The op's facts, before the history (which the encoder shortens first).

@@ -108,8 +108,8 @@ std::string seqRange(uint64_t first, uint64_t last) {
 // histories do not part that way before `seq`.
 std::string partingReading(const std::vector<HistoryRun>& a, const std::vector<int64_t>& aRanks,
                            const std::vector<HistoryRun>& b, const std::vector<int64_t>& bRanks, uint64_t start,
-                           uint64_t seq) {
-  for (uint64_t s = start; s < seq; ++s) {
+                           uint64_t seq, bool lookAlike) {
+  for (uint64_t s = start; s < seq + (lookAlike ? 1 : 0); ++s) {
     const HistoryRun* x = runAt(a, s);
     const HistoryRun* y = runAt(b, s);
     if (x == nullptr || y == nullptr || x->op != y->op) return "";
@@ -126,8 +126,13 @@ std::string partingReading(const std::vector<HistoryRun>& a, const std::vector<i
       os << formatRanks(aRanks) << " skipped " << formatRanks(bRanks) << "'s (a branch taken on some ranks only: a "
          << "module, a micro-batch or a step skipped), so ";
     }
-    os << seqRange(s, seq - 1) << " paired look-alikes (one signature, two lines): what "
-       << (s + 1 == seq ? "it" : "they") << " returned on these ranks is the other line's data";
+    if (s == seq) {
+      os << "a collective issued on some ranks only (a hook that did not run, a module or a step skipped) shifts "
+            "every one after it";
+    } else {
+      os << seqRange(s, seq - 1) << " paired look-alikes (one signature, two lines): what "
+         << (s + 1 == seq ? "it" : "they") << " returned on these ranks is the other line's data";
+    }
     return os.str();
   }
   return "";
@@ -218,7 +223,7 @@ std::vector<HistoryRun> decodeHistory(const std::string& text) {
 
 // Long: one text layout (runs of each rank side by side, elided where they
 // agree); its column arithmetic reads best in one body.
-std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq) {
+std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq, bool lookAlike) {
   struct Line {
     std::vector<HistoryRun> runs;
     std::vector<int64_t> ranks;
@@ -261,7 +266,9 @@ std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq)
     }
   }
   std::string reading;
-  if (lines.size() == 2) reading = partingReading(lines[0].runs, lines[0].ranks, lines[1].runs, lines[1].ranks, start, seq);
+  if (lines.size() == 2) {
+    reading = partingReading(lines[0].runs, lines[0].ranks, lines[1].runs, lines[1].ranks, start, seq, lookAlike);
+  }
   if (lines.size() == 2 && reading.empty()) {
     // One side still in a run at `seq` (its last run covers seq), the other's
     // run at the same site ended at seq - 1 and something else followed.

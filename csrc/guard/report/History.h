@@ -61,6 +61,9 @@ struct RankHistory {
 // that ended a run at a call site earlier than the others (fewer iterations of a
 // loop, or a branch they took). "" when fewer than two histories are known or all
 // are the same.
-std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq);
+// `lookAlike`: every rank issued the same signature at `seq` (the ranks
+// compare call paths: strict, or call_paths=on), so where their lines differ
+// there, that is where the histories part.
+std::string formatHistories(const std::vector<RankHistory>& ranks, uint64_t seq, bool lookAlike = false);
 
 }  // namespace torch_ext

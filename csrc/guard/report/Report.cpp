@@ -186,7 +186,7 @@ std::optional<Found> findCollectiveMismatch(const std::vector<RankInput>& ranks)
 enum class Pair : uint8_t { Found, NotPosted, Unknown };
 
 // How each rank got to collective `seq` (History.h), from the windows it sent.
-std::string historyLines(const std::vector<RankInput>& ranks, uint64_t seq) {
+std::string historyLines(const std::vector<RankInput>& ranks, uint64_t seq, bool lookAlike) {
   std::vector<RankHistory> histories;
   for (const auto& r : ranks) {
     RankHistory h;
@@ -203,7 +203,7 @@ std::string historyLines(const std::vector<RankInput>& ranks, uint64_t seq) {
     }
     histories.push_back(std::move(h));
   }
-  return formatHistories(histories, seq);
+  return formatHistories(histories, seq, lookAlike);
 }
 
 // The peer's op that pairs with `e` (same tag and ordinal, opposite direction,
@@ -486,8 +486,7 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
       it->ranks.push_back(op.globalRank);
     }
   }
-  // One signature from one site, reached from different lines (the ranks
-  // compare call paths: strict, or call_paths=on): the lines that called it tell them apart.
+  // One signature from one site reached from different lines (call paths compared): the callers tell them apart.
   bool pathOnly = lines.size() > 1;
   for (size_t i = 0; i < lines.size() && pathOnly; ++i) {
     pathOnly = lines[i].issued && lines[i].text == lines[0].text && lines[i].where == lines[0].where;
@@ -560,8 +559,10 @@ namespace {
 std::optional<Verdict> mismatchVerdict(const std::string& label, const std::vector<RankInput>& ranks) {
   const int size = static_cast<int>(ranks.size());
   if (auto m = findCollectiveMismatch(ranks)) {
+    const bool lookAlike =
+        std::all_of(m->ops.begin(), m->ops.end(), [&](const RankOp& o) { return o.text == m->ops[0].text; });
     Verdict v = differenceVerdict(label, size, m->seq, m->ops, m->note,
-                                  metricSyncLines(ranks, m->seq) + historyLines(ranks, m->seq));
+                                  metricSyncLines(ranks, m->seq) + historyLines(ranks, m->seq, lookAlike));
     int64_t lowest = -1;
     for (const auto& r : ranks) {
       if (r.responded && (lowest < 0 || r.globalRank < lowest)) lowest = r.globalRank;

@@ -22,8 +22,8 @@ struct RankOp {
   std::string text;    // fingerprint text, or "has not issued #57 yet (last #56)"
   std::string where;   // call site (and label, if any)
   uint64_t hash = 0;
-  std::string hint;  // the hint of the op's label, if any
-  OpFacts facts;     // what it issued, as values (unknown when not issued)
+  std::string hint;    // the hint of the op's label, if any
+  OpFacts facts;       // what it issued, as values (unknown when not issued)
   std::string caller;  // the line that called the call site ("" when none): shown where it tells ranks apart
 };
 

@@ -420,7 +420,8 @@ JoinResult JoinHandshake::join(c10d::Store& store, const JoinContext& ctx, const
     verdict = awaitVerdict(store, ctx);
     if (!verdict.ok) holdUntilSeen(store, ctx, ctx.rank == 0);
     // Rank 0 concluded from lists that agree, and this rank asked for another.
-    if (const std::string why = refusal(store, ctx, mine, claim, verdict); !why.empty()) refuseAndThrow(store, ctx, why);
+    if (const std::string why = refusal(store, ctx, mine, claim, verdict); !why.empty())
+      refuseAndThrow(store, ctx, why);
   } catch (const GuardError&) {
     throw;
   } catch (const std::exception& e) {
@@ -477,8 +478,7 @@ JoinVerdict JoinHandshake::awaitVerdict(c10d::Store& store, const JoinContext& c
     } else if (!present(store, recordKey(0))) {
       missing.push_back({0, knownOf(store, 0)});
     }
-    const bool foreign =
-        std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
+    const bool foreign = std::any_of(missing.begin(), missing.end(), [](const Missing& m) { return !m.known.empty(); });
     if (foreign || now >= deadline) {
       if (foreign && ctx.rank != 0) missing = findMissing(store, ctx.size);
       if (!missing.empty()) {
