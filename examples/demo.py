@@ -17,6 +17,9 @@ import torch.distributed as dist
 
 import torch_ext
 
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); older releases have only that.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 RANK = int(os.environ.get("RANK", 0))
 LINE = "=" * 78
 
@@ -40,10 +43,10 @@ def report(rank_says: str) -> None:
     mine = torch.tensor(list(f"[rank {RANK}] {rank_says}".encode()), dtype=torch.uint8)
     world = dist.get_world_size()
     lengths = torch.zeros(world, dtype=torch.int64)
-    dist.all_gather_into_tensor(lengths, torch.tensor([mine.numel()]))
+    all_gather_single(lengths, torch.tensor([mine.numel()]))
     width = int(lengths.max())
     padded = torch.zeros(world * width, dtype=torch.uint8)
-    dist.all_gather_into_tensor(padded, torch.cat([mine, torch.zeros(width - mine.numel(), dtype=torch.uint8)]))
+    all_gather_single(padded, torch.cat([mine, torch.zeros(width - mine.numel(), dtype=torch.uint8)]))
     for r, n in enumerate(lengths.tolist()):
         say(bytes(padded[r * width:r * width + n].tolist()).decode())
 

@@ -23,6 +23,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 import torch_ext
 
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); older releases have only that.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 SHAPES = [(32, 64), (48, 48), (64, 32), (64, 64)]  # (height, width) buckets
 WEIGHTS = [3, 8, 2, 1]                              # skewed: most images are square
 BATCH = {(32, 64): 16, (48, 48): 12, (64, 32): 16, (64, 64): 8}
@@ -86,7 +89,7 @@ def train(rank: int, world: int, port: int) -> None:
             shapes[tuple(images.shape[2:])] += 1
         counts = torch.zeros(2 * world, dtype=torch.int64)
         mine = torch.tensor([steps, per_rank_bucketing_count(dataset.shapes, world, rank, epoch)])
-        dist.all_gather_into_tensor(counts, mine)
+        all_gather_single(counts, mine)
         ours, theirs = counts.view(world, 2).t().tolist()
         if rank == 0:
             print(f"epoch {epoch}: batches per rank with BucketBatchSampler {ours} (len {len(sampler)}), "

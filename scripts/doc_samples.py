@@ -51,9 +51,10 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONWARNINGS"] = "ignore"
-    # Every run leaves its ranks' dumps in its folder (the same output): tests replay them (--repro).
-    env["TORCH_EXT_DUMP_DIR"] = "torch_ext_dumps"
+    # As a reader runs them: warnings on, and no setting the page does not show (the examples under
+    # examples/bugs write their dumps to ./torch_ext_dumps themselves: their launcher's default).
+    for name in [n for n in env if n.startswith("TORCH_EXT_") or n == "PYTHONWARNINGS"]:
+        del env[name]
     env.update(extra or {})
     return env
 
@@ -500,9 +501,32 @@ def check_names(root: str = ROOT) -> list[str]:
     return problems
 
 
+# What a run a reader makes must not print, whether a sample shows that part or not: a Python
+# warning ("x.py:83: FutureWarning: ..."), a traceback, a C++ stack (torch's "Exception raised
+# from ..." and its "frame #N:" lines). A sample that shows an error shows the guard's report.
+_NOISE = re.compile(
+    r"^\S.*:\d+: \w*Warning: |^Traceback \(most recent call last\)|^Exception raised from |^frame #\d+: ", re.MULTILINE)
+
+
+# Sources whose story is a process or its store dying: there torch's own TCPStore client logs
+# each failed socket call of the survivors with a C++ stack, which no wrapper of its store can stop.
+DYING = {"rank0_dies", "rank0_dies_stop", "killed_rank"}
+
+
+def noise(output: str) -> list[str]:
+    """The lines of ``output`` that a clean run does not print (``_NOISE``), the first few."""
+    return [m.group(0) + output[m.end():].split("\n", 1)[0] for m in _NOISE.finditer(output)][:5]
+
+
 def differences(outputs: dict[str, str], root: str = ROOT, names: list[str] | None = None) -> list[str]:
-    """One message per marked block (of the sources in ``outputs``) that differs from its real output."""
+    """One message per marked block (of the sources in ``outputs``) that differs from its real output, and one
+    per source whose output has a warning, a traceback or a C++ stack in it."""
     problems = []
+    for source, output in outputs.items():
+        shown = any(SAMPLES[n].source == source and (not names or n in names) for n in SAMPLES)
+        if shown and source not in DYING and noise(output):
+            problems.append(f"source '{source}' printed what a clean run does not (a warning, a traceback, a C++ "
+                            "stack):\n  " + "\n  ".join(noise(output)))
     for b in blocks(root):
         sample = SAMPLES.get(b.name)
         if sample is None or sample.source not in outputs or (names and b.name not in names):

@@ -213,3 +213,9 @@ def index_sampler(it: Any) -> tuple[Any, bool]:
     """Wraps ``_BaseDataLoaderIter._index_sampler`` and ``_auto_collation``: the batch
     sampler (True) or sampler (False) the iterator draws from, or (None, False)."""
     return getattr(it, "_index_sampler", None), bool(getattr(it, "_auto_collation", False))
+
+
+def all_gather_single(output: Any, input: Any, group: Any = None) -> None:
+    """``dist.all_gather_single`` (torch 2.13+; ``all_gather_into_tensor`` warns there), else the old name."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    fn(output, input, group=group)

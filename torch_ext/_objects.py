@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torch_ext import _compat
+
 
 def _device(group: Any) -> torch.device:
     """The device torch's object collectives use for ``group`` (the CPU where torch does not say)."""
@@ -26,12 +28,12 @@ def all_gather_objects(obj: Any, group: Any = None) -> list[Any]:
     world = dist.get_world_size(group)
     mine = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
     lengths = torch.zeros(world, dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(lengths, torch.tensor([mine.numel()], device=device), group=group)
+    _compat.all_gather_single(lengths, torch.tensor([mine.numel()], device=device), group=group)
     sizes = lengths.tolist()
     width = max(sizes)
     padded = torch.zeros(width, dtype=torch.uint8, device=device)
     padded[:mine.numel()] = mine.to(device)
     everyone = torch.empty(world * width, dtype=torch.uint8, device=device)
-    dist.all_gather_into_tensor(everyone, padded, group=group)
+    _compat.all_gather_single(everyone, padded, group=group)
     rows = everyone.cpu().view(world, width)
     return [pickle.loads(bytes(rows[r, :n].tolist())) for r, n in enumerate(sizes)]

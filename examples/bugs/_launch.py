@@ -31,6 +31,9 @@ import torch.distributed as dist
 
 
 def _child(fn: Callable[[int, int], None], rank: int, world: int, port: int, store: str, env: dict[str, str]) -> None:
+    # Every example leaves its ranks' dumps in ./torch_ext_dumps (unless TORCH_EXT_DUMP_DIR says
+    # otherwise), for `python -m torch_ext.diagnose torch_ext_dumps` and its --repro.
+    os.environ.setdefault("TORCH_EXT_DUMP_DIR", "torch_ext_dumps")
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     # No logging set-up: torch_ext labels its own lines ("[rank0] 12:01:07 torch_ext WARNING: ...").

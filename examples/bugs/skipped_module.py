@@ -26,11 +26,13 @@ import torch.distributed as dist
 from _launch import launch
 
 SHARD = 4
+# torch 2.13 renamed all_gather_into_tensor (the old name warns); older releases have only that.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def gather(shard: torch.Tensor) -> torch.Tensor:
     full = torch.empty(dist.get_world_size() * SHARD)
-    dist.all_gather_into_tensor(full, shard)
+    all_gather_single(full, shard)
     return full
 
 

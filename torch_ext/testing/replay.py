@@ -272,7 +272,8 @@ def _issue(op: dict[str, Any], group, granks: list[int], me: int):
     if kind == "all_gather":
         return dist.all_gather([torch.zeros_like(t) for _ in range(n)], t, **kw)
     if kind == "all_gather_into_tensor":
-        return dist.all_gather_into_tensor(gathered(t), t, **kw)
+        # torch 2.13 renamed it (the old name warns); the same backend op either way.
+        return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(gathered(t), t, **kw)
     if kind == "gather":
         return dist.gather(t, [torch.zeros_like(t) for _ in range(n)] if me == peer else None, dst=other, **kw)
     if kind == "scatter":
@@ -280,7 +281,8 @@ def _issue(op: dict[str, Any], group, granks: list[int], me: int):
     if kind == "reduce_scatter":
         return dist.reduce_scatter(t, [torch.zeros_like(t) for _ in range(n)], op=red, **kw)
     if kind == "reduce_scatter_tensor":
-        return dist.reduce_scatter_tensor(t, gathered(t), op=red, **kw)
+        scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return scatter(t, gathered(t), op=red, **kw)
     if kind == "all_to_all":
         return dist.all_to_all([torch.zeros_like(x) for x in ts], ts, **kw)
     if kind == "all_to_all_single":

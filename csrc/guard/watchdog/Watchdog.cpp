@@ -3,6 +3,7 @@
 #include "guard/Errands.h"
 
 #include "guard/report/Messages.h"
+#include "guard/report/RankList.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/Verifier.h"
 #include "guard/watchdog/Dumps.h"
@@ -166,9 +167,9 @@ std::shared_ptr<Watchdog::GroupCtx> Watchdog::find(const GroupState* state) {
 
 void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
   if (state->failed()) groupFailed_.store(true);
-  if (!exiting() && groupFailed_.load()) {
-    // destroy_process_group() after a failure of this group or another.
-    if (auto watched = find(state.get())) lingerForPeers(*watched, true);
+  if (!exiting()) {
+    // destroy_process_group(): after a failure of this group or another, or a clean end.
+    if (auto watched = find(state.get())) lingerForPeers(*watched, groupFailed_.load());
   }
   std::shared_ptr<GroupCtx> ctx;
   std::thread toJoin;
@@ -338,9 +339,12 @@ void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   // failure. Stay, bounded, until every peer has left or exited. The same for
   // every group once any of this process's groups failed: in a deadlock across
   // groups this rank's group fails first, while a peer elsewhere (a pipeline
-  // stage) still waits for its own group's verdict through this store.
+  // stage) still waits for its own group's verdict through this store. And at
+  // a clean end (issue 69): a peer whose watchdog still exchanges when the
+  // store goes would print torch's TCPStore warning and a C++ stack over a
+  // successful run.
   GroupState& st = *ctx.state;
-  if (!(afterFailure || st.failed()) || st.store().health() != StoreHealth::Healthy) return;
+  if (st.store().health() != StoreHealth::Healthy) return;
   if (st.store().channel().address().hostRank != st.id().globalRank(st.id().rank)) return;
   const int size = st.id().size;
   std::vector<std::string> keys;
@@ -351,16 +355,27 @@ void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   const double boundS = std::min(5.0, std::max(1.0, 10 * st.exchangeIntervalS()));
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<int64_t>(boundS * 1000));
+  std::vector<int64_t> still;
   while (std::chrono::steady_clock::now() < deadline) {
     auto values = st.store().multiGet(keys);
     if (!values.ok()) return;
-    bool allGone = true;
-    for (const auto& v : values.value) {
-      auto rec = StatusRecord::decode(v);
-      allGone = allGone && rec && (rec->phase == RankPhase::Left || rec->phase == RankPhase::Exited);
+    still.clear();
+    for (size_t i = 0; i < values.value.size(); ++i) {
+      auto rec = StatusRecord::decode(values.value[i]);
+      const int r = static_cast<int>(i) + (static_cast<int>(i) >= st.id().rank ? 1 : 0);
+      if (!(rec && (rec->phase == RankPhase::Left || rec->phase == RankPhase::Exited))) {
+        still.push_back(st.id().globalRank(r));
+      }
     }
-    if (allGone) return;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // a bounded poll of the peers' statuses
+    if (still.empty()) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a bounded poll of the peers' statuses
+  }
+  if (!afterFailure && !st.failed()) {
+    logMessage(LogLevel::Warning, "group \"" + st.label() + "\": this process hosts the store (" +
+                                      st.store().channel().address().describe() + ") and ends while " +
+                                      formatRanks(still) + " still use" + (still.size() == 1 ? "s" : "") +
+                                      " it, after waiting " + std::to_string(static_cast<int>(boundS * 1000)) +
+                                      " ms for them: they will find the store gone");
   }
 }
 
