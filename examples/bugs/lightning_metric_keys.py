@@ -14,6 +14,7 @@ It runs with check="strict" (each collective checked before it runs): rank 0's
 extra metric sync meets the others' gradient all_reduce, and gloo aborts a
 process whose byte counts differ before an after-the-fact check could speak.
 """
+import os
 import sys
 import warnings
 
@@ -70,4 +71,6 @@ def main():
 
 
 if __name__ == "__main__":
+    # Like every example in this folder: the ranks' dumps in ./torch_ext_dumps, unless set.
+    os.environ.setdefault("TORCH_EXT_DUMP_DIR", "torch_ext_dumps")
     main()

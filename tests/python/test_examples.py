@@ -322,6 +322,11 @@ def test_slow_rank_example_that_recovers_ends_cleanly_and_diagnose_says_finished
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [("0", "0"), ("1", "0"), ("2", "0")], run
     assert "at warn_after\nstate: finished: the job recovered" in post and "no hang now" in post, post
     doc_samples.check_source("slow_rank_recovers", out)
+    # A job that recovered has no verdict to replay: --repro says so and writes nothing.
+    proc = run_script(["-m", "torch_ext.diagnose", "torch_ext_dumps", "--repro", "repro.py"], tmp_path, 60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "error: --repro: the job finished after these dumps were written" in proc.stderr, proc.stderr
+    assert "there is no verdict to reproduce" in proc.stderr and not (tmp_path / "repro.py").exists(), proc.stderr
 
 
 def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_path):

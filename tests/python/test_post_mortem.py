@@ -25,6 +25,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import time
 import zlib
 
@@ -720,3 +721,14 @@ def test_dumps_of_a_real_hang_still_read_as_a_hang(tmp_path):
     out = _diagnose(dumps)
     assert "state: failed on rank(s) 0,1" in out.stdout and "rank 1 has not arrived" in out.stdout, out.stdout
     assert "no hang now" not in out.stdout
+
+
+def test_diagnose_help_shows_the_live_form_and_its_options():
+    """`torch-ext-diagnose --help` shows both commands: the dumps' and `live`'s, with their options (issue 69)."""
+    proc = subprocess.run([sys.executable, "-m", "torch_ext.diagnose", "--help"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    usage = proc.stdout.split("\n\n")[0]
+    for part in ("DUMP_DIR", "--repro OUT.py", "--fr-prefix PREFIX", "torch-ext-diagnose live", "--all-ranks",
+                 "--watch S", "HOST:PORT"):
+        assert part in usage, usage

@@ -219,8 +219,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "live":
         return live_main(argv[1:])
     ap = argparse.ArgumentParser(
-        prog="python -m torch_ext.diagnose",
-        description="Cross-rank analysis of the per-rank dumps a guarded job wrote to TORCH_EXT_DUMP_DIR.",
+        prog="torch-ext-diagnose",
+        usage="torch-ext-diagnose [-h] [--html FILE] [--trace FILE] [--fr OUT_DIR] [--fr-prefix PREFIX]\n"
+              "                          [--repro OUT.py] [--repro-test OUT_test.py] [--json] [--version] DUMP_DIR\n"
+              "       torch-ext-diagnose live [--timeout S] [--ranks LIST] [--all-ranks] [--json] [--html FILE]\n"
+              "                          [--watch S] [--repro OUT.py] [--repro-test OUT_test.py] HOST:PORT\n"
+              "       (python -m torch_ext.diagnose ... is the same command)",
+        description="Cross-rank analysis of the per-rank dumps a guarded job wrote to TORCH_EXT_DUMP_DIR; with `live`, "
+                    "of a job that is running now, asked through its store (torch-ext-diagnose live --help).",
         epilog="A job that is running now: torch-ext-diagnose live HOST:PORT (see: live --help).",
     )
     ap.add_argument("dump_dir", help="the folder holding rank<N>.json dumps")
@@ -295,7 +301,12 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 line += " --allow-incomplete-ranks (no dump from rank(s) " + ",".join(map(str, missing)) + ")"
             wrote.append(line)
-    if args.repro or args.repro_test:
+    if (args.repro or args.repro_test) and job.state in ("recovered", "finished"):
+        # The dumps hold a warning the job got past, not a verdict: a replay of the wait would end
+        # in a timeout the job never reached.
+        errors.append(f"error: --repro: the job {job.state} after these dumps were written (every rank got past what "
+                      "it waited in): there is no verdict to reproduce, and nothing was written")
+    elif args.repro or args.repro_test:
         _write_repro(analysis, args.dump_dir, args, wrote, errors)
     if wrote and not args.json:
         print("\n" + "\n".join(wrote))
