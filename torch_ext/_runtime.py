@@ -99,7 +99,8 @@ def _uncaught() -> str:
 
 def _at_exit() -> None:
     """Interpreter exit (see install): a mismatch found while waiting for the
-    verdict on the last collectives ends the process with status 1, never 0; an
+    verdict on the last collectives, or a group whose creation was refused after
+    this rank concluded it, ends the process with status 1, never 0; an
     uncaught exception is left as this rank's last words for its peers."""
     try:
         uncaught = _uncaught()
@@ -113,11 +114,11 @@ def _at_exit() -> None:
         if note:
             sys.stderr.write(note + "\n")
             sys.stderr.flush()
-    mismatches = _C._at_exit(uncaught)
-    if not mismatches:
+    unraised = _C._at_exit(uncaught)  # "<ErrorType> at exit: <report>" each
+    if not unraised:
         return
-    for report in mismatches:
-        sys.stderr.write(f"torch_ext: CollectiveMismatchError at exit: {report}\n")
+    for text in unraised:
+        sys.stderr.write(f"torch_ext: {text}\n")
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(1)

@@ -179,13 +179,21 @@ def test_pairs_creating_a_group_from_their_own_lists_all_fail_naming_both_lists(
     """
     results, records, text = _pairs(tmp_path, store, mode)
     for r in results:
-        assert r.returncode == 3, text  # ended by itself, with the error: none exits 0, none hangs
         rec = records[r.rank]
-        assert rec["error"] == "GroupJoinError", text
-        assert rec["after_s"] < 10, text
-        assert "asked for different member lists" in rec["message"], rec["message"]
-        assert "new_group([0, 1]) on global rank" in rec["message"], rec["message"]
-        assert "new_group([2, 3]) on global rank" in rec["message"], rec["message"]
+        if "error" in rec:
+            assert r.returncode == 3, text  # ended by itself, with the error: none exits 0, none hangs
+            assert rec["error"] == "GroupJoinError", text
+            assert rec["after_s"] < 10, text
+            message = rec["message"]
+        else:
+            # A pair that concluded first and finished its five all_reduces before its watchdog's
+            # next exchange: the refusal is read when it leaves, and its exit says so, status 1.
+            assert mode == "own" and r.returncode == 1, text
+            message = r.output.split("torch_ext: GroupJoinError at exit: ", 1)[1]
+        assert "asked for different member lists" in message, message
+        assert "new_group([0, 1]) on global rank" in message, message
+        assert "new_group([2, 3]) on global rank" in message, message
+    assert max(r.ended_at for r in results) - min(r.ended_at for r in results) < 10, text
 
 
 @pytest.mark.timeout(120)

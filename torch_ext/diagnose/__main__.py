@@ -301,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
             if missing:
                 line += " --allow-incomplete-ranks (no dump from rank(s) " + ",".join(map(str, missing)) + ")"
             wrote.append(line)
-    if (args.repro or args.repro_test) and job.state in ("recovered", "finished"):
+    verdicts = [v for v in analysis.verdicts if v.get("kind") not in (None, "none")]
+    if (args.repro or args.repro_test) and verdicts and job.state in ("recovered", "finished"):
         # The dumps hold a warning the job got past, not a verdict: a replay of the wait would end
         # in a timeout the job never reached.
         errors.append(f"error: --repro: the job {job.state} after these dumps were written (every rank got past what "

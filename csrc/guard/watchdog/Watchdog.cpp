@@ -223,6 +223,14 @@ void Watchdog::remove(const std::shared_ptr<GroupState>& state) {
   if (!shared) channel.quiesce();  // the last watched group on this store: no thread stays behind
 }
 
+void Watchdog::keepUnraisedRefusal(GroupState& st) {
+  auto f = st.failure();
+  if (!f || f->kind != GuardErrorKind::Join || st.failureRaised()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string text = "GroupJoinError at exit: " + f->report;
+  if (std::find(unraised_.begin(), unraised_.end(), text) == unraised_.end()) unraised_.push_back(text);
+}
+
 void Watchdog::leaveGroup(GroupCtx& ctx) {
   // Incident keys stay until every rank has left, so a rank that leaves early
   // (after acting on a verdict) cannot take the verdict away from the others.
@@ -231,6 +239,11 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   GroupState& st = *ctx.state;
   GroupStore& store = st.store();
   const int size = st.id().size;
+  // The alerts once more: a group whose creation was refused after this rank
+  // concluded it (a program shorter than an exchange) fails here, and the
+  // exit says so (keepUnraisedRefusal).
+  ctx.protocol.progress(wallNs());
+  keepUnraisedRefusal(st);
   if (!store.set(keys::status(st.id().rank),
                  StatusRecord::of(RankPhase::Left, wallNs(), st.ledger().progress()).encode())) {
     return;
@@ -241,8 +254,10 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   for (int r = 0; r < size; ++r) written.push_back(keys::status(r));
   for (int r = 0; r < size; ++r) written.push_back(keys::lastWords(r));
   for (int r = 0; r < size; ++r) written.push_back(keys::joinRecord(r));
-  for (int r = 0; r < size; ++r) written.push_back(keys::joinClaim(r));
-  written.push_back(keys::kJoinSeen);
+  if (!st.failed()) {  // a refused group keeps them: its refusing processes may still count who read it
+    for (int r = 0; r < size; ++r) written.push_back(keys::joinClaim(r));
+    written.push_back(keys::kJoinSeen);
+  }
   written.push_back(keys::kLeave);
   written.push_back(keys::kStragglers);
   written.push_back(keys::kJoinVerdict);
@@ -271,7 +286,22 @@ std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
     }
     // Found at exit, or earlier on collectives nobody waited on: never raised.
     auto f = st.failure();
-    if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) mismatches.push_back(f->report);
+    if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) {
+      mismatches.push_back("CollectiveMismatchError at exit: " + f->report);
+    }
+    // The alerts once more (on the store's I/O thread, after any exchange):
+    // a refusal of the group's creation that came after this rank's last tick.
+    if (!st.failed() && st.store().health() == StoreHealth::Healthy) {
+      st.store().channel().call<bool>("alerts at exit", [ctx = g] {
+        ctx->protocol.progress(wallNs());
+        return true;
+      });
+      keepUnraisedRefusal(st);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mismatches.insert(mismatches.end(), unraised_.begin(), unraised_.end());
   }
   for (auto& g : groups) groupFailed_.store(groupFailed_.load() || g->state->failed());
   for (auto& g : groups) lingerForPeers(*g, groupFailed_.load());

@@ -117,12 +117,17 @@ class Watchdog final : public IncidentSink {
   // has not verified yet, says "exited" for every group where the store
   // answers (briefly), stops the thread without waiting on the store, and
   // closes the store channels. Later removals publish nothing. Returns the
-  // mismatch reports of groups found to differ while waiting. `uncaught`:
+  // failures nobody raised, each "<ErrorType> at exit: <report>": groups found
+  // to differ while waiting, and groups whose creation was refused after this
+  // rank concluded it (read in their alerts at leave or exit). `uncaught`:
   // what ends the process, when it is an exception the program did not catch
   // ("RuntimeError: ... (at train.py:30 in step)"): left as this rank's last
   // words in every group, so the report of a peer it leaves waiting says what
   // it raised instead of only that it exited.
   std::vector<std::string> atExit(const std::string& uncaught = std::string());
+  // A group whose creation was refused (GroupJoinError) and that nobody raised:
+  // kept for atExit, found at destroy_process_group or exit.
+  void keepUnraisedRefusal(GroupState& st);
   bool exiting() const {
     return exiting_.load(std::memory_order_acquire);
   }
@@ -189,6 +194,8 @@ class Watchdog final : public IncidentSink {
   // Some group of this process has failed (sticky: a failed group destroyed
   // before the others still counts when they are left).
   std::atomic<bool> groupFailed_{false};
+  // Failures found at leave that nobody raised (keepUnraisedRefusal), for atExit.
+  std::vector<std::string> unraised_;
   // Raises an incident for each stream-ordered work found failed by polling.
   void reportPolledFailures(GroupCtx& ctx);
   bool checkStore(GroupCtx& ctx, const Progress& p);
