@@ -163,7 +163,7 @@ def test_the_pipeline_length_check_sees_a_long_issue(tmp_path):
 DETACH_ALLOWED = {
     "store/StoreChannel.cpp": "a call blocked in a frozen store owns the channel",
     "watchdog/TerminateHandler.cpp": "the dying process's last words, bounded by the process's end",
-    "watchdog/Watchdog.cpp": "the watchdog thread stuck at exit",
+    "watchdog/WatchdogExit.cpp": "the watchdog thread stuck at exit",
     "collective/Verifier.cpp": "the pacer holding the verifier's last reference cannot join itself",
 }
 

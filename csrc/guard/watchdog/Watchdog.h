@@ -191,6 +191,11 @@ class Watchdog final : public IncidentSink {
   // a deadlock across groups fails them one after the other, and a peer in a
   // group that has not failed yet still needs the store for its verdict).
   void lingerForPeers(GroupCtx& ctx, bool afterFailure);
+  // At exit: pending verify checks settled and the alerts read once more;
+  // the failures nobody raised ("<ErrorType> at exit: <report>").
+  std::vector<std::string> unraisedAtExit(const std::vector<std::shared_ptr<GroupCtx>>& groups);
+  // At exit: "exited" (and last words) where the store answers.
+  void sayExited(const std::vector<std::shared_ptr<GroupCtx>>& groups, const std::string& uncaught);
   // Some group of this process has failed (sticky: a failed group destroyed
   // before the others still counts when they are left).
   std::atomic<bool> groupFailed_{false};
