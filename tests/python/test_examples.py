@@ -188,6 +188,8 @@ def test_ddp_unused_parameter_example_follows_ddps_error_with_the_bucket_held_ba
     assert re.search(r"#\d+ all_reduce\(float32\[68\], SUM\) at ddp_unused_parameter.py:\d+ in train\n +"
                      r"DDP gradient bucket 1 of 2: head.bias, head.weight", out), out[-8000:]
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "1"), ("1", "1")], out
+    # Rank 0's failure is logged once (each in-flight collective's failure tells the same story), and raised.
+    assert len(re.findall(r"\[rank0\] [\d:]+ torch_ext ERROR: collective #\d+ ", out)) == 1, out[-8000:]
     doc_samples.check_source("ddp_unused_parameter", out)
     _replays(tmp_path, out)
 

@@ -98,6 +98,10 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
         logs = loggedMismatches_.size() < 1024 ? loggedMismatches_.insert(v.text).second
                                                : !loggedMismatches_.count(v.text);
       }
+      // A rank gone fails every collective this rank still had in flight, one
+      // failure incident each, with the same story: the group's failure was
+      // told with the first (issue 69: ddp_unused_parameter logged it twice).
+      if (logs && v.kind == Verdict::Kind::Failure && st.failed()) logs = false;
       break;
     case VerdictLogger::LowestOfLoop: {
       // Once, by the lowest rank of the loop, whichever group's verdict
