@@ -101,6 +101,20 @@ std::vector<Incident> IncidentProtocol::openIncidents() const {
   return out;
 }
 
+void IncidentProtocol::readRefusals() {
+  GroupStore& store = st_.store();
+  auto n = store.add(keys::kAlerts, 0);
+  if (!n.ok()) return;
+  for (uint64_t k = alertsSeen_ + 1; k <= static_cast<uint64_t>(n.value); ++k) {
+    auto desc = store.get(keys::alert(k));
+    const auto alert = desc ? keys::AlertRecord::decode(*desc) : std::nullopt;
+    if (!alert || alert->id != keys::kJoinRefused) continue;
+    store.add(keys::kJoinSeen, 1);
+    if (hooks_.refused) hooks_.refused(alert->body);
+    return;
+  }
+}
+
 void IncidentProtocol::pollAlerts(int64_t nowNs) {
   GroupStore& store = st_.store();
   auto n = store.add(keys::kAlerts, 0);

@@ -67,6 +67,11 @@ class IncidentProtocol {
   // One step at wall time `nowNs`: reads new alerts, answers them, analyses or
   // collects verdicts. Never blocks beyond the store's call bound.
   void progress(int64_t nowNs);
+  // At leave or exit: reads the alerts not read yet for a refusal of the
+  // group's creation (hooks.refused), and answers nothing else (answering
+  // would write this leaving rank's dump over the one of the incident it
+  // ended in).
+  void readRefusals();
   // Incidents this rank takes part in and has no verdict for yet.
   bool open() const {
     return !awaiting_.empty();

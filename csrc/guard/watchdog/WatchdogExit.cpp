@@ -46,7 +46,7 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
   // The alerts once more: a group whose creation was refused after this rank
   // concluded it (a program shorter than an exchange) fails here, and the
   // exit says so (keepUnraisedRefusal).
-  ctx.protocol.progress(wallNs());
+  ctx.protocol.readRefusals();
   keepUnraisedRefusal(st);
   if (!store.set(keys::status(st.id().rank),
                  StatusRecord::of(RankPhase::Left, wallNs(), st.ledger().progress()).encode())) {
@@ -91,7 +91,7 @@ std::vector<std::string> Watchdog::unraisedAtExit(const std::vector<std::shared_
     // a refusal of the group's creation that came after this rank's last tick.
     if (!st.failed() && st.store().health() == StoreHealth::Healthy) {
       st.store().channel().call<bool>("alerts at exit", [ctx = g] {
-        ctx->protocol.progress(wallNs());
+        ctx->protocol.readRefusals();
         return true;
       });
       keepUnraisedRefusal(st);

@@ -98,9 +98,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
         logs = loggedMismatches_.size() < 1024 ? loggedMismatches_.insert(v.text).second
                                                : !loggedMismatches_.count(v.text);
       }
-      // A rank gone fails every collective this rank still had in flight, one
-      // failure incident each, with the same story: the group's failure was
-      // told with the first (issue 69: ddp_unused_parameter logged it twice).
+      // Each collective in flight when a rank went fails with the same story: told once.
       if (logs && v.kind == Verdict::Kind::Failure && st.failed()) logs = false;
       break;
     case VerdictLogger::LowestOfLoop: {
