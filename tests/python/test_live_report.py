@@ -38,6 +38,10 @@ DEADLINE_S = 5.0
 _SLACK_S = 6.0
 
 
+def _sigint_as_from_a_shell() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _timed(call) -> tuple[float, BaseException | None]:
     """How long `call` took, and what it raised (None if nothing)."""
     start = time.monotonic()
@@ -193,8 +197,13 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
 
         # --watch: a report every period until Ctrl-C, which ends it cleanly.
         env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        # Ctrl-C reaches a process started from a shell, where SIGINT has its default action. This
+        # test's worker may have it ignored (run with other test files it had, and libraries such as
+        # Lightning set SIG_IGN around their teardown), and an ignored SIGINT is inherited: Python
+        # then installs no KeyboardInterrupt, and --watch slept on past the test's 30 s.
         w = subprocess.Popen([sys.executable, "-m", "torch_ext.diagnose", "live", address, "--watch", "0.2",
-                              "--ranks", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              "--ranks", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             preexec_fn=_sigint_as_from_a_shell)
         try:
             heads = 0
             end = time.monotonic() + 60

@@ -218,6 +218,15 @@ std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause
   st.state = failure ? DumpState::Failed : (watches.empty() ? DumpState::Running : DumpState::Waiting);
   snap.status = std::move(st);
   std::lock_guard<std::mutex> lock(mu_);
+  // The first failure is the story: what follows it (a peer gone after it
+  // raised, an in-flight collective's inner failure, the store's host gone)
+  // is its consequence, and would show the ranks after their waits ended (a
+  // CI run's post-mortem of a deadlock read the failure a peer's exit caused).
+  // Only an asked-for dump (live signal, torch_ext.dump) replaces it.
+  if (have_ && cause != DumpCause::Manual) {
+    evaluateLocked();
+    if (snap_.status->state == DumpState::Failed) return dir_ + "/rank" + std::to_string(snap_.rank) + ".json";
+  }
   const std::string path = writeDumpFile(dir, snap, error);
   if (path.empty()) return path;
   have_ = true;
@@ -231,6 +240,10 @@ std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause
 void DumpFile::update() {
   if (!waiting_.load(std::memory_order_acquire)) return;
   std::lock_guard<std::mutex> lock(mu_);
+  evaluateLocked();
+}
+
+void DumpFile::evaluateLocked() {
   if (!have_ || snap_.status->state != DumpState::Waiting) return;
   bool failed = false, all = true;
   for (const auto& w : watches_) {

@@ -67,7 +67,9 @@ class DumpFile {
   // Writes `snap` to <dir>/rank<r>.json with its status: `cause`, `awaited`
   // (what the watches wait for), and the state: failed when `failed` is set
   // (or the cause is a failure), else waiting while something is watched, else
-  // running. Returns the path, or "" with `*error` saying why.
+  // running. Returns the path, or "" with `*error` saying why. A dump that
+  // holds a failure stays: later automatic writes keep it (only Manual
+  // replaces it), as the first failure's state is what the post-mortem needs.
   std::string write(const std::string& dir, RankSnapshot snap, DumpCause cause, std::vector<DumpWatch> watches,
                     bool failed, std::string* error);
   // Re-evaluates a waiting dump's watches (cheap otherwise); rewrites the file
@@ -78,6 +80,8 @@ class DumpFile {
   void finish();
 
  private:
+  // A waiting dump's watches: failed or recovered rewrites it (mu_ held).
+  void evaluateLocked();
   void rewriteLocked(DumpState state, int64_t nowNs);
 
   std::mutex mu_;

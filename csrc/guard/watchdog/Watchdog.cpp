@@ -463,7 +463,10 @@ void Watchdog::exchange(GroupCtx& ctx) {
   // Status / heartbeat, with this rank's collective waits.
   StatusRecord mine = StatusRecord::of(RankPhase::Running, now, p);
   if (st.config().stragglerThreshold > 0 && size > 1) mine.waits = publishedWaits(st);
-  if (!mine.sameProgress(ctx.lastPublished) || now - ctx.lastPublishNs > kHeartbeatNs) {
+  // Exiting: the exit's own record ("exited") is written after any exchange
+  // already queued; a later one must not turn it back into "running".
+  const bool publishes = !mine.sameProgress(ctx.lastPublished) || now - ctx.lastPublishNs > kHeartbeatNs;
+  if (publishes && !exiting()) {
     if (store.set(keys::status(rank), mine.encode())) {
       ctx.lastPublished = mine;
       ctx.lastPublishNs = now;

@@ -18,8 +18,12 @@ namespace torch_ext {
 
 namespace {
 
-// At exit, how long saying "exited" may take, and how long the thread gets to stop.
-constexpr std::chrono::milliseconds kExitStatusBound{300};
+// At exit, how long saying "exited" may take in all (a loaded machine's store
+// answers in tens of milliseconds, its I/O thread may finish an exchange first:
+// 300 ms per group lost the record on a CI runner, and its peers then reported
+// "no heartbeat" without what this rank had issued), and how long the thread
+// gets to stop.
+constexpr std::chrono::milliseconds kExitStatusBound{1500};
 constexpr std::chrono::milliseconds kExitJoinBound{2000};
 // How long the exit waits for errands still running (Errands.h): they end
 // within milliseconds unless stuck on a peer that is gone.
@@ -105,9 +109,13 @@ std::vector<std::string> Watchdog::unraisedAtExit(const std::vector<std::shared_
 void Watchdog::sayExited(const std::vector<std::shared_ptr<GroupCtx>>& groups, const std::string& uncaught) {
   // Say "exited" where the store answers: peers then report this rank in
   // those words instead of "no heartbeat". Briefly: the store may be gone.
+  const auto deadline = std::chrono::steady_clock::now() + kExitStatusBound;
   for (auto& g : groups) {
     GroupState& st = *g->state;
     if (st.store().health() != StoreHealth::Healthy) continue;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
     // A failed group: what this rank issued stays for the ranks still
     // analysing (a verdict this rank raised may not have reached them). An
     // uncaught exception: what it raised, for the peers it leaves waiting.
@@ -117,7 +125,7 @@ void Watchdog::sayExited(const std::vector<std::shared_ptr<GroupCtx>>& groups, c
       publishLastWords(st, LastWordsWhy{LastWordsCause::Exited, ""});
     }
     st.store().set(keys::status(st.id().rank),
-                   StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(), kExitStatusBound);
+                   StatusRecord::of(RankPhase::Exited, wallNs(), st.ledger().progress()).encode(), left);
   }
 }
 
