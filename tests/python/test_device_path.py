@@ -139,7 +139,11 @@ def test_abort_and_shutdown_release_a_stuck_stream(how):
     values = assert_all_ok(run_ranks(_abort_releases, 2, how, backend="nccl_sim", env=env, timeout=90))
     for v in values:
         assert v["blocked"] and v["released"], v
-        assert v["error"] and "was aborted" in v["error"], v  # the pending operations failed: no data
+        # The pending operations failed: no data. Each rank's own abort says "was aborted"; a rank whose
+        # peer shut down first may see the peer's transport close before its own abort (a full-suite run
+        # under load: "all_reduce failed on the stream ...: Connection closed by peer").
+        assert v["error"] and ("was aborted" in v["error"] or "Connection closed by peer" in v["error"]
+                               or "Connection reset by peer" in v["error"]), v
         assert v["completed"], v
 
 
