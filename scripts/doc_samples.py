@@ -59,10 +59,13 @@ def _env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> str:
-    """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given."""
+def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None, fails: bool = False) -> str:
+    """``python ARGV`` in ``cwd``: its stdout and stderr, as a user sees them, after ``$ ECHO`` if given.
+
+    ``fails``: the command is to exit non-zero (torchrun over a failed job), and runs in fresh interpreters
+    (the warm shim would stand between torchrun and a worker killed by a signal)."""
     # One stream, as in a terminal: the ranks' log lines (stderr) where they came.
-    if WARM:
+    if WARM and not fails:
         from torch_ext.testing import _warm
 
         env = _env()
@@ -74,7 +77,7 @@ def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None) -> 
         proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
     out = proc.stdout
-    if proc.returncode != 0:
+    if (proc.returncode != 0) != fails:
         raise RuntimeError(f"`python {' '.join(argv)}` exited {proc.returncode}:\n{out[-6000:]}")
     return (f"$ {echo}\n" if echo else "") + out
 
@@ -87,6 +90,20 @@ def _demo(cwd: str) -> str:
     # As scripts/demo.sh runs it: 4 CPU ranks under torchrun.
     return _run(["-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "0", "--rdzv-backend", "c10d",
                  "--rdzv-endpoint", "127.0.0.1:0", os.path.join(ROOT, "examples", "demo.py")], cwd, 240)
+
+
+def _killed_rank_torchrun(cwd: str) -> str:
+    # As the README shows it: torchrun --standalone --nproc-per-node 3 examples/bugs/killed_rank.py
+    return _run(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+                 os.path.join(ROOT, "examples", "bugs", "killed_rank.py")], cwd, 240, fails=True)
+
+
+def _torchrun_summary(out: str) -> str:
+    """torchrun's failure summary: from the rule under ``ChildFailedError:`` to the end."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("torch.distributed.elastic.multiprocessing"
+                                                                       ".errors.ChildFailedError"))
+    return "\n".join(lines[start + 1:]).rstrip("\n")
 
 
 def _slow_rank(*args: str, diagnose: str) -> Callable[[str], str]:
@@ -161,6 +178,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "skipped_module_strict": _example("examples/bugs/skipped_module.py", "strict"),
     "rank0_validation": _example("examples/bugs/rank0_validation.py"),
     "killed_rank": _example("examples/bugs/killed_rank.py"),
+    "killed_rank_torchrun": _killed_rank_torchrun,
     "ddp_uneven_steps": _example("examples/bugs/ddp_uneven_steps.py"),
     "ddp_unused_parameter": _example("examples/bugs/ddp_unused_parameter.py"),
     "slow_rank": _slow_rank(diagnose="torch_ext_dumps --html report.html"),
@@ -198,6 +216,8 @@ def clean(text: str, cwd: str) -> str:
     text = re.sub(r"\[[^\[\]]*/third_party/gloo/(gloo/[^\]]*)\]", r"[.../\1]", text)
     # ... and go on for two more sentences of advice; the first says what happened.
     text = re.sub(r"(\[\.\.\./gloo/[^\]]*\] [^\n]*?\.) [^)\n]*\)", r"\1 ...)", text)
+    # torchrun's error files live in a fresh temporary folder per run.
+    text = re.sub(r"/\S*/torchelastic_[^/\s]+/[^/\s]+/attempt_(\d+)/", r"<tmp>/torchelastic_<run>/attempt_\1/", text)
     # torch's Flight Recorder analyzer says this where the optional tabulate package is missing.
     text = text.replace("tabulate is not installed. Proceeding without it.\n", "")
     return text
@@ -215,6 +235,12 @@ _MASKS = [
     # Which rank's gloo saw a closed connection first is a race.
     (re.compile(r"rank \d+ saw: <gloo error>"), "rank <r> saw: <gloo error>"),
     (re.compile(r"\bpid \d+"), "pid <n>"),
+    # torchrun's failure summary: its times, the worker's pid, the host's name, each worker's error file.
+    (re.compile(r"\d{4}-\d\d-\d\d_\d\d:\d\d:\d\d"), "<date>"),
+    (re.compile(r"\(pid: \d+\)"), "(pid: <n>)"),
+    (re.compile(r"received by PID \d+"), "received by PID <n>"),
+    (re.compile(r"^(  host +: ).*$", re.M), r"\1<host>"),
+    (re.compile(r"(error_file: )/\S+/(\d+)/error\.json"), r"\1<torchrun's log dir>/\2/error.json"),
     # A stack's frames in torch's own files: their lines move between torch releases (all_reduce's
     # wait is distributed_c10d.py:3252 on 2.13, :4181 on 2.15).
     (re.compile(r"(\btorch \.\.\./[\w/]+\.py):\d+"), r"\1:<line>"),
@@ -429,6 +455,7 @@ SAMPLES: dict[str, Sample] = {
     "slow-rank-diagnose": Sample("slow_rank", _command("python -m torch_ext.diagnose")),
     "slow-rank-recovered-diagnose": Sample("slow_rank_recovers", _command("python -m torch_ext.diagnose")),
     "killed-rank": Sample("killed_rank", _raised(0, "CollectiveFailureError")),
+    "killed-rank-torchrun": Sample("killed_rank_torchrun", _torchrun_summary),
     "ddp-uneven-steps": Sample("ddp_uneven_steps", _raised(0, "CollectiveMismatchError")),
     "ddp-uneven-steps-rank1": Sample("ddp_uneven_steps", _raised(1, "CollectiveMismatchError")),
     "ddp-uneven-steps-warning": Sample("ddp_uneven_steps", _uneven_warning),
@@ -510,7 +537,7 @@ _NOISE = re.compile(
 
 # Sources whose story is a process or its store dying: there torch's own TCPStore client logs
 # each failed socket call of the survivors with a C++ stack, which no wrapper of its store can stop.
-DYING = {"rank0_dies", "rank0_dies_stop", "killed_rank"}
+DYING = {"rank0_dies", "rank0_dies_stop", "killed_rank", "killed_rank_torchrun"}
 
 
 def noise(output: str) -> list[str]:

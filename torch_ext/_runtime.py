@@ -12,6 +12,7 @@ import traceback
 
 import torch
 
+from torch_ext import _launcher
 from torch_ext._core import _C
 from torch_ext._ddp import explain
 from torch_ext.errors import GuardError
@@ -106,6 +107,12 @@ def _at_exit() -> None:
         uncaught = _uncaught()
     except Exception:  # noqa: BLE001 - the exit must go on whatever the exception's str() does
         uncaught = ""
+    ending = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if isinstance(ending, GuardError) and not hasattr(sys, "ps1"):
+        try:  # under torchrun: its failure summary prints the guard's report (_launcher.py)
+            _launcher.record(ending)
+        except Exception:  # noqa: BLE001 - never in the exit's way
+            pass
     if uncaught:
         try:  # what the guard knows about it (DDP's unfinished reduction), after its traceback
             note = explain(getattr(sys, "last_exc", None) or getattr(sys, "last_value", None))
@@ -119,6 +126,10 @@ def _at_exit() -> None:
         return
     for text in unraised:
         sys.stderr.write(f"torch_ext: {text}\n")
+    try:
+        _launcher.record_text(unraised[0])
+    except Exception:  # noqa: BLE001 - never in the exit's way
+        pass
     sys.stderr.flush()
     sys.stdout.flush()
     os._exit(1)

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed import Backend, PrefixStore
 
-from torch_ext import _compat, _libraries, _runtime, epochs
+from torch_ext import _compat, _launcher, _libraries, _runtime, epochs
 from torch_ext._core import _C
 from torch_ext._ddp import explain
 from torch_ext._groups import group_state
@@ -340,6 +340,7 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
         # per-collective check, the all-to-all split audit) run on a CPU group of their own.
         helper = dist.ProcessGroupGloo(PrefixStore("guard_ctl/", store), rank, size, inner_timeout)
     hosted_by, host_rank = _store_host(store, global_ranks)
+    _launcher.install()  # under torchrun: torchrun's SIGTERM leaves the report first (LauncherStop.h)
     backend = _C._create_backend(
         store, rank, size, timeout.total_seconds(), group_name, global_ranks, config, inner, helper,
         hosted_by, host_rank,

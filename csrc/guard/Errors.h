@@ -35,6 +35,24 @@ struct EnumTable<GuardErrorKind> {
 inline const char* guardErrorKindName(GuardErrorKind kind) {
   return enumName(kind);
 }
+// The Python class a failure of `kind` raises (torch_ext.errors).
+inline const char* guardErrorClassName(GuardErrorKind kind) {
+  switch (kind) {
+    case GuardErrorKind::Mismatch:
+      return "CollectiveMismatchError";
+    case GuardErrorKind::Timeout:
+      return "CollectiveTimeoutError";
+    case GuardErrorKind::Failure:
+      return "CollectiveFailureError";
+    case GuardErrorKind::StoreLost:
+      return "StoreLostError";
+    case GuardErrorKind::Deadlock:
+      return "DeadlockError";
+    case GuardErrorKind::Join:
+      return "GroupJoinError";
+  }
+  return "GuardError";
+}
 
 // Set once the program was handed a group's failure (see GuardError::markSeen).
 using SeenFlag = std::shared_ptr<std::atomic<bool>>;

@@ -42,6 +42,20 @@ void Runtime::liveReport(int signal) const {
   }
 }
 
+void Runtime::setFlushLogs(FlushHook hook) {
+  std::lock_guard<std::mutex> lock(mu_);
+  flush_ = std::move(hook);
+}
+
+bool Runtime::flushLogs(std::chrono::milliseconds bound) const {
+  FlushHook hook;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hook = flush_;
+  }
+  return hook ? hook(bound) : true;  // without a host, log() writes at once
+}
+
 void Runtime::setThreadStacks(ThreadsHook hook) {
   std::lock_guard<std::mutex> lock(mu_);
   threads_ = std::move(hook);

@@ -45,6 +45,11 @@ class Runtime {
   std::vector<ThreadStack> threadStacks(std::chrono::milliseconds budget) const;
   void setLiveReport(LiveHook hook);
   void liveReport(int signal) const;
+  // Waits up to `bound` until the messages handed to log() are written (a
+  // process about to end by a signal); true when they are (or none is pending).
+  using FlushHook = std::function<bool(std::chrono::milliseconds bound)>;
+  void setFlushLogs(FlushHook hook);
+  bool flushLogs(std::chrono::milliseconds bound) const;
   // What this process runs ("torch 2.13.0, torch_ext 0.1.0, Python 3.11.7"), set
   // by the host at import; every snapshot and dump carries it.
   void setSoftware(std::string text);
@@ -57,6 +62,7 @@ class Runtime {
   IdleHook idle_;
   LiveHook live_;
   ThreadsHook threads_;
+  FlushHook flush_;
   std::string software_;
 };
 

@@ -719,9 +719,9 @@ void installRuntime(const std::vector<std::string>& internal, const std::vector<
   CallSites::instance().setProvider(&captureCallSite);
   LabelTable::instance().setResolver(&resolveOrigin);
   Runtime::instance().install(&sampleMainStack, &logViaPython, [] { helper().stop(); });
-  // TORCH_EXT_LIVE_SIGNAL: torch_ext.diagnose.live._log_live_report(sig) starts a thread of its own that asks
-  // every rank (through the store) and logs the report; the helper only needs the GIL for a moment.
   Runtime::instance().setThreadStacks(&sampleOtherThreads);
+  Runtime::instance().setFlushLogs(&flushLogs);
+  // TORCH_EXT_LIVE_SIGNAL: live.py's _log_live_report asks every rank on a thread of its own (GIL: a moment).
   Runtime::instance().setLiveReport([](int sig) {
     helper().post([sig] {
       PyObject* mod = PyImport_ImportModule("torch_ext.diagnose.live");
@@ -738,8 +738,7 @@ bool flushLogs(std::chrono::milliseconds timeout) {
 }
 
 void uninstallRuntime() {
-  // Label origins still unresolved are resolved now, with the GIL, while their
-  // code objects can still be read: reports and dumps written after this see text.
+  // Unresolved label origins are resolved now, with the GIL, while their code can be read.
   LabelTable::instance().resolveAll();
   LabelTable::instance().setResolver(nullptr);
   g_installed = false;
@@ -747,6 +746,7 @@ void uninstallRuntime() {
   Runtime::instance().uninstall();
   Runtime::instance().setLiveReport(nullptr);
   Runtime::instance().setThreadStacks(nullptr);
+  Runtime::instance().setFlushLogs(nullptr);
   helper().stop();
   g_mainTstate = nullptr;
 }

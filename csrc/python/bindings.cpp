@@ -22,6 +22,7 @@
 #include "guard/store/JoinHandshake.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/LauncherStop.h"
 #include "guard/watchdog/Watchdog.h"
 #include "nccl_sim/NcclSimBackend.h"
 #include "python/PyErrors.h"
@@ -544,6 +545,11 @@ void bindRuntime(py::module& m) {
       },
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");
+  m.def("_launcher_stop", &torch_ext::installLauncherStop, py::arg("error_file"),
+        "Under torchrun: a SIGTERM from the launcher leaves this rank's report in the log, the dumps and the "
+        "launcher's error file before the process ends (LauncherStop.h); false where SIGTERM has a handler already.");
+  m.def("_launcher_error", &torch_ext::writeLauncherErrorFile, py::arg("path"), py::arg("message"), py::arg("details"),
+        "Writes torchelastic's error file at `path` unless one exists (LauncherStop.h).");
   m.def("_set_call_sites", &torch_ext::py::setCallSitesEnabled);
   m.def(
       "_set_software", [](const std::string& text) { torch_ext::Runtime::instance().setSoftware(text); },

@@ -77,8 +77,8 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent",
            while_running: Callable[[int], None] | None = None, **env: str) -> None:
     """Runs ``fn(rank, world)`` in ``world`` processes; ``while_running(port)``, if given, runs meanwhile in this
     launcher (on a thread of its own, with the store's port), as another terminal would."""
-    import threading
-
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: one of its ranks (_torchrun_rank)
+        return _torchrun_rank(fn, env)
     store = _store_choice(store)
     # The store's socket is bound before the ranks are forked, and served after
     # (a TCPStore's threads must not be forked).
@@ -103,6 +103,8 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent",
     if store == "parent":
         server = dist.TCPStore("127.0.0.1", port, world + 1, is_master=True, wait_for_workers=False,
                                master_listen_fd=listener.fileno())
+    import threading
+
     watcher = threading.Thread(target=while_running, args=(port,), daemon=True) if while_running else None
     if watcher is not None:
         watcher.start()
@@ -137,3 +139,15 @@ def _frozen(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "T"
     except OSError:
         return False
+
+
+def _torchrun_rank(fn: Callable[[int, int], None], env: dict[str, str]) -> None:
+    """One rank of a torchrun job (``torchrun --nproc-per-node N example.py``): the rank and world are
+    torchrun's, and what it raises ends it as any torchrun worker (torchrun then stops the others)."""
+    os.environ.setdefault("TORCH_EXT_DUMP_DIR", "torch_ext_dumps")
+    os.environ.update(env)
+    import torch_ext  # noqa: F401  (registers "guard")
+
+    dist.init_process_group("guard")
+    fn(dist.get_rank(), dist.get_world_size())
+    dist.destroy_process_group()

@@ -519,6 +519,40 @@ TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
   rmdir(dir.c_str());
 }
 
+// The first failure is the dump's story: what follows it (a peer's exit failing an in-flight
+// collective, the store's host gone) does not replace it; an asked-for dump does.
+TEST(DumpFile, KeepsTheFirstFailureAgainstLaterAutomaticWrites) {
+  char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto st = makeGroup(GroupIdentity{"0", 0, 2, {}});
+  uint64_t seq = 0;
+  st->ledger().record(allReduce(4), 0, &seq);  // #1: waits
+  RankSnapshot first;
+  first.rank = 0;
+  first.timeNs = wallNs();
+  first.groups.push_back(groupView(*st, 16));
+  DumpFile file;
+  std::string error;
+  // A hang seen at warn_after (waiting), then its group fails before the next tick.
+  const std::string path = file.write(dir, first, DumpCause::WarnAfter, {DumpWatch{st, 1, 0}}, false, &error);
+  ASSERT_EQ(path, dir + "/rank0.json") << error;
+  st->fail(GuardErrorKind::Deadlock, "deadlock");
+  RankSnapshot later = first;
+  later.timeNs = first.timeNs + 1000;
+  for (DumpCause c : {DumpCause::Failure, DumpCause::StoreLost, DumpCause::AbortAfter, DumpCause::Terminated}) {
+    EXPECT_EQ(file.write(dir, later, c, {DumpWatch{st, 1, 0}}, true, &error), path);
+    const DumpStatus s = statusIn(path);
+    EXPECT_EQ(s.cause, DumpCause::WarnAfter) << enumName(c);
+    EXPECT_EQ(s.state, DumpState::Failed) << enumName(c);
+    EXPECT_EQ(snapshotFromJson(Json::parse(readText(path))).timeNs, first.timeNs) << enumName(c);
+  }
+  ASSERT_FALSE(file.write(dir, later, DumpCause::Manual, {}, false, &error).empty());
+  EXPECT_EQ(statusIn(path).cause, DumpCause::Manual);
+  std::remove(path.c_str());
+  rmdir(dir.c_str());
+}
+
 // Live reports carry the other Python threads' stacks; other snapshots write no "threads" field.
 TEST(Snapshot, OtherThreadsRoundTripAndAreOptional) {
   RankSnapshot s;

@@ -92,6 +92,9 @@ def test_torchrun_no_logging_set_up_labels_each_line_and_prints_each_report_once
     # before it prints its traceback: at least one rank shows the report, none twice.
     shown = [m.group(1) for m in REPORT_LINE.finditer(out)]
     assert shown and len(shown) == len(set(shown)), out[-8000:]
+    # torchrun's own failure summary comes last; it holds the report as the ranks' error files give it.
+    out, summary = out.split("ChildFailedError", 1)
+    assert "torch_ext.errors.CollectiveMismatchError: " + MISMATCH_HEAD in summary, summary
     # Any other line naming the mismatch is a logged one: rank 0's short line, at most once.
     logged = [line for line in out.splitlines() if MISMATCH_HEAD in line and not re.match(r"\[rank\d\]: ", line)]
     assert len(logged) <= 1, logged

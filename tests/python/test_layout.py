@@ -164,6 +164,7 @@ DETACH_ALLOWED = {
     "store/StoreChannel.cpp": "a call blocked in a frozen store owns the channel",
     "watchdog/TerminateHandler.cpp": "the dying process's last words, bounded by the process's end",
     "watchdog/WatchdogExit.cpp": "the watchdog thread stuck at exit",
+    "watchdog/LauncherStop.cpp": "waits for the launcher's SIGTERM all the process's life, then ends it",
     "collective/Verifier.cpp": "the pacer holding the verifier's last reference cannot join itself",
 }
 

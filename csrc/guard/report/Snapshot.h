@@ -100,6 +100,7 @@ enum class DumpCause : uint8_t {
   Failure,     // the inner backend failed an op (a peer died?)
   Manual,      // torch_ext.dump()
   StoreLost,   // the cross-rank store went away or stopped answering: the group failed
+  Terminated,  // the launcher stopped this rank (SIGTERM under torchrun) before any verdict
 };
 
 template <>
@@ -107,7 +108,7 @@ struct EnumTable<DumpCause> {
   static constexpr NamedValue<DumpCause> kEntries[] = {
       {DumpCause::WarnAfter, "warn_after"}, {DumpCause::AbortAfter, "abort_after"}, {DumpCause::Mismatch, "mismatch"},
       {DumpCause::P2PCheck, "p2p_check"},   {DumpCause::Failure, "failure"},        {DumpCause::Manual, "manual"},
-      {DumpCause::StoreLost, "store_lost"},
+      {DumpCause::StoreLost, "store_lost"}, {DumpCause::Terminated, "terminated"},
   };
 };
 

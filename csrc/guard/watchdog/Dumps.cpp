@@ -214,7 +214,7 @@ std::string DumpFile::write(const std::string& dir, RankSnapshot snap, DumpCause
     if (auto g = w.group.lock()) st.awaited.push_back(DumpAwaited{g->id().name, w.seq, w.recordId});
   }
   const bool failure = failed || cause == DumpCause::AbortAfter || cause == DumpCause::Mismatch ||
-                       cause == DumpCause::Failure || cause == DumpCause::StoreLost;
+                       cause == DumpCause::Failure || cause == DumpCause::StoreLost || cause == DumpCause::Terminated;
   st.state = failure ? DumpState::Failed : (watches.empty() ? DumpState::Running : DumpState::Waiting);
   snap.status = std::move(st);
   std::lock_guard<std::mutex> lock(mu_);

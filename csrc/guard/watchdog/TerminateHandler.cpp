@@ -97,15 +97,6 @@ std::string describePending() {
   return os.str();
 }
 
-void say(const std::string& text) {
-  size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(STDERR_FILENO, text.data() + off, text.size() - off);
-    if (n <= 0) return;
-    off += static_cast<size_t>(n);
-  }
-}
-
 // Returns only where the process is to end as before.
 void parkTransportThread(const std::string& what);
 
@@ -192,7 +183,7 @@ void parkTransportThread(const std::string& what);
         os << " Pending here:" << box->pending;
       }
       os << "\n";
-      say(os.str());
+      sayOnStderr(os.str());
       // The writes are bounded by kLastWordsStoreBound each; past that the process ends anyway.
       box->cv.wait_for(lock, kLastWordsStoreBound, [&] { return box->published; });
       if (box->hosts) {
@@ -249,7 +240,7 @@ void parkTransportThread(const std::string& what) {
      << what.substr(0, what.find('\n'))
      << "). The thread is stopped instead of the process, and the check reports the mismatch "
         "(CollectiveMismatchError).\n";
-  say(os.str());
+  sayOnStderr(os.str());
   if (before > 0) {  // a guarded group has failed already: its report is out
     for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
   }
@@ -265,11 +256,20 @@ void parkTransportThread(const std::string& what) {
       for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
     }
   }
-  say("torch_ext: no guarded group failed within " + std::to_string(kParkBound.count() / 1000) +
-      " s of gloo's transport thread stopping; ending the process.\n");
+  sayOnStderr("torch_ext: no guarded group failed within " + std::to_string(kParkBound.count() / 1000) +
+              " s of gloo's transport thread stopping; ending the process.\n");
 }
 
 }  // namespace
+
+void sayOnStderr(const std::string& text) {
+  size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data() + off, text.size() - off);
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
 
 void installTerminateHandler() {
   if (g_installed.exchange(true)) return;

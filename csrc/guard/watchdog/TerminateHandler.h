@@ -35,10 +35,16 @@
 // 15 s at most for the verdict and the peers' leaving): a terminate handler
 // that blocks would turn a crash into a hang.
 
+#include <string>
+
 namespace torch_ext {
 
 // Installs the handler once per process (later calls do nothing). The backend
 // does, with its first group: the handler finds the groups through the watchdog.
 void installTerminateHandler();
+
+// Writes `text` to stderr with write(2): no stream, no lock, no allocation
+// (usable while the process ends).
+void sayOnStderr(const std::string& text);
 
 }  // namespace torch_ext

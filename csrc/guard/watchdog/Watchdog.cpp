@@ -538,6 +538,11 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   return takeSnapshot(reason, states, maxEntries, all, windows);
 }
 
+bool Watchdog::toldHere(const GroupState& state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return toldGroups_.count(&state) > 0;
+}
+
 std::vector<std::shared_ptr<GroupState>> Watchdog::groupStates() {
   std::vector<std::shared_ptr<GroupState>> all;
   std::lock_guard<std::mutex> lock(mu_);
@@ -571,7 +576,10 @@ std::string Watchdog::writeDump(const std::string& reason, const std::string& di
   // What the dump waits for: the incident's collective in its group, or the
   // oldest pending op of each group concerned (a send/recv, a manual dump).
   const auto inc = Incident::fromId(reason);
-  DumpCause cause = reason == enumName(DumpCause::StoreLost) ? DumpCause::StoreLost : DumpCause::Manual;
+  DumpCause cause = DumpCause::Manual;
+  for (DumpCause named : {DumpCause::StoreLost, DumpCause::Terminated}) {
+    if (reason == enumName(named)) cause = named;
+  }
   if (inc) {
     switch (inc->kind) {
       case IncidentKind::Hang:

@@ -29,6 +29,7 @@
 // answers, the thread stops, the channels close, and inner backends are kept
 // alive (their teardown could block on a dead peer).
 
+#include "guard/Runtime.h"
 #include "guard/watchdog/Deadlines.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/GroupStragglers.h"
@@ -103,6 +104,9 @@ class Watchdog final : public IncidentSink {
   std::vector<GroupWait> positions();
   // The groups watched now.
   std::vector<std::shared_ptr<GroupState>> groupStates();
+  // Whether this process logged the report of `state`'s failure (its desk's
+  // reporter): a later word about it (LauncherStop) points to it instead.
+  bool toldHere(const GroupState& state);
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once. `reason`
   // is an incident id ("hang:57": the dump's cause, and what it waits for in
@@ -225,7 +229,10 @@ class Watchdog final : public IncidentSink {
   // applyVerdict more than once: as the "mismatch" incident, then as each
   // "failure" incident of the collectives the mismatch aborted (their analysis
   // finds the same mismatch first). It is logged once.
+  // Logs a verdict's report; one that fails its group is remembered (toldHere).
+  void tell(const GroupState& st, LogLevel level, const std::string& text, bool failsGroup);
   std::set<std::string> loggedMismatches_;
+  std::set<const GroupState*> toldGroups_;  // toldHere(); never dereferenced
   // The certain deadlocks (by the groups on the cycle) this process logged.
   std::set<std::vector<std::string>> loggedDeadlocks_;
   std::thread thread_;

@@ -119,7 +119,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       logs = true;
       break;
   }
-  if (logs) logMessage(act.level, text);
+  if (logs) tell(st, act.level, text, act.fail.has_value());
   if (act.deadlineReported) {
     std::lock_guard<std::mutex> lock(ctx.localMu);
     ctx.deadlines.reported(inc.subject);
@@ -131,6 +131,13 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
     results_[st.id().name + "/" + inc.id()] = text;
   }
   cv_.notify_all();
+}
+
+void Watchdog::tell(const GroupState& st, LogLevel level, const std::string& text, bool failsGroup) {
+  logMessage(level, text);
+  if (!failsGroup) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  toldGroups_.insert(&st);
 }
 
 bool Watchdog::publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict) {

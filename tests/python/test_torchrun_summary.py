@@ -1,0 +1,77 @@
+"""torchrun's own failure summary carries the guard's report (issue 69).
+
+torchrun's agent stops the surviving workers with SIGTERM as soon as one worker's process ends, before
+the guard could name it, and prints for each worker the error file it wrote. A stopped survivor waits
+for the verdict already on its way, prints it, writes it to the error file and ends with -15 as asked; a
+rank whose guard error ends it writes the error file at exit. Run as a user runs it: torchrun, 3 local
+ranks in fresh interpreters (a warm shim would stand between torchrun and a killed worker), the default
+settings.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+from harness import ROOT, run_script
+
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import doc_samples  # noqa: E402
+
+doc_samples.WARM = True  # its torchrun source runs fresh interpreters anyway (fails=True)
+
+JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "jobs", "torchrun_summary.py")
+
+
+def _summary(out: str) -> dict[int, str]:
+    """torchrun's failure summary, one entry per failed worker's global rank."""
+    assert "ChildFailedError" in out, out[-6000:]
+    summary = out[out.index("ChildFailedError"):]
+    entries = re.split(r"\n\[\d+\]:\n", summary)[1:]
+    by_rank = {}
+    for e in entries:
+        m = re.search(r"rank +: (\d+) \(local_rank", e)
+        assert m, e
+        by_rank[int(m.group(1))] = e
+    return by_rank
+
+
+def test_survivors_stopped_by_torchrun_put_the_guards_report_in_its_summary(tmp_path):
+    # torchrun --standalone --nproc-per-node 3 examples/bugs/killed_rank.py: rank 2 is killed at step 3.
+    out = doc_samples.run_source("killed_rank_torchrun", tmp_path)
+    entries = _summary(out)
+    assert sorted(entries) == [0, 1, 2], out[-6000:]
+    assert "Root Cause (first observed failure)" in out and "exitcode  : -9" in entries[2], out[-6000:]
+    for r in (0, 1):
+        e = entries[r]
+        assert "exitcode  : -15" in e, e  # ended as torchrun asked
+        assert "error_file: <N/A>" not in e, e
+        assert f"rank {r} (pid " in e, e
+        assert 'was stopped by its launcher (SIGTERM) after group "default_pg" failed' in e, e
+        assert 'collective #4 all_reduce(float32[16], SUM) on group "default_pg" failed in the inner backend' in e, e
+        assert re.search(r"rank 2: (no heartbeat|exited)", e), e  # names the rank that went
+        # The log has it too, before the summary: once per survivor (the full report, or a line pointing
+        # to the report this rank logged).
+        assert out.count(f"torch_ext: rank {r} (pid ") == 1, out[-6000:]
+    # Each survivor's dump holds the verdict's moment.
+    assert sorted(os.listdir(tmp_path / "torch_ext_dumps")) == ["rank0.json", "rank1.json"], out[-3000:]
+    doc_samples.check_source("killed_rank_torchrun", out)
+
+
+def test_a_mismatch_under_torchrun_is_the_root_cause_in_its_summary(tmp_path):
+    proc = run_script([JOB, "mismatch"], tmp_path, 150, nproc=3, fresh=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-6000:]
+    root = out[out.index("Root Cause (first observed failure)"):]
+    assert "error_file: <N/A>" not in root, root
+    assert "torch_ext.errors.CollectiveMismatchError: collective #4 on group \"default_pg\" (3 ranks) differs" in root
+    assert re.search(r"rank 1: +all_reduce\(float32\[5\], SUM\) +at torchrun_summary.py:\d+ in main", root), root
+    assert "To enable traceback see" not in out[out.index("ChildFailedError"):], out[-6000:]
+
+
+def test_a_child_forked_by_a_rank_still_dies_of_sigterm(tmp_path):
+    # DataLoader workers are forked from the rank and ended with SIGTERM: the rank's handler is not theirs.
+    proc = run_script([JOB, "fork"], tmp_path, 120, nproc=2, fresh=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-6000:]
+    assert sorted(re.findall(r"rank (\d): forked child ended by signal 15", out)) == ["0", "1"], out[-6000:]
