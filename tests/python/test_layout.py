@@ -189,11 +189,11 @@ def test_store_keys_are_spelled_only_in_store_keys_h():
 
 def test_groups_fail_in_one_place():
     # Whatever finds that a group cannot go on hands a GroupFailure to
-    # IncidentSink::failGroup: the watchdog implements it (Watchdog.cpp) and so does a
-    # detached group's sink (in GroupState.cpp); GroupState::fail is called nowhere else.
+    # IncidentSink::failGroup: the watchdog files it at its desk (FailureDesk.cpp), and a
+    # detached group's sink fails it (in GroupState.cpp); GroupState::fail is called nowhere else.
     call = re.compile(r"(\.|->)fail\(")
     callers = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if call.search(src.read_text())}
-    assert callers == {"watchdog/Watchdog.cpp", "collective/GroupState.cpp"}, callers
+    assert callers == {"watchdog/FailureDesk.cpp", "collective/GroupState.cpp"}, callers
 
 
 def test_the_check_mode_is_decided_in_one_file():

@@ -182,7 +182,8 @@ void CollectiveChecks::strictCheck(const Fingerprint& fp, uint64_t seq, uint32_t
       differenceVerdict(state_->label(), size, seq, std::move(ops), same ? messages::kSplitsDoNotPair : "",
                         metricSync ? formatMetricSyncs(metrics) : std::string());
   // As verify's: the watchdog dumps (TORCH_EXT_DUMP_DIR), group rank 0 logs, the group fails.
-  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict)});
+  state_->incidents().failGroup(*state_, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict),
+                                                      Telling{Telling::Who::GroupRankZero}});
   state_->throwFailure("");
 }
 

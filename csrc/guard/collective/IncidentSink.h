@@ -11,15 +11,16 @@
 //
 // It is also the one way a group fails: whatever finds that a group cannot go
 // on (a difference every rank's words show, a check's transport gone, abort())
-// hands a GroupFailure to failGroup, and the watchdog dumps, logs and fails the
-// group (GroupState::fail is called in Watchdog.cpp and, for a detached group,
-// in GroupState.cpp; tests/python/test_layout.py holds it).
+// hands a GroupFailure to failGroup, and the watchdog's desk dumps, logs and
+// fails the group (GroupState::fail is called in watchdog/FailureDesk.cpp and,
+// for a detached group, in GroupState.cpp; tests/python/test_layout.py holds it).
 //
 // A group never attached (a unit test's bare GroupState) speaks to a detached
 // sink: nothing is published or dumped, the failure report is the inner error
 // as given, and failGroup fails the group.
 
 #include "guard/Errors.h"
+#include "guard/Runtime.h"
 #include "guard/report/Incident.h"
 #include "guard/report/Verdict.h"
 
@@ -31,6 +32,20 @@
 namespace torch_ext {
 
 class GroupState;
+
+// Who tells a group's failure where it is filed (watchdog/FailureDesk), once
+// it is set there: a later failure of the same group is its consequence, told
+// by nobody.
+struct Telling {
+  enum class Who : uint8_t {
+    Nobody,         // the error raised on every rank carries the report
+    GroupRankZero,  // found with every rank's words: logged once, by the group's rank 0
+    ThisRank,       // found here alone (a deadline, the store, the inner backend)
+  };
+  Who who = Who::Nobody;
+  LogLevel level = LogLevel::Error;
+  std::string line;  // what is logged; "" for the report itself
+};
 
 // A group failure found on the per-collective path, as it is told.
 struct GroupFailure {
@@ -44,6 +59,8 @@ struct GroupFailure {
   // The report's facts, where it has them (kind None: the group's failure
   // then carries its kind, group and text alone). GuardError.report in Python.
   Verdict facts;
+  // Who logs it (a difference found with every rank's words: the group's rank 0).
+  Telling tell;
 };
 
 class IncidentSink {

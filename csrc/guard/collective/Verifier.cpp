@@ -504,7 +504,8 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
 
 void Verifier::failWithReport(GroupState& st, uint64_t seq, Verdict verdict) {
   // Told as an incident's verdict is (dumps, rank 0's log line, then the failure).
-  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict)});
+  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict),
+                                            Telling{Telling::Who::GroupRankZero}});
 }
 
 void Verifier::helperFailed(const std::string& what) {

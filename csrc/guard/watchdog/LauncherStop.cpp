@@ -54,7 +54,6 @@ void onStopSignal(int) {
   sem_post(&g_stop);  // async-signal-safe; the thread does the rest
 }
 
-
 // What this rank's groups are in: those with a pending operation, or whose
 // last one failed in the inner backend (its verdict on the way), each with
 // that operation; the first group that failed, if any.
@@ -95,7 +94,8 @@ std::shared_ptr<GroupState> awaitVerdict() {
     Look now = look();
     if (now.failed) return now.failed;
     if (!now.verdictComing) return nullptr;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return nullptr;
     // Woken by a completion or by the failure (then the next look decides).
     now.verdictComing->waitUntil([] { return false; }, std::min(left, std::chrono::milliseconds(200)));
@@ -108,9 +108,11 @@ std::string peerLine(const GroupState& st, int r, const std::optional<StatusReco
   if (!rec) {
     os << "no status in the store";
   } else if (rec->phase == RankPhase::Exited) {
-    os << "its process exited " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #" << rec->lastSeq;
+    os << "its process exited " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #"
+       << rec->lastSeq;
   } else if (rec->phase == RankPhase::Left) {
-    os << "left the group " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #" << rec->lastSeq;
+    os << "left the group " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #"
+       << rec->lastSeq;
   } else {
     os << "last heartbeat " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, issued #" << rec->lastSeq
        << ", completed #" << rec->lastCompletedSeq;
@@ -201,7 +203,8 @@ void stopThread() {
       r.details = std::string("stopped by the launcher (SIGTERM); its report failed: ") + e.what();
       sayOnStderr("torch_ext: " + r.details + "\n");
     }
-    if (g_errorFile != nullptr) writeLauncherErrorFile(*g_errorFile, r.message.empty() ? r.details : r.message, r.details);
+    if (g_errorFile != nullptr)
+      writeLauncherErrorFile(*g_errorFile, r.message.empty() ? r.details : r.message, r.details);
   }
   ::signal(SIGTERM, SIG_DFL);
   ::raise(SIGTERM);

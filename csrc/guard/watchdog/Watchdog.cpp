@@ -105,9 +105,8 @@ Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
                              return toJson(snap).dump();
                            },
                            [&dog, st = state.get()](const std::string& why) {
-                             if (dog.failGroup(*st, GroupFailure{GuardErrorKind::Join, why}) && st->id().rank == 0) {
-                               logMessage(LogLevel::Error, why);
-                             }
+                             dog.failGroup(*st, GroupFailure{GuardErrorKind::Join, why, std::nullopt, Verdict(),
+                                                             Telling{Telling::Who::GroupRankZero}});
                            }}) {}
 
 void Watchdog::announce(c10d::Store& store, int rank) {
@@ -319,17 +318,7 @@ void Watchdog::tick(const std::shared_ptr<GroupCtx>& ctx) {
 }
 
 bool Watchdog::failGroup(GroupState& st, const GroupFailure& f) {
-  if (f.differenceAt) {
-    // As an incident's verdict is told: the dumps first (every rank, while the
-    // ledgers still show the differing collective), the report logged once
-    // (by the group's rank 0), then the group fails and every wait raises it.
-    if (!st.config().dumpDir.empty()) {
-      writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(*f.differenceAt), -1, ""}.id(),
-                st.config().dumpDir, &st);
-    }
-    if (st.id().rank == 0) logMessage(LogLevel::Error, f.report);
-  }
-  return st.fail(f.kind, f.report, f.facts);
+  return desk_.file(st, f);
 }
 
 void Watchdog::reportPolledFailures(GroupCtx& ctx) {
@@ -343,13 +332,10 @@ void Watchdog::reportPolledFailures(GroupCtx& ctx) {
     auto e = st.ledger().byId(id);
     const std::string shortError = error.substr(0, error.find("\nException raised from"));
     if (!e) {
-      if (failGroup(st, GroupFailure{GuardErrorKind::Failure, "an operation on group \"" + st.label() +
-                                                                  "\" failed in the inner backend "
-                                                                  "(rank " +
-                                                                  std::to_string(st.id().globalRank(st.id().rank)) +
-                                                                  " saw: " + shortError + ")"})) {
-        logMessage(LogLevel::Error, st.failure()->report);
-      }
+      const std::string text = "an operation on group \"" + st.label() + "\" failed in the inner backend (rank " +
+                               std::to_string(st.id().globalRank(st.id().rank)) + " saw: " + shortError + ")";
+      failGroup(st,
+                GroupFailure{GuardErrorKind::Failure, text, std::nullopt, Verdict(), Telling{Telling::Who::ThisRank}});
       return;
     }
     const IncidentSubject subject =
@@ -374,20 +360,18 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
   if (!st.config().dumpDir.empty() && !st.failed() && !endOfJob && !storeLossDumped_.exchange(true)) {
     writeDump(enumName(DumpCause::StoreLost), st.config().dumpDir, &st);
   }
-  if (failGroup(st, GroupFailure{GuardErrorKind::StoreLost, text})) {
-    // One line per group: the whole report where an op waits on it (or just
-    // failed for it); otherwise the first line (the next op raises it in full), and nothing
-    // above debug level at the end of a job whose ranks all left.
-    if (facts.pending || facts.lastFailed) {
-      logMessage(LogLevel::Error, text);
-    } else if (endOfJob) {
-      logMessage(LogLevel::Debug, text);
-    } else {
-      logMessage(LogLevel::Warning, text.substr(0, text.find('\n')) +
-                                        " (nothing was pending here: the next operation on the group raises "
-                                        "StoreLostError)");
+  // One line per group: the whole report where an op waits on it (or just
+  // failed for it); otherwise the first line (the next op raises it in full),
+  // and nothing above debug level at the end of a job whose ranks all left.
+  Telling tell{Telling::Who::ThisRank, LogLevel::Error, ""};
+  if (!facts.pending && !facts.lastFailed) {
+    tell.level = endOfJob ? LogLevel::Debug : LogLevel::Warning;
+    if (!endOfJob) {
+      tell.line = text.substr(0, text.find('\n')) +
+                  " (nothing was pending here: the next operation on the group raises StoreLostError)";
     }
   }
+  failGroup(st, GroupFailure{GuardErrorKind::StoreLost, text, std::nullopt, Verdict(), tell});
   cv_.notify_all();  // failureReport() waiters
   return false;
 }
@@ -438,7 +422,8 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
     LocalFacts facts = localFacts(ctx, p);
     if (a.localAbort) {
       const std::string text = formatLocalTimeout(facts, std::chrono::duration<double>(st.abortAfter()).count(), why);
-      if (failGroup(st, GroupFailure{GuardErrorKind::Timeout, text})) logMessage(LogLevel::Error, text);
+      failGroup(st,
+                GroupFailure{GuardErrorKind::Timeout, text, std::nullopt, Verdict(), Telling{Telling::Who::ThisRank}});
       cv_.notify_all();
     } else {
       logMessage(LogLevel::Warning, formatLocalHang(facts, why));
@@ -536,11 +521,6 @@ RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* onl
   // the report can follow a rank that has not arrived into the group where it
   // waits, with no store traffic beyond the snapshot itself.
   return takeSnapshot(reason, states, maxEntries, all, windows);
-}
-
-bool Watchdog::toldHere(const GroupState& state) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return toldGroups_.count(&state) > 0;
 }
 
 std::vector<std::shared_ptr<GroupState>> Watchdog::groupStates() {

@@ -32,6 +32,7 @@
 #include "guard/Runtime.h"
 #include "guard/watchdog/Deadlines.h"
 #include "guard/watchdog/Dumps.h"
+#include "guard/watchdog/FailureDesk.h"
 #include "guard/watchdog/GroupStragglers.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
@@ -87,9 +88,9 @@ class Watchdog final : public IncidentSink {
   std::string failureReport(const std::shared_ptr<GroupState>& state, uint64_t entryId,
                             const std::string& error) override;
 
-  // The one place a group fails (IncidentSink::failGroup): a difference found
-  // with every rank's words is dumped and logged by group rank 0 first; the
-  // watchdog's own verdicts come here too.
+  // The one way a group fails (IncidentSink::failGroup): filed at the desk
+  // (FailureDesk), which dumps, fails and tells; the watchdog's own verdicts
+  // and deadlines come here too.
   bool failGroup(GroupState& state, const GroupFailure& failure) override;
 
   // A process being terminated (TerminateHandler) that hosts `state`'s store: stays,
@@ -104,9 +105,10 @@ class Watchdog final : public IncidentSink {
   std::vector<GroupWait> positions();
   // The groups watched now.
   std::vector<std::shared_ptr<GroupState>> groupStates();
-  // Whether this process logged the report of `state`'s failure (its desk's
-  // reporter): a later word about it (LauncherStop) points to it instead.
-  bool toldHere(const GroupState& state);
+  // Whether this process logged the report of `state`'s failure (FailureDesk).
+  bool toldHere(const GroupState& state) const {
+    return desk_.toldHere(state);
+  }
   // Writes the process-wide snapshot to <dump_dir>/rank<r>.json; returns the path
   // ("" without a dump dir). An unwritable dir is warned about once. `reason`
   // is an incident id ("hang:57": the dump's cause, and what it waits for in
@@ -229,10 +231,12 @@ class Watchdog final : public IncidentSink {
   // applyVerdict more than once: as the "mismatch" incident, then as each
   // "failure" incident of the collectives the mismatch aborted (their analysis
   // finds the same mismatch first). It is logged once.
-  // Logs a verdict's report; one that fails its group is remembered (toldHere).
-  void tell(const GroupState& st, LogLevel level, const std::string& text, bool failsGroup);
-  std::set<std::string> loggedMismatches_;
-  std::set<const GroupState*> toldGroups_;  // toldHere(); never dereferenced
+  // Where groups fail, and what this process tells of it.
+  FailureDesk desk_{[this](GroupState& st, uint64_t seq) {
+    if (st.config().dumpDir.empty()) return;
+    writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(), st.config().dumpDir,
+              &st);
+  }};
   // The certain deadlocks (by the groups on the cycle) this process logged.
   std::set<std::vector<std::string>> loggedDeadlocks_;
   std::thread thread_;

@@ -93,11 +93,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       // One mismatch reaches here more than once (its incident, then each
       // failure it caused, whose analysis finds it first): logged once, by
       // what was found (the first wording wins).
-      if (logs && v.kind == Verdict::Kind::Mismatch) {
-        std::lock_guard<std::mutex> lock(mu_);
-        logs = loggedMismatches_.size() < 1024 ? loggedMismatches_.insert(v.text).second
-                                               : !loggedMismatches_.count(v.text);
-      }
+      if (logs && v.kind == Verdict::Kind::Mismatch) logs = desk_.firstTelling(v.text);
       // Each collective in flight when a rank went fails with the same story: told once.
       if (logs && v.kind == Verdict::Kind::Failure && st.failed()) logs = false;
       break;
@@ -119,7 +115,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
       logs = true;
       break;
   }
-  if (logs) tell(st, act.level, text, act.fail.has_value());
+  if (logs) desk_.tell(st, act.level, text, act.fail.has_value());
   if (act.deadlineReported) {
     std::lock_guard<std::mutex> lock(ctx.localMu);
     ctx.deadlines.reported(inc.subject);
@@ -131,13 +127,6 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
     results_[st.id().name + "/" + inc.id()] = text;
   }
   cv_.notify_all();
-}
-
-void Watchdog::tell(const GroupState& st, LogLevel level, const std::string& text, bool failsGroup) {
-  logMessage(level, text);
-  if (!failsGroup) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  toldGroups_.insert(&st);
 }
 
 bool Watchdog::publishVerdict(const std::shared_ptr<GroupState>& state, const Incident& inc, const Verdict& verdict) {
