@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from harness import ROOT, run_script
+from harness import ROOT, needs, run_script
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import doc_samples  # noqa: E402
@@ -75,3 +75,19 @@ def test_a_child_forked_by_a_rank_still_dies_of_sigterm(tmp_path):
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]
     assert sorted(re.findall(r"rank (\d): forked child ended by signal 15", out)) == ["0", "1"], out[-6000:]
+
+
+def test_under_lightning_the_survivors_entries_carry_the_guards_report(tmp_path):
+    # Lightning replaces the SIGTERM handler during fit (its own broadcasts a flag, which raises the
+    # group's failure): the guard's error ends each survivor, and the exit writes it to the error file.
+    needs("lightning")
+    proc = run_script([JOB, "lightning"], tmp_path, 180, nproc=3, fresh=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-6000:]
+    entries = _summary(out)
+    assert "exitcode  : -9" in entries[1], out[-6000:]
+    for r in (0, 2):
+        e = entries[r]
+        assert "error_file: <N/A>" not in e, e
+        assert "torch_ext.errors.CollectiveFailureError: collective #" in e, e
+        assert re.search(r"rank 1: (no heartbeat|exited)", e), e

@@ -2,7 +2,8 @@
 
 ``mismatch``: rank 1 syncs a tensor of another size at step 3. ``fork``: each rank forks a child (as a
 DataLoader does for its workers) and ends it with SIGTERM: the child dies of it, as it would without the
-guard (its launcher-stop handler belongs to the process that installed it).
+guard (its launcher-stop handler belongs to the process that installed it). ``lightning``: a Lightning
+Trainer (GuardDDPStrategy, 3 CPU devices) whose rank 1 is killed at step 5.
 """
 import os
 import signal
@@ -26,7 +27,34 @@ def _fork_and_terminate() -> None:
     print(f"rank {dist.get_rank()}: forked child ended by {ended}", flush=True)
 
 
+def _lightning_killed() -> None:
+    import lightning as L
+
+    from torch_ext.lightning import GuardDDPStrategy
+
+    class Model(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, i):
+            if i == 5 and self.global_rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.randn(200, 4), batch_size=4)
+    trainer = L.Trainer(accelerator="cpu", devices=3, strategy=GuardDDPStrategy(), max_epochs=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Model(), data)
+
+
 def main(mode: str) -> None:
+    if mode == "lightning":
+        _lightning_killed()
+        return
     dist.init_process_group("guard")
     if mode == "fork":
         _fork_and_terminate()
