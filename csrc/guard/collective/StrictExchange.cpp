@@ -138,9 +138,9 @@ bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const P2PPrint& t
   if (theirs.pair == fp.p2pPairHash()) return true;
   const int me = state->id().rank;
   std::ostringstream os;
-  os << messages::p2pDoNotPair(state->label()) << "\n  rank " << state->id().globalRank(src) << ": " << theirs.text
-     << " (#" << ordinal << ") at " << theirs.where << "\n    but rank " << state->id().globalRank(me) << " has "
-     << fp.describe() << " (#" << ordinal << ") at " << where;
+  os << messages::p2pDoNotPair(state->label()) << "\n  "
+     << messages::p2pUnpaired({state->id().globalRank(src), theirs.text, ordinal, theirs.where},
+                              {state->id().globalRank(me), fp.describe(), ordinal, where});
   // Tell the sender and the others before raising here: they act on the
   // published verdict even if this process exits right after.
   Verdict v;

@@ -24,6 +24,12 @@ std::string p2pDoNotPair(const std::string& groupLabel) {
   return "send/recv on group \"" + groupLabel + "\" do not pair (dtype, element count or tag differ):";
 }
 
+std::string p2pUnpaired(const P2PSide& one, const P2PSide& other) {
+  return "rank " + std::to_string(one.rank) + ": " + one.text + " (#" + std::to_string(one.ordinal) + ") at " +
+         one.where + "\n    but rank " + std::to_string(other.rank) + " has " + other.text + " (#" +
+         std::to_string(other.ordinal) + ") at " + other.where;
+}
+
 std::string abortReason(double abortAfterS, AbortScope scope) {
   char limit[64];
   std::snprintf(limit, sizeof(limit), "%g", abortAfterS);

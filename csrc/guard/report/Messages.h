@@ -20,6 +20,18 @@ extern const char* const kSplitsDoNotPair;
 // `send/recv on group "<label>" do not pair (dtype, element count or tag differ):`
 std::string p2pDoNotPair(const std::string& groupLabel);
 
+// One side of a send/recv pair, as a report names it.
+struct P2PSide {
+  int64_t rank = -1;  // global rank
+  std::string text;   // "send(float32[4], dst=1, tag=0)"
+  uint64_t ordinal = 0;
+  std::string where;  // its call site
+};
+// The line under p2pDoNotPair for a pair that differs, whichever path found it
+// (the watchdog's analysis, strict's exchange, verify's pairing words):
+// "rank 0: send(...) (#1) at a.py:3 in f\n    but rank 1 has recv(...) (#1) at a.py:9 in g".
+std::string p2pUnpaired(const P2PSide& one, const P2PSide& other);
+
 // Where the abort deadline's failure lands.
 enum class AbortScope : uint8_t { EveryLiveRank, ThisRank };
 // "timeout after abort_after=30 s (TORCH_EXT_ABORT_AFTER), the collective fails

@@ -277,8 +277,8 @@ std::optional<std::string> findP2PMismatch(const std::string& label, const std::
         unmatched.push_back(p2pLine(r, e) + "; rank " + std::to_string(peer.globalRank) + " has posted no matching " +
                             opName(p2pCounterpart(e.op)));
       } else if (f->pairHash != e.pairHash) {
-        wrong.push_back(p2pLine(r, e) + "\n    but rank " + std::to_string(peer.globalRank) + " has " + f->text +
-                        " (#" + std::to_string(f->p2pOrdinal) + ") at " + f->where());
+        wrong.push_back(messages::p2pUnpaired({r.globalRank, e.text, e.p2pOrdinal, e.where()},
+                                              {peer.globalRank, f->text, f->p2pOrdinal, f->where()}));
       } else {
         blockedOther = true;  // matched: waiting on the transport, not a mismatch
       }
