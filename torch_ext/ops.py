@@ -17,7 +17,9 @@ import torch.distributed as dist
 
 # The wrappers are named fused_* because ``torch_ext.step_sync`` is the module of the
 # Python API (StepSync; even_batches, built on it, is in ``torch_ext.uneven``).
-__all__ = ["fused_step_sync", "fused_step_sync_start", "fused_step_sync_finish", "group_name_of"]
+__all__ = ["agree", "fused_step_sync", "fused_step_sync_start", "fused_step_sync_finish", "group_name_of"]
+
+_HOWS = ("any", "all", "min", "max")
 
 
 def group_name_of(group: dist.ProcessGroup | None = None) -> str:
@@ -70,6 +72,39 @@ def fused_step_sync_finish(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return torch.ops.torch_ext.step_sync_finish.default(packed)
 
 
+def agree(value, how: str = "any", group: dist.ProcessGroup | None = None):
+    """A decision every rank of ``group`` takes together: ONE all_reduce of each rank's ``value``.
+
+    Decide from one rank's data and the ranks part: ``if has_images: vision_tower(x)`` issues the
+    tower's collectives on some ranks only. Agree first, then branch on what every rank holds::
+
+        if torch_ext.agree(batch_has_images, "any"):   # every rank runs the tower (zeros where it has none)
+            feats = vision_tower(images)
+
+    Args:
+        value: a Python bool/int/float, or a 0-d/1-d real tensor (on a device the group serves).
+        how: ``"any"``/``"all"``: true where any/every rank's value is non-zero (bool);
+            ``"min"``/``"max"``: the smallest/largest value of any rank (the input's type).
+        group: the process group (the default group when None).
+
+    Returns:
+        The agreed value: a Python scalar for a Python scalar, else a tensor of the same shape.
+        Every rank of the group must call it, as any collective (under the guard it is checked
+        like one, named at the caller's line).
+    """
+    if how not in _HOWS:
+        raise ValueError(f"torch_ext.agree: how must be one of {', '.join(map(repr, _HOWS))}, got {how!r}")
+    name = group_name_of(group)
+    if isinstance(value, torch.Tensor):
+        return torch.ops.torch_ext.agree.default(value, how, name)
+    if not isinstance(value, (bool, int, float)):
+        raise TypeError(f"torch_ext.agree: value must be a bool, int, float or tensor, got {type(value).__name__}")
+    pg = group if group is not None else dist.group.WORLD
+    device = "cuda" if dist.get_backend(pg) == "nccl" else "cpu"  # a CPU-less group reduces CUDA tensors only
+    out = torch.ops.torch_ext.agree.default(torch.tensor(value, device=device), how, name).item()
+    return bool(out) if how in ("any", "all") or isinstance(value, bool) else type(value)(out)
+
+
 def _check_fake(flags: torch.Tensor, metrics: torch.Tensor) -> None:
     # The same checks (and words) as the C++ kernel, for traced and meta calls.
     op = "torch.ops.torch_ext.step_sync"
@@ -106,3 +141,11 @@ def _step_sync_finish_fake(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     counts = packed.new_empty((2,), dtype=torch.int64)
     sums = packed.new_empty((packed.shape[0] - 1,), dtype=torch.float64)
     return counts, sums
+
+
+@torch.library.register_fake("torch_ext::agree")
+def _agree_fake(value: torch.Tensor, how: str, group_name: str) -> torch.Tensor:
+    op = "torch.ops.torch_ext.agree"
+    torch._check(how in _HOWS, lambda: f"{op}: how must be 'any', 'all', 'min' or 'max', got '{how}'")
+    torch._check(value.dim() <= 1, lambda: f"{op}: value must be 0-d or 1-d (one decision, or a few)")
+    return value.new_empty(value.shape, dtype=torch.bool if how in ("any", "all") else value.dtype)

@@ -175,6 +175,8 @@ TEST(History, WhereLookAlikesFromDifferentLinesPartTheReadingNamesTheLineSkipped
             std::string::npos)
       << out;
   EXPECT_NE(out.find("so #4 paired look-alikes (one signature, two lines)"), std::string::npos) << out;
+  // A skipped branch: the reading says how to take it together (issue 68).
+  EXPECT_NE(out.find("Decide such a branch together: `if torch_ext.agree(flag, \"any\"):`"), std::string::npos) << out;
   // The line that called a site shows where a site is reached from more than one line only.
   EXPECT_NE(out.find("1 x all_reduce at m.py:40 in step\n"), std::string::npos) << out;
   EXPECT_NE(out.find("1 x all_gather at " + vision), std::string::npos) << out;

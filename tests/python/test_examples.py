@@ -368,6 +368,12 @@ def test_early_stop_step_sync_example_stops_every_rank_at_one_step(tmp_path):
     assert sorted(stops) == [0, 1] and stops[0] == stops[1], out
 
 
+def test_agree_branch_example_runs_the_optional_module_on_every_rank_together(tmp_path):
+    out = _example("agree_branch.py", tmp_path)
+    ran = _per_rank(r"rank (\d): ran the vision tower on (\d+) of 20 steps", out)
+    assert sorted(ran) == [0, 1] and ran[0] == ran[1] and 0 < int(ran[0][0]) < 20, out
+
+
 def test_early_stop_overlapped_example_stops_every_rank_at_one_step(tmp_path):
     out = _example("early_stop_overlapped.py", tmp_path)
     stops = _per_rank(r"rank (\d): stopping after step (\d+) \(mean loss ([\d.]+)\)", out)

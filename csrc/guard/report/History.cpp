@@ -119,12 +119,15 @@ std::string partingReading(const std::vector<HistoryRun>& a, const std::vector<i
     std::ostringstream os;
     os << "\n  reading: the histories part at #" << s << ": " << formatRanks(aRanks) << " issued " << x->op << at(*x)
        << ", " << formatRanks(bRanks) << " issued it" << at(*y) << "; ";
+    bool skipped = false;
     if (xNext != nullptr && xNext->sameSite(*y)) {
       os << formatRanks(bRanks) << " skipped " << formatRanks(aRanks) << "'s (a branch taken on some ranks only: a "
          << "module, a micro-batch or a step skipped), so ";
+      skipped = true;
     } else if (yNext != nullptr && yNext->sameSite(*x)) {
       os << formatRanks(aRanks) << " skipped " << formatRanks(bRanks) << "'s (a branch taken on some ranks only: a "
          << "module, a micro-batch or a step skipped), so ";
+      skipped = true;
     }
     if (s == seq) {
       os << "a collective issued on some ranks only (a hook that did not run, a module or a step skipped) shifts "
@@ -133,6 +136,9 @@ std::string partingReading(const std::vector<HistoryRun>& a, const std::vector<i
       os << seqRange(s, seq - 1) << " paired look-alikes (one signature, two lines): what "
          << (s + 1 == seq ? "it" : "they") << " returned on these ranks is the other line's data";
     }
+    // A branch decided from each rank's own data: one value every rank holds keeps them together.
+    if (skipped)
+      os << ". Decide such a branch together: `if torch_ext.agree(flag, \"any\"):` is true on every rank or on none";
     return os.str();
   }
   return "";
