@@ -441,20 +441,31 @@ DumpStatus statusIn(const std::string& path) {
   return s.status.value_or(DumpStatus{});
 }
 
+// A fresh folder for a test's dump files ("" if it cannot be made).
+std::string dumpDir() {
+  char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
+  return mkdtemp(tmpl) != nullptr ? std::string(tmpl) : std::string();
+}
+
+// Rank 0's snapshot of `st` as of now.
+RankSnapshot rank0Snapshot(GroupState& st) {
+  RankSnapshot snap;
+  snap.rank = 0;
+  snap.timeNs = wallNs();
+  snap.groups.push_back(groupView(st, 16));
+  return snap;
+}
+
 }  // namespace
 
 TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
-  char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = dumpDir();
+  ASSERT_FALSE(dir.empty());
   auto st = makeGroup(GroupIdentity{"0", 0, 2, {}});
   uint64_t seq = 0;
   st->ledger().complete(st->ledger().record(allReduce(1), 0, &seq), true);  // #1
   const uint64_t c2 = st->ledger().record(allReduce(8), 0, &seq);           // #2: waits
-  RankSnapshot snap;
-  snap.rank = 0;
-  snap.timeNs = wallNs();
-  snap.groups.push_back(groupView(*st, 16));
+  const RankSnapshot snap = rank0Snapshot(*st);
   DumpFile file;
   std::string error;
   const std::string path = file.write(dir, snap, DumpCause::WarnAfter, {DumpWatch{st, 2, 0}}, false, &error);
@@ -522,16 +533,12 @@ TEST(DumpFile, FollowsTheJobWaitingRecoveredFinished) {
 // The first failure is the dump's story: what follows it (a peer's exit failing an in-flight
 // collective, the store's host gone) does not replace it; an asked-for dump does.
 TEST(DumpFile, KeepsTheFirstFailureAgainstLaterAutomaticWrites) {
-  char tmpl[] = "/tmp/torch_ext_dumpfile_XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  const std::string dir = dumpDir();
+  ASSERT_FALSE(dir.empty());
   auto st = makeGroup(GroupIdentity{"0", 0, 2, {}});
   uint64_t seq = 0;
   st->ledger().record(allReduce(4), 0, &seq);  // #1: waits
-  RankSnapshot first;
-  first.rank = 0;
-  first.timeNs = wallNs();
-  first.groups.push_back(groupView(*st, 16));
+  const RankSnapshot first = rank0Snapshot(*st);
   DumpFile file;
   std::string error;
   // A hang seen at warn_after (waiting), then its group fails before the next tick.
