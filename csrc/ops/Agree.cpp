@@ -1,6 +1,8 @@
 #include "ops/Agree.h"
 
 #include "guard/TorchCompat.h"
+#include "guard/backend/GuardBackend.h"
+#include "guard/collective/StreamOrdered.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -36,6 +38,12 @@ c10::intrusive_ptr<c10d::ProcessGroup> groupNamed(const std::string& group_name)
   }
 }
 
+// A backend whose works complete on a stream, itself or as the guard's inner one.
+bool onAStream(const c10d::Backend& backend) {
+  if (const auto* guard = dynamic_cast<const GuardBackend*>(&backend)) return guard->state()->streamOrdered();
+  return isStreamOrdered(backend);
+}
+
 at::Tensor agreeKernel(const at::Tensor& value, std::string how, std::string group_name) {
   return agree(value, how, group_name);
 }
@@ -62,6 +70,13 @@ at::Tensor agree(const at::Tensor& value, const std::string& how, const std::str
               "'): the group has no backend for device type '",
               c10::DeviceTypeName(value.device().type(), /*lower_case=*/true),
               "'; put the value on a device the group serves (CPU for gloo, CUDA for NCCL; 'guard' serves both)");
+  // The result is made on the host from the reduced tensor right after wait(): a
+  // CPU backend that completes works on a stream (nccl_sim) returns from wait()
+  // before the data is there, and the answer would be this rank's own value.
+  TORCH_CHECK(!value.device().is_cpu() || !onAStream(*pg->getBackend(c10::DeviceType::CPU)), kAgreeOp, " (group '",
+              group_name,
+              "'): the group's CPU backend runs collectives on a stream (nccl_sim), so a CPU result is not ready when "
+              "agree reads it; agree on a gloo or guard-over-gloo group, or on CUDA tensors over NCCL");
   const bool floating = at::isFloatingType(value.scalar_type());
   // The wire: int64 0/1 counts for any/all; the value itself (int64 or float64) for min/max.
   at::Tensor wire;

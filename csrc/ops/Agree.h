@@ -18,7 +18,10 @@
 //     (MIN / MAX: exact for every dtype, in int64 for integers and bool, in
 //     float64 for floating types).
 // Every rank of the group must call it, as any collective; under the guard it
-// is checked like one, named at the caller's line.
+// is checked like one, named at the caller's line. The result is made on the
+// host after wait(), so a CPU backend that runs collectives on a stream
+// (nccl_sim) is refused with an error naming the fix (CUDA over NCCL is fine:
+// there the result is made in stream order).
 
 #include <ATen/core/Tensor.h>
 

@@ -73,3 +73,22 @@ def test_bad_input_is_refused_before_any_collective():
         assert errors[0].startswith("ValueError: torch_ext.agree: how must be one of 'any', 'all', 'min', 'max'")
         assert errors[1].startswith("TypeError: torch_ext.agree: value must be a bool, int, float or tensor")
         assert errors[2].startswith("RuntimeError: torch.ops.torch_ext.agree: value must be 0-d or 1-d"), errors
+
+
+def _on_a_stream(rank: int, world: int) -> str:
+    try:
+        torch_ext.agree(True, "any")
+    except RuntimeError as e:
+        return str(e).splitlines()[0]
+    return "no error"
+
+
+def test_a_cpu_backend_that_runs_on_a_stream_is_refused_not_answered_wrong():
+    # nccl_sim returns from wait() before its stream ran the collective: a host-made answer would be
+    # this rank's own value. Every rank gets the error naming the fix instead.
+    values = assert_all_ok(run_ranks(_on_a_stream, 2, backend="nccl_sim", timeout=60))
+    # ... and through the guard over nccl_sim (its wait() does not block the host either).
+    values += assert_all_ok(run_ranks(_on_a_stream, 2, backend="guard", env={"TORCH_EXT_INNER": "cpu:nccl_sim"},
+                                      timeout=60))
+    for v in values:
+        assert "runs collectives on a stream (nccl_sim)" in v and "agree on a gloo or guard-over-gloo group" in v, v
