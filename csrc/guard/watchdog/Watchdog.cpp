@@ -338,6 +338,8 @@ void Watchdog::reportPolledFailures(GroupCtx& ctx) {
                 GroupFailure{GuardErrorKind::Failure, text, std::nullopt, Verdict(), Telling{Telling::Who::ThisRank}});
       return;
     }
+    if (ctx.polledFailureRaised) continue;
+    ctx.polledFailureRaised = true;
     const IncidentSubject subject =
         e->seq ? IncidentSubject::collective(e->seq) : IncidentSubject::p2p(st.id().rank, e->id);
     std::lock_guard<std::mutex> lock(mu_);

@@ -168,6 +168,10 @@ class Watchdog final : public IncidentSink {
     std::mutex localMu;
     Deadlines deadlines;
     bool storeLossHandled = false;
+    // A stream-ordered work's failure was raised as an incident: the later
+    // works of the group fail after it ("in error after an earlier failure")
+    // and tell its story, so they raise none (the report names the first).
+    bool polledFailureRaised = false;
     // I/O thread only.
     IncidentProtocol protocol;
     std::set<int> seenNeighbours;
