@@ -38,6 +38,13 @@
 // Backend::supportsAbortHooks/registerAbortHook/unregisterAbortHook (c10d::AbortHook,
 // Hooks.hpp): torch 2.15 and newer; GuardBackend implements them there.
 #define TORCH_EXT_HAS_ABORT_HOOKS TORCH_EXT_TORCH_AT_LEAST(2, 15)
+// ProcessGroupGloo's reduce_scatter_tensor is an all_reduce of a copy of the
+// input with the caller's op and timeout, of which each rank keeps its chunk:
+// checked bit for bit on 2.13 (tests/python/test_exactness.py). Releases of
+// 2024-25 passed no options to that all_reduce (a SUM whatever the op); 2.11
+// and 2.12 are not checked here, so InBandCheck::ringScatter leaves their
+// floating reduce_scatters to the rounds.
+#define TORCH_EXT_GLOO_REDUCE_SCATTER_IS_ITS_ALL_REDUCE TORCH_EXT_TORCH_AT_LEAST(2, 13)
 
 namespace torch_ext::compat {
 

@@ -27,7 +27,7 @@ from harness import assert_all_ok, run_ranks
 
 MODES = ("verify", "strict", "async", "off")
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-       "product": dist.ReduceOp.PRODUCT}
+       "product": dist.ReduceOp.PRODUCT, "avg": dist.ReduceOp.AVG}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16,
           "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8}
 # The integer type of each dtype's width: results are compared as bits.
@@ -39,12 +39,14 @@ def lengths(world: int, full: bool) -> list[int]:
 
     The carry's bounds (one element: the one-word carry; fewer elements than
     ranks; kWordSlots = 128 and the carried lengths 256, 512...; 64 KiB of
-    data: 16384 float32), gloo's ring segments (a multiple of the world size and
-    one either side).
+    data: 16384 float32), gloo's ring segments and chunks (a multiple of the
+    world size and one either side; 2W - 2 and 2W, 4W: the last chunk holding
+    data full, where RingCarry takes the next chunk or widens the segments).
     """
-    n = {1, 2, 3, world - 1, world, world + 1, 2 * world + 1, 127, 128, 129, 255, 256, 257}
+    n = {1, 2, 3, world - 1, world, world + 1, 2 * world - 2, 2 * world, 2 * world + 1, 127, 128, 129, 255, 256, 257}
     if full:
-        n |= {7, 31, 33, 64 * world - 1, 64 * world + 1, 1000, 4095, 4097, 8191, 8193, 16383, 16384, 16385, 32769}
+        n |= {7, 31, 33, 4 * world - 1, 4 * world, 4 * world + 2, 6 * world, 8 * world, 64 * world - 1, 64 * world + 1,
+              1000, 4095, 4097, 8191, 8193, 16383, 16384, 16385, 32769}
     return sorted(k for k in n if k >= 1)
 
 
@@ -118,6 +120,8 @@ def _sweep(rank: int, world: int, inner: str, full: bool, modes: tuple[str, ...]
     seed = 0
     start = time.monotonic()
     for (op_name, op), (dt_name, dtype) in itertools.product(OPS.items(), DTYPES.items()):
+        if op_name == "avg" and (not full or dtype not in (torch.float32, torch.float64)):
+            continue  # gloo's AVG: a sum divided in place (a loss averaged over ranks); the whole sweep's
         patterns = ("spread", "special") if dtype.is_floating_point else ("spread",)
         for n, pattern in itertools.product(lengths(world, full), patterns):
             seed += 1

@@ -10,6 +10,7 @@ calls, and no rank reads its result.
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 
@@ -29,6 +30,11 @@ def _launch(tmp_path, kind: str, world: int = 2) -> tuple[list, list[dict], str]
         assert path.exists(), text
         records.append(json.loads(path.read_text()))
     return results, records, text
+
+
+def _f32(x: float) -> float:
+    """x rounded to float32 (a float32 AVG: the exact sum divided by W, rounded once)."""
+    return struct.unpack("f", struct.pack("f", x))[0]
 
 
 def _every_rank_read(results, records: list[dict], text: str, key: str, want: list) -> list[dict]:
@@ -52,27 +58,27 @@ def test_a_loop_of_waited_small_all_reduces_is_verified_in_band_without_rounds(t
 
 
 @pytest.mark.timeout(120)
-def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_values(tmp_path):
-    results, records, text = _launch(tmp_path, "fsdp")
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp2s_all_gather_and_reduce_scatter_are_verified_in_band_with_their_values(tmp_path, world):
+    results, records, text = _launch(tmp_path, "fsdp", world)
     want = []
     for i in range(40):
-        gathered = [float(r + i) for r in (0, 1) for _ in range(3)]
+        gathered = [float(r + i) for r in range(world) for _ in range(3)]
         want += [gathered, gathered]  # float32, then bfloat16 (small integers: exact)
-        # Rank r's input is arange(4) + r + i; this rank's chunk is elements [2 * rank, 2 * rank + 2).
+        # Rank r's input is arange(2W) + r + i; this rank's chunk is elements [2 * rank, 2 * rank + 2).
         for op in ("sum", "avg", "max"):
-            per_rank = [[float(j + r + i) for j in range(4)] for r in (0, 1)]
+            per_rank = [[float(j + r + i) for j in range(2 * world)] for r in range(world)]
             cols = list(zip(*per_rank))
-            reduced = [sum(c) if op == "sum" else sum(c) / 2 if op == "avg" else max(c) for c in cols]
+            reduced = [sum(c) if op == "sum" else _f32(sum(c) / world) if op == "avg" else max(c) for c in cols]
             want.append(reduced)
     for r, rec in zip(results, records):
         assert r.returncode == 0 and "error" not in rec, text
-        mine = [w[2 * r.rank:2 * r.rank + 2] if len(w) == 4 else w for w in want]
+        mine = [w[2 * r.rank:2 * r.rank + 2] if len(w) == 2 * world else w for w in want]
         assert rec["fsdp"] == mine, text
         v = rec["verifier"]
-        # Of the 200 gathers and scatters: the 80 gathers and the 40 integer MAX scatters carry their check.
-        # A floating reduce_scatter does not (its layout would change the sum's order: test_exactness.py);
-        # it waits for a round.
-        assert v["in_band"] >= 115, (v, text)
+        # All 200 gathers and scatters carry their check, the floating reduce_scatters (SUM, AVG) too: gloo's
+        # is an all_reduce of the input, carried in RingCarry's layout (the same order of additions).
+        assert v["in_band"] >= 195, (v, text)
         assert v["verified_seq"] == v["issued_seq"], (v, text)
 
 
@@ -122,9 +128,10 @@ def test_one_integer_element_among_four_ranks_carries_one_word(tmp_path):
         exact = sum(0.25 * (r + i) for r in range(4))  # representable: any order of additions gives it
         want += [exact, exact, ((2**31 - 1) + 3 * i + 2**31) % 2**32 - 2**31]  # the int32 sum wraps
     for v in _every_rank_read(results, records, text, "one", want):
-        # The 40 int32 sums carry one word; the 80 floating ones wait for rounds (a widened float32 sum
-        # would round differently from the inner backend's: test_exactness.py).
-        assert v["in_band"] >= 38 and v["verified_seq"] == v["issued_seq"], (v, text)
+        # The 40 int32 sums carry one word (widened beside it); the 80 floating ones carry theirs where
+        # gloo's ring leaves the element in its chunk (RingCarry: a widened float32 sum would round
+        # differently from the inner backend's, test_exactness.py).
+        assert v["in_band"] >= 118 and v["verified_seq"] == v["issued_seq"], (v, text)
 
 
 @pytest.mark.timeout(120)
@@ -169,6 +176,17 @@ def test_a_carried_all_reduce_against_another_collective_fails_every_rank_typed(
 ])
 def test_a_one_word_carry_among_four_ranks_against_another_collective_fails_every_rank_typed(tmp_path, kind, calls):
     _fails_every_rank_typed(tmp_path, kind, calls, 4)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind,calls", [
+    ("count", ("all_reduce(float32[4], SUM)", "all_reduce(float32[6], SUM)")),  # the next chunk; widened segments
+    ("op", ("all_reduce(float32[4], SUM)", "all_reduce(float32[4], MAX)")),  # the same carried length
+    ("length", ("all_reduce(float32[4], SUM)", "all_reduce(float32[400], SUM)")),
+])
+def test_a_ring_carried_float_all_reduce_among_three_ranks_against_another_fails_every_rank_typed(tmp_path, kind,
+                                                                                                   calls):
+    _fails_every_rank_typed(tmp_path, kind, calls, 3)
 
 
 def _fails_every_rank_typed(tmp_path, kind: str, calls: tuple[str, str], world: int) -> None:

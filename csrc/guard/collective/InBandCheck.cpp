@@ -1,6 +1,8 @@
 #include "guard/collective/InBandCheck.h"
 
 #include "guard/collective/PairExchange.h"
+#include "guard/collective/RingCarry.h"
+#include "guard/TorchCompat.h"
 
 #include <ATen/ATen.h>
 
@@ -290,6 +292,15 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
   }
+  if (std::optional<RingCarry> ring = ringCarry(tensors, opts.reduceOp, worldSize, inner)) {
+    at::Tensor buffer = at::empty({ring->length()}, user.options());
+    ring->pack(user, buffer, rolling);
+    std::vector<at::Tensor> carried{buffer};
+    return finishing(
+        c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
+        [buffer, user, rolling, plan = *std::move(ring)] { return plan.agree(plan.unpack(buffer, user), rolling); },
+        std::move(verdict));
+  }
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
   const auto k = static_cast<int64_t>(mine.size());
   const int64_t n = user.numel();
@@ -332,6 +343,16 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::exchangeAllreduce(c10d::Backend& inn
       c10d::OpType::ALLREDUCE, inner.allreduce(carried, sum), user,
       [summed, user, rolling, rank, combine] { return PairExchange::finish(user, summed, rolling, rank, combine); },
       std::move(verdict));
+}
+
+std::optional<RingCarry> InBandCheck::ringCarry(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                                int worldSize, const c10d::Backend& inner) {
+  // The layout follows gloo's ring (RingCarry.h): gloo's only.
+  if (tensors.size() != 1 || !denseCpu(tensors[0]) || bytesOf(tensors[0]) > kMaxBytes ||
+      inner.getBackendName() != "gloo") {
+    return std::nullopt;
+  }
+  return RingCarry::plan(tensors[0].numel(), tensors[0].scalar_type(), op, worldSize);
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
@@ -429,9 +450,39 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::
       std::move(verdict));
 }
 
+std::optional<RingCarry> InBandCheck::ringScatter(const at::Tensor& output, const at::Tensor& input,
+                                                  const c10d::ReduceOp& op, int worldSize, const c10d::Backend& inner) {
+  // gloo's reduce_scatter_tensor is an all_reduce of a copy of the input,
+  // from which each rank takes its chunk (ProcessGroupGloo,
+  // reduce_scatter_tensor_coalesced): the same all_reduce, carried, gives the
+  // same bits (TorchCompat.h: the releases where it is so).
+  if (!TORCH_EXT_GLOO_REDUCE_SCATTER_IS_ITS_ALL_REDUCE || !denseCpu(input) || !denseCpu(output) ||
+      output.scalar_type() != input.scalar_type() || input.numel() != worldSize * output.numel() ||
+      bytesOf(input) > kMaxCopyBytes || inner.getBackendName() != "gloo") {
+    return std::nullopt;
+  }
+  return RingCarry::plan(input.numel(), input.scalar_type(), op, worldSize);
+}
+
 c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
                                                           const c10d::ReduceScatterOptions& opts, uint64_t rolling,
                                                           int worldSize, Verdict verdict) {
+  if (std::optional<RingCarry> ring = ringScatter(output, input, opts.reduceOp, worldSize, inner)) {
+    at::Tensor buffer = at::empty({ring->length()}, input.options());
+    ring->pack(input, buffer, rolling);
+    std::vector<at::Tensor> carried{buffer};
+    c10d::AllreduceOptions all;
+    all.reduceOp = opts.reduceOp;
+    all.timeout = opts.timeout;
+    const int64_t from = inner.getRank() * output.numel();
+    at::Tensor user = output;
+    return finishing(
+        c10d::OpType::_REDUCE_SCATTER_BASE, inner.allreduce(carried, all), user,
+        [buffer, user, rolling, from, plan = *std::move(ring)] {
+          return plan.agree(plan.unpack(buffer, user, from), rolling);
+        },
+        std::move(verdict));
+  }
   // Each rank's chunk gets the words in front: [words, chunk] x W, reduced to
   // [words, this rank's chunk].
   const std::vector<double> mine = encode(rolling, opts.reduceOp);
@@ -460,11 +511,13 @@ bool InBandRequest::carries(const c10d::Backend& inner, int worldSize) const {
     case Kind::AllReduce:
       return InBandCheck::exchanges(*tensors, allreduce->reduceOp, worldSize, inner) ||
              InBandCheck::compact(*tensors, allreduce->reduceOp, worldSize) ||
+             InBandCheck::ringCarry(*tensors, allreduce->reduceOp, worldSize, inner).has_value() ||
              InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
     case Kind::AllGather:
       return InBandCheck::carriesAllGather(*output, *input, worldSize);
     case Kind::ReduceScatter:
-      return InBandCheck::carriesReduceScatter(*output, *input, reduceScatter->reduceOp, worldSize);
+      return InBandCheck::ringScatter(*output, *input, reduceScatter->reduceOp, worldSize, inner).has_value() ||
+             InBandCheck::carriesReduceScatter(*output, *input, reduceScatter->reduceOp, worldSize);
   }
   return false;
 }

@@ -23,9 +23,11 @@
 // the words cost little next to the collective: the words and the padding
 // change the buffer's length and layout, and with them the order in which the
 // inner backend combines each element's operands (gloo's ring segments follow
-// the byte count), so only integer reductions are carried (orderFree in the
-// .cpp: their sums wrap and MAX/MIN pick, in any order); a floating one waits
-// for the verifier's rounds (issue 56; tests/python/test_exactness.py). Then:
+// the byte count), so only integer reductions are carried so (orderFree in
+// the .cpp: their sums wrap and MAX/MIN pick, in any order); a floating one
+// only where its layout provably keeps gloo's order (between two ranks the
+// pair exchange, among more RingCarry: issue 70), else it waits for the
+// verifier's rounds (issue 56; tests/python/test_exactness.py). Then:
 // one dense CPU tensor of int32/int64, at most kMaxBytes, SUM/MAX/MIN, worlds
 // below 2^24, and at worlds above 2 at least one element per rank (words());
 // or, one element under SUM, a single word beside it (compact). Between two
@@ -47,12 +49,15 @@
 //    does (integer types only, as the all_reduce: FSDP2's floating gradients
 //    wait for a round).
 
+#include "guard/collective/RingCarry.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 namespace torch_ext {
@@ -123,6 +128,16 @@ class InBandCheck {
   // element type's own. Every rank that issues the same collective carries it
   // so (compact).
   static bool compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize);
+
+  // Among three or more ranks on gloo, an all_reduce the above do not take
+  // (floating ones too) carries its words where gloo's ring leaves every user
+  // element in its chunk, and so its result bit for bit (RingCarry.h).
+  static std::optional<RingCarry> ringCarry(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                            int worldSize, const c10d::Backend& inner);
+  // On gloo, a reduce_scatter_tensor (FSDP2's gradients, floating ones too)
+  // is carried as the all_reduce gloo makes of it, in RingCarry's layout.
+  static std::optional<RingCarry> ringScatter(const at::Tensor& output, const at::Tensor& input,
+                                              const c10d::ReduceOp& op, int worldSize, const c10d::Backend& inner);
   // The word: the top compactBits(W) - 1 bits of `rolling` with bit
   // compactBits(W) - 1 set, so W words stay below 2^53 and none is 0. Ranks
   // that differ pass with probability 2^-(bits - 1) (2^-51 at world 2, 2^-50
