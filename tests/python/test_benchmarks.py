@@ -94,6 +94,36 @@ def test_waited_prints_every_mode_with_the_loop_options():
     assert "world 2: CPU time per all_reduce, all threads of rank 0's process, in the same rounds" in text, text
 
 
+@pytest.mark.timeout(120)
+def test_cost_prints_the_table_quiet_and_busy_and_writes_the_plot(tmp_path):
+    # issue 70's one command: worlds x syncs x columns, verify and async against gloo in the same run.
+    svg = tmp_path / "cost.svg"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cost.py"), "--worlds", "2", "--syncs", "loss float32[1] SUM",
+         "flag float32[1] MAX", "--iters", "10", "--rounds", "2", "--svg", str(svg)],
+        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("2 |")]
+    assert len(rows) == 4, out.stdout  # two syncs, quiet and busy
+    assert all(" us [" in row and row.count("x [") == 2 for row in rows), out.stdout
+    assert sum("| busy " in row for row in rows) == 2, out.stdout
+    assert svg.read_text().count("<rect") == 4, svg.read_text()
+    spinning = [d for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).endswith("waited.py --busy")]
+    assert not spinning, spinning
+
+
+@pytest.mark.timeout(120)
+def test_gloo_chunks_prints_each_size_with_its_chunks():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gloo_chunks.py"), "--world", "3", "--sizes", "1", "3", "7",
+         "--iters", "5", "--rounds", "2"],
+        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    chunks = {int(ln.split("|")[0]): int(ln.split("|")[1]) for ln in out.stdout.splitlines()
+              if ln.strip()[:1].isdigit() and " us [" in ln}
+    assert chunks == {1: 1, 3: 2, 7: 2}, out.stdout
+
+
 # scripts/gpu.sh and the benchmarks' --device cuda: on a machine without a GPU they
 # stop at once with one line that says why (a GPU machine runs them for real).
 no_gpu_here = pytest.mark.skipif(

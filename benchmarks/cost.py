@@ -1,0 +1,133 @@
+"""The default's cost at every world size, at a glance (issue 70): one command, one table.
+
+    python benchmarks/cost.py                          # worlds 2, 3, 4; quiet and with one busy process
+    python benchmarks/cost.py --worlds 3 --no-busy     # one world, quiet only
+    python benchmarks/cost.py --svg docs/cost.svg      # and the plot
+
+The syncs a training loop waits for at once, each a loop of synchronous all_reduces: a loss
+(float32[1] SUM), a metric vector (float32[16] SUM), a count (int64[1] SUM) and an early-stop flag
+(float32[1] MAX). Every rank creates a plain ``gloo`` group and ``guard`` groups in ``verify`` (the
+default) and ``async``; a round times ``--iters`` all_reduces on each group in turn (shuffled
+order, after a barrier), and the ratio to gloo is taken per round. Each world runs quiet, then with
+one more process keeping a core busy beside the ranks (``--no-busy`` leaves that out). Prints, per
+world and sync, gloo's microseconds per all_reduce and each mode's ratio, median [quartiles] over
+rounds.
+
+On a machine with fewer cores than ranks, the ranks share cores: compare the ratios, not the times
+(say so beside a figure). Goal (issue 70): verify at most 1.10x gloo at worlds 2-4, quiet and busy.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+import _modes  # noqa: E402
+import _ranks  # noqa: E402
+from waited import _busy  # noqa: E402
+
+SYNCS = {  # name: (dtype, elements, op)
+    "loss float32[1] SUM": (torch.float32, 1, "sum"),
+    "metrics float32[16] SUM": (torch.float32, 16, "sum"),
+    "count int64[1] SUM": (torch.int64, 1, "sum"),
+    "flag float32[1] MAX": (torch.float32, 1, "max"),
+}
+MODES = ("gloo", "verify", "async")
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+
+
+def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: int) -> dict:
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    groups = _modes.groups()
+    rng = random.Random(1234)  # the same order on every rank
+    times: dict[str, list[float]] = {}
+    for name in syncs:
+        dtype, n, op = SYNCS[name]
+        t = torch.ones(n, dtype=dtype)
+        for g in groups.values():
+            for _ in range(50):
+                dist.all_reduce(t, op=OPS[op], group=g)
+        for _ in range(rounds):
+            order = list(MODES)
+            rng.shuffle(order)
+            for mode in order:
+                dist.barrier(group=groups["gloo"])
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    dist.all_reduce(t, op=OPS[op], group=groups[mode])
+                times.setdefault(f"{name}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+    dist.destroy_process_group()
+    return times
+
+
+def _cells(times: dict[str, list[float]], name: str) -> list[str]:
+    base = times[f"{name}/gloo"]
+    med, lo, hi = _modes.median_quartiles(base)
+    cells = [f"{med:6.0f} us [{lo:.0f}, {hi:.0f}]"]
+    for mode in MODES[1:]:
+        r = _modes.median_quartiles([a / b for a, b in zip(times[f"{name}/{mode}"], base)])
+        cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
+    return cells
+
+
+def _svg(path: str, rows: list[tuple[int, str, str, float]]) -> None:
+    """A bar per (world, sync, column) of verify's median ratio, with the 1.10x goal drawn across."""
+    width, height, left, top, bar = 760, 60 + 22 * len(rows), 300, 30, 18
+    scale = 400 / max(2.0, max(r[3] for r in rows))
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="monospace" '
+           'font-size="12">', f'<text x="{left}" y="18">verify / gloo (median ratio; benchmarks/cost.py)</text>']
+    for i, (world, name, column, ratio) in enumerate(rows):
+        y = top + 22 * i
+        out.append(f'<text x="4" y="{y + 13}">world {world} {name} ({column})</text>')
+        colour = "#4a8" if ratio <= 1.10 else "#d84"
+        out.append(f'<rect x="{left}" y="{y}" width="{ratio * scale:.1f}" height="{bar}" fill="{colour}"/>')
+        out.append(f'<text x="{left + ratio * scale + 4:.1f}" y="{y + 13}">{ratio:.2f}x</text>')
+    goal = left + 1.10 * scale
+    out.append(f'<line x1="{goal:.1f}" y1="{top - 4}" x2="{goal:.1f}" y2="{height - 20}" stroke="#000" '
+               'stroke-dasharray="4"/>')
+    out.append(f'<text x="{goal + 2:.1f}" y="{height - 6}">1.10x</text></svg>')
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 3, 4])
+    ap.add_argument("--syncs", nargs="+", choices=sorted(SYNCS), default=list(SYNCS), metavar="SYNC")
+    ap.add_argument("--iters", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--no-busy", action="store_true", help="quiet only")
+    ap.add_argument("--svg", help="also write a plot of verify's ratios here")
+    args = ap.parse_args()
+    import os
+    cores = os.cpu_count() or 1
+    columns = ["quiet"] + ([] if args.no_busy else ["busy"])
+    print(f"{args.rounds} rounds of {args.iters} synchronous all_reduces per mode and sync, interleaved; "
+          f"median [quartiles] over rounds; {cores} cores" +
+          ("" if args.no_busy else "; busy: one more process keeps a core busy beside the ranks"))
+    head = f"{'world':>5} | {'sync':<24} | {'column':<6} | " + " | ".join(f"{m:>20}" for m in MODES)
+    print(head + "\n" + "-" * len(head))
+    plotted = []
+    for world in args.worlds:
+        for column in columns:
+            with _busy(1 if column == "busy" else 0):
+                times = _ranks.run(_body, world, args.syncs, args.iters, args.rounds)[0]
+            for name in args.syncs:
+                cells = _cells(times, name)
+                note = "" if world <= cores else "  (ranks share cores)"
+                print(f"{world:>5} | {name:<24} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells) + note)
+                ratio = _modes.median_quartiles([a / b for a, b in zip(times[f"{name}/verify"],
+                                                                        times[f"{name}/gloo"])])[0]
+                plotted.append((world, name, column, ratio))
+    if args.svg:
+        _svg(args.svg, plotted)
+        print(f"plot: {args.svg}")
+
+
+if __name__ == "__main__":
+    main()
