@@ -208,11 +208,14 @@ TEST(RingCarry, PackThenUnpackGivesTheElementsBackAndTheWordsApart) {
     EXPECT_TRUE(at::equal(back, user)) << n;
     EXPECT_EQ(words, c.words(0x1234567890abcdefull)) << n;
     // Everything else is 0.
-    EXPECT_EQ(carried.sum().item<double>(), user.sum().item<double>() + [&] {
-      double s = 0;
-      for (double w : words) s += w;
-      return s;
-    }()) << n;
+    EXPECT_EQ(
+        carried.sum().item<double>(), user.sum().item<double>() +
+                                          [&] {
+                                            double s = 0;
+                                            for (double w : words) s += w;
+                                            return s;
+                                          }())
+        << n;
   }
 }
 

@@ -29,13 +29,11 @@
 //    chunks, and the same number of them, a few bytes longer).
 //
 // The words: under SUM, integers below 2^(exact - ceil(log2 W)) with the top
-// bit set (exact: 24 bits for float32, 31 for int32, 53 otherwise), so that W of them add up exactly in any order, and each rank
-// reads W times its own word exactly when the others' sum to it; under MAX
-// and MIN, pairs (v, -v) of one finite value, both of which come back
-// unchanged only when every rank carried the same v. Ranks that differ pass
-// with probability 2^-bits() (21 bits for one float32 word at worlds 3 and
-// 4), and every later check compares again: the rolling hash carries this
-// collective on.
+// bit set (exact: 24 bits for float32, 31 for int32, 53 otherwise), so that W of them add up exactly in any order, and
+// each rank reads W times its own word exactly when the others' sum to it; under MAX and MIN, pairs (v, -v) of one
+// finite value, both of which come back unchanged only when every rank carried the same v. Ranks that differ pass with
+// probability 2^-bits() (21 bits for one float32 word at worlds 3 and 4), and every later check compares again: the
+// rolling hash carries this collective on.
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
