@@ -3,6 +3,7 @@
     python benchmarks/cost.py                          # worlds 2, 3, 4; quiet and with one busy process
     python benchmarks/cost.py --worlds 3 --no-busy     # one world, quiet only
     python benchmarks/cost.py --svg docs/cost.svg      # and the plot
+    python benchmarks/cost.py --inner nccl_sim         # the device path on CPU: NCCL's host semantics
 
 The syncs a training loop waits for at once, each a loop of synchronous all_reduces: a loss
 (float32[1] SUM), a metric vector (float32[16] SUM), a count (int64[1] SUM) and an early-stop flag
@@ -12,6 +13,12 @@ order, after a barrier), and the ratio to gloo is taken per round. Each world ru
 one more process keeping a core busy beside the ranks (``--no-busy`` leaves that out). Prints, per
 world and sync, gloo's microseconds per all_reduce and each mode's ratio, median [quartiles] over
 rounds.
+
+``--inner nccl_sim``: the baseline is plain ``nccl_sim`` (NCCL's host semantics on CPU: an
+all_reduce returns at once, the result is there after ``nccl_sim.synchronize()``), the modes
+wrap it; each timed call is the all_reduce and the sync that reads its result (the stream gate
+holds the stream until the verdict in verify), and a second figure, ``issue``, is the host time
+of the all_reduce call alone (NCCL's launch cost: what the host pays before it goes on).
 
 On a machine with fewer cores than ranks, the ranks share cores: compare the ratios, not the times
 (say so beside a figure). Goal (issue 70): verify at most 1.10x gloo at worlds 2-4, quiet and busy.
@@ -41,9 +48,32 @@ MODES = ("gloo", "verify", "async")
 OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
 
 
-def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: int) -> dict:
+def _groups(inner: str) -> dict:
+    """The baseline ("gloo": the plain inner backend, whichever it is) and a guard group per mode."""
+    import torch_ext
+
+    if inner == "gloo":
+        return {m: g for m, g in _modes.groups().items() if m in MODES}
+    import torch_ext.testing.nccl_sim  # noqa: F401  (registers "nccl_sim")
+
+    out = {"gloo": dist.new_group(backend="nccl_sim")}
+    for mode in MODES[1:]:
+        out[mode] = dist.new_group(backend="guard",
+                                   pg_options=torch_ext.GuardOptions(check=mode, inner="cpu:nccl_sim"))
+    return out
+
+
+def _no_sync(group) -> None:
+    """gloo: a waited all_reduce's result is there when it returns."""
+
+
+def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: int, inner: str) -> dict:
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
-    groups = _modes.groups()
+    groups = _groups(inner)
+    sync = _no_sync
+    if inner == "nccl_sim":
+        from torch_ext.testing import nccl_sim
+        sync = nccl_sim.synchronize
     rng = random.Random(1234)  # the same order on every rank
     times: dict[str, list[float]] = {}
     for name in syncs:
@@ -52,25 +82,31 @@ def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: in
         for g in groups.values():
             for _ in range(50):
                 dist.all_reduce(t, op=OPS[op], group=g)
+                sync(g)
         for _ in range(rounds):
             order = list(MODES)
             rng.shuffle(order)
             for mode in order:
-                dist.barrier(group=groups["gloo"])
+                dist.barrier()
+                issue = 0.0
                 t0 = time.perf_counter()
                 for _ in range(iters):
+                    i0 = time.perf_counter()
                     dist.all_reduce(t, op=OPS[op], group=groups[mode])
+                    issue += time.perf_counter() - i0
+                    sync(groups[mode])  # where NCCL code reads the result (.item()): nccl_sim's sync point
                 times.setdefault(f"{name}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
+                times.setdefault(f"issue:{name}/{mode}", []).append(issue / iters * 1e6)
     dist.destroy_process_group()
     return times
 
 
-def _cells(times: dict[str, list[float]], name: str) -> list[str]:
-    base = times[f"{name}/gloo"]
+def _cells(times: dict[str, list[float]], name: str, kind: str = "") -> list[str]:
+    base = times[f"{kind}{name}/gloo"]
     med, lo, hi = _modes.median_quartiles(base)
-    cells = [f"{med:6.0f} us [{lo:.0f}, {hi:.0f}]"]
+    cells = [f"{med:6.{1 if kind else 0}f} us [{lo:.{1 if kind else 0}f}, {hi:.{1 if kind else 0}f}]"]
     for mode in MODES[1:]:
-        r = _modes.median_quartiles([a / b for a, b in zip(times[f"{name}/{mode}"], base)])
+        r = _modes.median_quartiles([a / b for a, b in zip(times[f"{kind}{name}/{mode}"], base)])
         cells.append(f"{r[0]:5.2f}x [{r[1]:.2f}, {r[2]:.2f}]")
     return cells
 
@@ -103,11 +139,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-busy", action="store_true", help="quiet only")
     ap.add_argument("--svg", help="also write a plot of verify's ratios here")
+    ap.add_argument("--inner", choices=["gloo", "nccl_sim"], default="gloo",
+                    help="the backend the guard wraps and the baseline is (default gloo)")
     args = ap.parse_args()
     import os
     cores = os.cpu_count() or 1
     columns = ["quiet"] + ([] if args.no_busy else ["busy"])
-    print(f"{args.rounds} rounds of {args.iters} synchronous all_reduces per mode and sync, interleaved; "
+    print(f"inner {args.inner}" + (" (the baseline column is plain nccl_sim; each call: all_reduce, then "
+                                     "nccl_sim.synchronize(); issue: the all_reduce call alone)"
+                                     if args.inner == "nccl_sim" else "") + "; "
+          f"{args.rounds} rounds of {args.iters} synchronous all_reduces per mode and sync, interleaved; "
           f"median [quartiles] over rounds; {cores} cores" +
           ("" if args.no_busy else "; busy: one more process keeps a core busy beside the ranks"))
     head = f"{'world':>5} | {'sync':<24} | {'column':<6} | " + " | ".join(f"{m:>20}" for m in MODES)
@@ -116,11 +157,14 @@ def main() -> None:
     for world in args.worlds:
         for column in columns:
             with _busy(1 if column == "busy" else 0):
-                times = _ranks.run(_body, world, args.syncs, args.iters, args.rounds)[0]
+                times = _ranks.run(_body, world, args.syncs, args.iters, args.rounds, args.inner)[0]
             for name in args.syncs:
                 cells = _cells(times, name)
                 note = "" if world <= cores else "  (ranks share cores)"
                 print(f"{world:>5} | {name:<24} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells) + note)
+                if args.inner != "gloo":
+                    cells = _cells(times, name, kind="issue:")
+                    print(f"{'':>5} | {'  issue':<24} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells))
                 ratio = _modes.median_quartiles([a / b for a, b in zip(times[f"{name}/verify"],
                                                                         times[f"{name}/gloo"])])[0]
                 plotted.append((world, name, column, ratio))

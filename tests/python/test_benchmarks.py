@@ -113,6 +113,19 @@ def test_cost_prints_the_table_quiet_and_busy_and_writes_the_plot(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_cost_over_nccl_sim_prints_the_synced_call_and_the_issue_alone():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "cost.py"), "--inner", "nccl_sim", "--worlds", "2", "--no-busy",
+         "--syncs", "loss float32[1] SUM", "--iters", "10", "--rounds", "2"],
+        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "inner nccl_sim (the baseline column is plain nccl_sim" in out.stdout, out.stdout
+    rows = [ln for ln in out.stdout.splitlines() if "| quiet " in ln]
+    assert len(rows) == 2 and "issue" in rows[1], out.stdout  # the synced call, then the issue alone
+    assert all(row.count("x [") == 2 for row in rows), out.stdout
+
+
+@pytest.mark.timeout(120)
 def test_gloo_chunks_prints_each_size_with_its_chunks():
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gloo_chunks.py"), "--world", "3", "--sizes", "1", "3", "7",
