@@ -179,9 +179,14 @@ void RingCarry::pack(const at::Tensor& user, const at::Tensor& carried, uint64_t
   asType(carried, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     const auto* u = static_cast<const T*>(user.data_ptr());
-    std::fill(p, p + length_, T(0));
-    for (int64_t j = 0; j * userChunk_ < n_; ++j) {
-      std::memcpy(p + j * chunk_, u + j * userChunk_, usersIn(j, n_, userChunk_) * sizeof(T));
+    // Chunk by chunk: the user's elements, then zeros to the chunk's end (only
+    // the places the words do not fill: no pass over the data twice; FSDP2's
+    // reduce_scatter inputs are megabytes).
+    for (int64_t j = 0; j * chunk_ < length_; ++j) {
+      const int64_t users = usersIn(j, n_, userChunk_);
+      T* chunk = p + j * chunk_;
+      std::memcpy(chunk, u + j * userChunk_, users * sizeof(T));
+      std::fill(chunk + users, p + std::min(length_, (j + 1) * chunk_), T(0));
     }
     for (size_t i = 0; i < w.size(); ++i) p[wordAt_[i]] = static_cast<T>(w[i]);
   });
