@@ -228,3 +228,49 @@ def test_a_one_element_reduction_between_two_ranks_carried_in_a_word_is_gloos():
     for rank, v in enumerate(values):
         assert not v["differ"], f"rank {rank}: " + "\n".join(v["differ"][:20])
         assert v["carried"] >= v["issued"], v  # each was carried (verified in band), not sent to rounds
+
+
+def _fsdp2_steps(rank: int, world: int, steps: int) -> dict:
+    """The same FSDP2 training on a plain gloo group and on a guard group (the default check), from the same
+    weights and data: every parameter's bits after `steps` steps, and how many collectives carried their check."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    plain = dist.new_group(backend="gloo")
+    guard = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:gloo"))
+    state = torch_ext.group_state(guard)["verifier"]
+    before, issued_before = state["in_band"], state["issued_seq"]
+    weights = {}
+    for name, group in (("gloo", plain), ("guard", guard)):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(*[torch.nn.Linear(37, 37) for _ in range(3)])  # 37: odd, chunks off rank bounds
+        mesh = DeviceMesh.from_group(group, "cpu")
+        for layer in net:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        for step in range(steps):
+            g = torch.Generator().manual_seed(100 * step + rank)  # each rank its own batch
+            x = torch.randn(8, 37, generator=g) * torch.pow(10.0, torch.randint(-2, 3, (8, 37), generator=g))
+            loss = net(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        weights[name] = [p.full_tensor().detach().clone() for p in net.parameters()]
+    differ = [i for i, (a, b) in enumerate(zip(weights["gloo"], weights["guard"]))
+              if not torch.equal(_bits(a), _bits(b))]
+    state = torch_ext.group_state(guard)["verifier"]
+    return {"differ": differ, "params": len(weights["gloo"]), "carried": state["in_band"] - before,
+            "issued": state["issued_seq"] - issued_before}
+
+
+@pytest.mark.timeout(240)
+def test_fsdp2_training_through_guard_at_world_3_is_gloos_bit_for_bit():
+    # FSDP2's gradient reduce_scatters (AVG of float32) and parameter all_gathers carry their check at
+    # world 3 (RingCarry: gloo's reduce_scatter is an all_reduce of the input, carried in gloo's own chunks);
+    # the weights after the steps must be plain gloo's, bit for bit, on every rank.
+    values = assert_all_ok(run_ranks(_fsdp2_steps, 3, 3, backend="gloo", timeout=200))
+    for rank, v in enumerate(values):
+        assert v["params"] == 6 and not v["differ"], f"rank {rank}: parameters {v['differ']} differ from gloo's"
+        # Every all_gather and reduce_scatter of the steps carried its check (full_tensor()'s gathers too).
+        assert v["issued"] >= 3 * 6 and v["carried"] == v["issued"], v
