@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from torch_ext.testing import _warm
-from torch_ext.testing._ranks import free_port, rank_env
+from torch_ext.testing._ranks import free_port, lost_store_port, rank_env
 
 
 @dataclasses.dataclass
@@ -129,7 +129,7 @@ def _launch_once(args: list[str], world_size: int, store: str, deadline: float, 
                     ended[r] = time.time()
                     if r == 0 and store == "rank0":
                         logs[0].seek(0)
-                        port_lost = _lost_store_port(logs[0].read())
+                        port_lost = lost_store_port(logs[0].read())
     finally:
         for fd in pidfds:
             os.close(fd)
@@ -149,8 +149,3 @@ def _launch_once(args: list[str], world_size: int, store: str, deadline: float, 
         logs[r].close()
     del server
     return results, port_lost
-
-
-def _lost_store_port(rank0_output: str) -> bool:
-    """Rank 0 ended because the store's port was taken before it could bind it (nothing of the job ran)."""
-    return "EADDRINUSE" in rank0_output and "failed to listen" in rank0_output

@@ -170,6 +170,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def lost_store_port(rank0_output: str) -> bool:
+    """Under ``store="rank0"``, rank 0 ended because the store's port, chosen free by the launcher, was taken by
+    another process before rank 0 could bind it (EADDRINUSE): nothing of the job ran, and a launch on another
+    port is the same job."""
+    return "EADDRINUSE" in rank0_output and "failed to listen" in rank0_output
+
+
 def rank_env(rank: int, world_size: int, port: int, store: str) -> dict[str, str]:
     """The variables a launcher sets for ``rank``.
 
@@ -319,6 +326,24 @@ def run_ranks(
     env = dict(env or {})
     if backend is not None:
         env = {**guard_deadlines(timeout, env), **env}
+    title = title or f"run_ranks({getattr(fn, '__qualname__', fn)!s}, world_size={world_size}, " \
+                     f"backend={backend!r}, device={device!r}, store={store!r}, timeout={timeout:g} s)"
+    deadline = time.monotonic() + timeout
+    for _ in range(3):
+        results, port_lost = _run_once(fn, world_size, args, kwargs, backend, device, deadline, env, store,
+                                       pg_options, pg_timeout, natural_exit, title)
+        if not port_lost:
+            break
+    if check and not results.ok:
+        raise RanksFailedError(report(results), results)
+    return results
+
+
+def _run_once(fn: Callable[..., Any], world_size: int, args: tuple, kwargs: dict[str, Any], backend: str | None,
+              device: str, deadline: float, env: dict[str, str], store: str, pg_options: Any, pg_timeout: float,
+              natural_exit: bool, title: str) -> tuple[RunResults, bool]:
+    """One launch of :func:`run_ranks`; also says whether rank 0 lost its store's port to another process
+    (then the other ranks are not waited for: they joined no job)."""
     import torch.distributed as dist
 
     ctx = _context()
@@ -330,7 +355,6 @@ def run_ranks(
     else:
         port = free_port()
     logdir = tempfile.mkdtemp(prefix="torch_ext_ranks_")
-    deadline = time.monotonic() + timeout
     procs, conns, logs = [], [], []
     for rank in range(world_size):
         parent, child = ctx.Pipe(duplex=False)
@@ -350,10 +374,10 @@ def run_ranks(
         logs.append(log_path)
 
     results = RunResults(RankResult(rank=r) for r in range(world_size))
-    results.title = title or f"run_ranks({getattr(fn, '__qualname__', fn)!s}, world_size={world_size}, " \
-                             f"backend={backend!r}, device={device!r}, store={store!r}, timeout={timeout:g} s)"
+    results.title = title
     pending = set(range(world_size))
-    while pending:
+    port_lost = False
+    while pending and not port_lost:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
@@ -365,7 +389,8 @@ def run_ranks(
                 if conns[r].poll(0):
                     _receive(conns[r], results[r])
                 pending.discard(r)
-        if pending:
+        port_lost = store == "rank0" and lost_store_port(results[0].error or "")
+        if pending and not port_lost:
             # Woken by a rank's result or its exit, not by a blind sleep.
             mp.connection.wait([procs[r].sentinel for r in pending] + [conns[r] for r in pending],
                                timeout=min(remaining, 0.5))
@@ -388,9 +413,7 @@ def run_ranks(
             results[r].log = "(no output: the rank did not start)"
     results.store_keys = server.list_keys() if server is not None else None
     del server
-    if check and not results.ok:
-        raise RanksFailedError(report(results), results)
-    return results
+    return results, port_lost
 
 
 def _receive(conn: Any, result: RankResult) -> None:
