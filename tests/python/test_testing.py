@@ -8,8 +8,10 @@ run's outcomes and failure output. This suite also uses the plugin directly
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import re
+import socket
 import textwrap
 
 import pytest
@@ -191,6 +193,23 @@ def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
     assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "8"}) == {}  # the caller chose: the guard's config applies
 
 
+@contextlib.contextmanager
+def _port_taken_first(monkeypatch, module):
+    """``module.free_port()`` hands out, first, a port another socket holds open: what a launcher meets when
+    another process takes the port it chose before rank 0 binds it (EADDRINUSE, seen in loaded CI runs). Yields
+    the list of held ports not handed out yet."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    real_free_port = module.free_port
+    monkeypatch.setattr(module, "free_port", lambda: ports.pop(0) if ports else real_free_port())
+    try:
+        yield ports
+    finally:
+        taken.close()
+
+
 def _barrier_passed(rank: int, world: int) -> str:
     import torch.distributed as dist
 
@@ -201,40 +220,20 @@ def _barrier_passed(rank: int, world: int) -> str:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("backend", ["gloo", "guard"])
 def test_run_ranks_starts_again_when_rank_0_loses_the_store_port(monkeypatch, backend):
-    # The same race for run_ranks(store="rank0") (seen in a loaded CI run: rank 0 raised DistNetworkError
-    # EADDRINUSE, the others GroupJoinError having reached the port's new owner).
-    import socket
-
+    # run_ranks(store="rank0"): rank 0 raised DistNetworkError EADDRINUSE in a CI run, the others GroupJoinError
+    # (they reached the port's new owner).
     from torch_ext.testing import _ranks
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    ports = [taken.getsockname()[1]]
-    real_free_port = _ranks.free_port
-    monkeypatch.setattr(_ranks, "free_port", lambda: ports.pop(0) if ports else real_free_port())
-    try:
+    with _port_taken_first(monkeypatch, _ranks) as ports:
         results = _ranks.run_ranks(_barrier_passed, 3, backend=backend, store="rank0", timeout=90)
-    finally:
-        taken.close()
     assert not ports  # the held port was handed out first
     assert results.values == [f"rank {r} passed the barrier" for r in range(3)]
 
 
 def test_launch_script_starts_again_when_rank_0_loses_the_store_port(tmp_path, monkeypatch):
-    # store="rank0": the port is chosen free here and bound by rank 0 later, and
-    # another process can take it in between (EADDRINUSE, seen in a loaded CI run).
-    # Here the first port handed out is one this test holds open.
-    import socket
-
+    # store="rank0": the port is chosen free here and bound by rank 0 later.
     from torch_ext.testing import _procs
 
-    taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
-    taken.listen()
-    ports = [taken.getsockname()[1]]
-    real_free_port = _procs.free_port
-    monkeypatch.setattr(_procs, "free_port", lambda: ports.pop(0) if ports else real_free_port())
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent("""
         import torch.distributed as dist
@@ -243,10 +242,8 @@ def test_launch_script_starts_again_when_rank_0_loses_the_store_port(tmp_path, m
         print(f"rank {dist.get_rank()} passed the barrier")
         dist.destroy_process_group()
     """))
-    try:
+    with _port_taken_first(monkeypatch, _procs) as ports:
         results = _procs.launch_script([str(script)], 2, store="rank0", timeout=60)
-    finally:
-        taken.close()
     assert not ports  # the held port was handed out first
     for r in results:
         assert r.returncode == 0 and f"rank {r.rank} passed the barrier" in r.output, r.describe()

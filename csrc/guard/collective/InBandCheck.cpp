@@ -20,27 +20,6 @@ bool pairEncoded(const c10d::ReduceOp& op) {
   return op == c10d::ReduceOp::MAX || op == c10d::ReduceOp::MIN;
 }
 
-// The work handed to the guard: the inner one, completed only once the
-// verdict is taken and the data copied back (`done`, the inner future's then).
-// Calls fn(T*) with the buffer's data as its element type (the four carried).
-template <typename Fn>
-void typed(const at::Tensor& t, Fn&& fn) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      fn(t.data_ptr<float>());
-      break;
-    case at::kDouble:
-      fn(t.data_ptr<double>());
-      break;
-    case at::kInt:
-      fn(t.data_ptr<int32_t>());
-      break;
-    default:
-      fn(t.data_ptr<int64_t>());
-      break;
-  }
-}
-
 // The carried collective's work. Where the inner work has a future (gloo's
 // all_reduce and all_gather), `done` is chained on it and runs `then` (the
 // verdict, the copy back) on completion. Where it has none (gloo's
@@ -255,7 +234,7 @@ namespace {
 bool readBack(const at::Tensor& carried, const at::Tensor& user, int64_t k, int64_t n, const c10d::ReduceOp& op,
               int worldSize) {
   std::vector<double> words(k);
-  typed(carried, [&](auto* p) {
+  forCarriedType(carried, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     std::memcpy(user.data_ptr(), p + InBandCheck::kWordSlots, n * sizeof(T));
     takeWords(p, &words);
@@ -305,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   const auto k = static_cast<int64_t>(mine.size());
   const int64_t n = user.numel();
   at::Tensor buffer = at::empty({carriedLength(n)}, user.options());
-  typed(buffer, [&](auto* p) {
+  forCarriedType(buffer, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     putWords(p, mine);
     std::memcpy(p + kWordSlots, user.data_ptr(), n * sizeof(T));
@@ -389,7 +368,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inne
   const bool floating = at::isFloatingType(user.scalar_type());
   at::Tensor buffer = at::empty({2}, user.options().dtype(floating ? at::kDouble : at::kLong));
   const uint64_t word = compactWord(rolling, worldSize);
-  typed(user, [&](auto* u) {
+  forCarriedType(user, [&](auto* u) {
     if (floating) {
       buffer.data_ptr<double>()[0] = static_cast<double>(u[0]);
       buffer.data_ptr<double>()[1] = static_cast<double>(word);
@@ -403,7 +382,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inne
       c10d::OpType::ALLREDUCE, inner.allreduce(carried, opts), user,
       [buffer, user, word, worldSize, floating] {
         int64_t reducedWord = 0;
-        typed(user, [&](auto* u) {
+        forCarriedType(user, [&](auto* u) {
           using T = std::remove_pointer_t<decltype(u)>;
           if (floating) {
             const double* p = buffer.data_ptr<double>();
@@ -490,7 +469,7 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
   const int64_t n = output.numel();
   at::Tensor in = at::empty({worldSize * (kWordSlots + n)}, input.options());
   at::Tensor out = at::empty({kWordSlots + n}, output.options());
-  typed(in, [&](auto* p) {
+  forCarriedType(in, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     const auto* src = static_cast<const T*>(input.data_ptr());
     for (int r = 0; r < worldSize; ++r) {

@@ -35,24 +35,6 @@ int64_t usersIn(int64_t j, int64_t n, int64_t userChunk) {
   return std::clamp<int64_t>(n - j * userChunk, 0, userChunk);
 }
 
-template <typename Fn>
-void asType(const at::Tensor& t, Fn&& fn) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      fn(t.data_ptr<float>());
-      break;
-    case at::kDouble:
-      fn(t.data_ptr<double>());
-      break;
-    case at::kInt:
-      fn(t.data_ptr<int32_t>());
-      break;
-    default:
-      fn(t.data_ptr<int64_t>());
-      break;
-  }
-}
-
 }  // namespace
 
 int64_t RingCarry::segment(int64_t length, int worldSize) {
@@ -176,7 +158,7 @@ bool RingCarry::agree(const std::vector<double>& reduced, uint64_t rolling) cons
 
 void RingCarry::pack(const at::Tensor& user, const at::Tensor& carried, uint64_t rolling) const {
   const std::vector<double> w = words(rolling);
-  asType(carried, [&](auto* p) {
+  forCarriedType(carried, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     const auto* u = static_cast<const T*>(user.data_ptr());
     // Chunk by chunk: the user's elements, then zeros to the chunk's end (only
@@ -195,7 +177,7 @@ void RingCarry::pack(const at::Tensor& user, const at::Tensor& carried, uint64_t
 std::vector<double> RingCarry::unpack(const at::Tensor& carried, const at::Tensor& out, int64_t from) const {
   std::vector<double> reduced(wordAt_.size());
   const int64_t end = std::min(n_, from + out.numel());
-  asType(carried, [&](auto* p) {
+  forCarriedType(carried, [&](auto* p) {
     using T = std::remove_pointer_t<decltype(p)>;
     auto* u = static_cast<T*>(out.data_ptr());
     for (int64_t e = from; e < end;) {  // a run of elements inside one chunk at a time

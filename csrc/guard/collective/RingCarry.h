@@ -44,6 +44,27 @@
 
 namespace torch_ext {
 
+// Calls fn(T*) with `t`'s data as its element type, for the four dtypes a
+// carry takes (float32, float64, int32; anything else as int64: callers
+// check the dtype first). Shared by RingCarry and InBandCheck.
+template <typename Fn>
+void forCarriedType(const at::Tensor& t, Fn&& fn) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      fn(t.data_ptr<float>());
+      break;
+    case at::kDouble:
+      fn(t.data_ptr<double>());
+      break;
+    case at::kInt:
+      fn(t.data_ptr<int32_t>());
+      break;
+    default:
+      fn(t.data_ptr<int64_t>());
+      break;
+  }
+}
+
 class RingCarry {
  public:
   // The carry for an all_reduce of `n` elements of `dtype` (float32, float64,
