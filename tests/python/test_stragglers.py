@@ -153,7 +153,9 @@ def _fit_with_a_slow_rank(rank: int, world: int, tmp: str) -> dict:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
-    data = torch.utils.data.TensorDataset(torch.randn(480, 8), torch.randn(480, 1))
+    # 120 steps (about 5 s): rank 0 analyses every 0.2 s from windows of at least 0.1 s and names a rank
+    # after 3 windows; 40 steps (2 s) left the last logged figures to whichever window came last.
+    data = torch.utils.data.TensorDataset(torch.randn(1440, 8), torch.randn(1440, 1))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=GuardDDPStrategy(log_stragglers=5), max_epochs=1,
                          logger=CSVLogger(tmp, name="run"), log_every_n_steps=5, enable_checkpointing=False,
