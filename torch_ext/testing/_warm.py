@@ -29,9 +29,9 @@ What differs from a fresh interpreter, and when :func:`popen` starts one instead
 - Options other than ``-u``, ``-W``, ``-m`` and ``-c`` before the program are not interpreted:
   such a command line gets a fresh interpreter.
 
-A program whose own file imports one of ``EXTRA`` (Lightning: 2 CPU-s more) gets a zygote that imported
-it too: what such a module reads from the environment at its import, the program reads again from its
-own (``_zygote.settle_preloads``).
+A program whose own file imports one of ``EXTRA`` (Lightning: 2 CPU-s more; Accelerate) gets a zygote that
+imported it too, and ``torch._dynamo``, which its first backward() would import: what such a module reads
+from the environment at its import, the program reads again from its own (``_zygote.settle_preloads``).
 
 One zygote per environment key, extra preloads and process (a pytest-xdist worker), started on first use
 (about 2 s, outside any deadline of the caller's), ended when this process ends.
@@ -54,7 +54,11 @@ from typing import Any
 
 PRELOAD = ["torch", "torch.distributed", "torch.nn.parallel"]
 # Preloaded too for a program whose own file imports them (a line ``import X`` or ``from X ...``).
-EXTRA = ("lightning",)
+EXTRA = ("lightning", "accelerate")
+# And with them what such a program's training imports: the first backward() imports torch._dynamo
+# (1.2 CPU-s on torch 2.13, in every rank forked after it). Not for every zygote: most programs start
+# one of their own (an environment key of theirs), and there it cost more than their ranks saved.
+TRAINS = ("torch._dynamo",)
 _IMPORTS = re.compile(r"^[ \t]*(?:import|from)[ \t]+(" + "|".join(EXTRA) + r")\b", re.M)
 # Read when the interpreter starts or when torch is imported: a program whose values differ from
 # the zygote's cannot be forked from it.
@@ -118,7 +122,7 @@ class _Zygote:
             self.lifeline, theirs = socket.socketpair()
             with open(os.devnull, "rb") as null:
                 self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, str(theirs.fileno()), *PRELOAD,
-                                              *extra],
+                                              *extra, *(TRAINS if extra else ())],
                                              pass_fds=[theirs.fileno()], env=zenv, stdin=null,
                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             theirs.close()
