@@ -3,7 +3,7 @@
 Importing :mod:`torch_ext` registers the backend, after which::
 
     dist.init_process_group(backend="guard")          # CPU tensors on gloo, CUDA on NCCL
-    dist.init_process_group(backend="cpu:guard,cuda:guard")
+    dist.init_process_group(backend="cpu:guard,cuda:guard")  # the same; torch logs a warning at destroy (README)
     dist.new_group(ranks, backend="guard")
     dist.init_process_group(backend="guard", pg_options=GuardOptions(check="strict"))
 

@@ -55,6 +55,24 @@ def test_registered_backend_names_and_forwarding(backend):
         assert v["seq"] == v["inner_seq"]  # sequence numbers are the inner backend's
 
 
+def _destroyed(rank: int, world: int, backend: str) -> bool:
+    dist.init_process_group(backend)
+    dist.all_reduce(torch.ones(2))
+    dist.destroy_process_group()
+    return True
+
+
+@pytest.mark.parametrize("backend", ["guard", "cpu:guard,cuda:guard"])
+def test_the_device_string_form_gets_torchs_warning_at_destroy_as_the_readme_says(backend):
+    # README: torch sets no default backend for "cpu:guard,cuda:guard" (it compares the first registered
+    # plugin's upper-case name with the map's lower-case ones) and warns in destroy_process_group's hasHooks;
+    # "guard" alone gets none. When torch fixes it, this fails and the README's note goes.
+    results = run_ranks(_destroyed, 2, backend, backend=None, timeout=60)
+    assert_all_ok(results)
+    warned = ["No backend of type 0 found" in r.log for r in results]
+    assert warned == [backend != "guard"] * 2, [r.log for r in results]
+
+
 # --- options: GuardOptions and TORCH_EXT_* ---------------------------------------------
 
 def _inner_choice(rank: int, world: int) -> dict:
