@@ -190,18 +190,13 @@ def test_uneven_iterable_wrapped_with_even_batches_does_not_hang_ddp(ddp_run):
     assert r[0] == r[1] == {"train_batches": 6, "global_step": 6, "reason": "data"}, r
 
 
-def _ddp_guard_registered() -> bool:
-    try:
-        from lightning.pytorch.strategies import StrategyRegistry
-
-        import torch_ext.lightning  # noqa: F401
-    except ImportError:
-        return False
-    return "ddp_guard" in StrategyRegistry
-
-
-@pytest.mark.skipif(not _ddp_guard_registered(), reason="the 'ddp_guard' strategy is not registered (yet)")
 def test_with_ddp_guard_strategy(tmp_path):
+    # Asked here, not in a skipif: that imported Lightning (2 CPU-s) in every pytest-xdist worker at collection.
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import torch_ext.lightning  # noqa: F401
+
+    assert "ddp_guard" in StrategyRegistry
     results = _launch(tmp_path, "ddp_guard", ["fused_local", "fused_riding", "uneven_even_batches"])
     for rank in (0, 1):
         assert results["fused_local"][rank]["stopped_epoch"] == 4
