@@ -255,4 +255,15 @@ TEST(LocalReport, TimeoutAndHangWithoutAVerdictSayWhy) {
             "why)");
 }
 
+TEST(LocalReport, AStoppedRankSaysWhereItStoodAndWhatTheStoreHasOfEachPeer) {
+  LocalFacts f = facts();
+  f.everyPeerRead = true;  // read from the store just now: the host is answering, rank 2's status is missing
+  f.peers.erase(2);
+  EXPECT_EQ(formatStandingAtStop(f),
+            "\n  group \"default_pg\" (3 ranks):\n"
+            "  pending here: collective #3 all_reduce(float32[4], SUM) at train.py:20 in <module>, waiting 1.2 s\n"
+            "  rank 0 (hosts the store): last heartbeat 1.4 s ago, issued #2, completed #2\n"
+            "  rank 2: no status in the store");
+}
+
 }  // namespace test_deadlines_status

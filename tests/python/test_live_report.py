@@ -277,8 +277,12 @@ def test_a_stopped_rank_is_named_within_the_deadline(tmp_path):
         assert p.returncode == 0, p.stdout + p.stderr
         assert "2 of 3 answered" in p.stdout, p.stdout
         assert "[absent] rank 2: did not answer within 2.0 s: last heartbeat" in p.stdout, p.stdout
-        took, raised = _timed(lambda: ask(f"127.0.0.1:{port}", timeout=2))
-        assert raised is None and took < 2 + _SLACK_S, (took, raised)
+        # The whole ask, connecting to the store included, within its deadline: 2 s was too short for the
+        # connection alone once on a loaded 2-core CI runner ("no reply within 2.0 s while connecting").
+        got: dict = {}
+        took, raised = _timed(lambda: got.update(report=ask(f"127.0.0.1:{port}", timeout=DEADLINE_S)))
+        assert raised is None and took < DEADLINE_S + _SLACK_S, (took, raised)
+        assert got["report"].not_answered == [2], got["report"].not_answered
 
 
 def test_a_stopped_store_host_is_named_within_the_deadline(tmp_path):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 from harness import ROOT, needs, run_script
 
@@ -92,3 +95,39 @@ def test_under_lightning_the_survivors_entries_carry_the_guards_report(tmp_path)
         assert "error_file: <N/A>" not in e, e
         assert "torch_ext.errors.CollectiveFailureError: collective #" in e, e
         assert re.search(r"rank 1: (no heartbeat|exited)", e), e
+
+
+def test_a_stopped_job_says_where_each_rank_stood_and_what_its_peers_last_did(tmp_path):
+    # Cancelling a job (SIGTERM to torchrun, as scancel or Ctrl-C of the agent does) while rank 0 waits in a
+    # collective for rank 1, which computes: no verdict is coming, so each rank says at once where it stood.
+    ctl = tmp_path / "ctl"
+    ctl.mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                              JOB, "stopped", str(ctl)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((ctl / f"ready{r}").exists() for r in (0, 1)):
+            assert agent.poll() is None and time.monotonic() < deadline, agent.communicate(timeout=30)[0][-6000:]
+            time.sleep(0.05)  # polling for the ranks' files, not waiting on a guess
+        port = int((ctl / "ready0").read_text().split()[1])
+        from torch_ext.diagnose.live import ask
+
+        # Rank 0 is in collective #2 (asked through the store, as `torch-ext-diagnose live` asks).
+        while ask(f"127.0.0.1:{port}", timeout=5.0).ranks[0].state != "in_collective":
+            assert time.monotonic() < deadline, "rank 0 never waited in collective #2"
+        agent.send_signal(signal.SIGTERM)
+        out = agent.communicate(timeout=60)[0]
+    finally:
+        agent.kill()
+    said = {int(m.group(1)): m.group(0) for m in re.finditer(
+        r"torch_ext: rank (\d) \(pid \d+\) was stopped by its launcher \(SIGTERM\)[^\n]*(\n  .*)*", out)}
+    assert sorted(said) == [0, 1], out[-6000:]
+    assert said[0].startswith("torch_ext: rank 0 (pid ") and "before a verdict, in:" in said[0], said[0]
+    assert '\n  group "default_pg" (2 ranks):\n  pending here: collective #2 all_reduce(float32[4], SUM) at ' \
+        "torchrun_summary.py:" in said[0], said[0]
+    assert re.search(r"\n  rank 1: last heartbeat [\d.]+ s ago, issued #1, completed #1", said[0]), said[0]
+    assert "outside any guarded collective" in said[1], said[1]
+    # The one traceback is torchrun's own (its agent raises SignalException): the ranks end without one.
+    assert out.count("Traceback (most recent call last)") == 1 and "SignalException: Process" in out, out[-6000:]

@@ -37,6 +37,10 @@ void peerLines(std::ostringstream& os, const LocalFacts& f) {
     const int64_t global = f.globalRank(r);
     auto it = f.peers.find(r);
     const bool host = global == f.storeHostRank;
+    if (it == f.peers.end() && f.everyPeerRead) {
+      os << "\n  rank " << global << (host ? " (hosts the store)" : "") << ": no status in the store";
+      continue;
+    }
     if (it == f.peers.end()) {
       const bool neighbour = r == (f.groupRank + 1) % f.groupSize || r == (f.groupRank + f.groupSize - 1) % f.groupSize;
       if (neighbour || host) {
@@ -59,7 +63,7 @@ void peerLines(std::ostringstream& os, const LocalFacts& f) {
         break;
       case RankPhase::Running:
         os << "last heartbeat " << ago << ", issued #" << s.lastSeq << ", completed #" << s.lastCompletedSeq;
-        if (host) os << "; its process most likely exited, was killed or froze";
+        if (host && !f.everyPeerRead) os << "; its process most likely exited, was killed or froze";
         break;
     }
   }
@@ -114,6 +118,14 @@ std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const st
   os << waitedHeader(f) << ": " << messages::abortReason(abortAfterS, messages::AbortScope::ThisRank)
      << "; no cross-rank report: " << why;
   waitingLine(os, f);
+  peerLines(os, f);
+  return os.str();
+}
+
+std::string formatStandingAtStop(const LocalFacts& f) {
+  std::ostringstream os;
+  os << "\n  group \"" << f.groupLabel << "\" (" << f.groupSize << " ranks):";
+  pendingLine(os, f);
   peerLines(os, f);
   return os.str();
 }

@@ -26,7 +26,11 @@ struct LocalFacts {
   int64_t pendingForNs = 0;
   std::optional<EntryView> lastFailed;  // its last op, when the inner backend failed it
   std::map<int, PeerState> peers;       // group rank -> last status read
-  int64_t storeHostRank = -1;           // global rank whose process serves the store (-1: none / unknown)
+  // True: `peers` was read from the store just now for every rank (one that
+  // is missing has no status there). False: what the watchdog's exchanges
+  // last read (its two ring neighbours), before the store was lost.
+  bool everyPeerRead = false;
+  int64_t storeHostRank = -1;  // global rank whose process serves the store (-1: none / unknown)
   int64_t nowWallNs = 0;
   int64_t nowSteadyNs = 0;
 
@@ -49,5 +53,10 @@ std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const st
 
 // The hang report did not come: a warning from this rank's view.
 std::string formatLocalHang(const LocalFacts& f, const std::string& why);
+
+// Where this rank stands in the group when its launcher stops it before any
+// verdict: "\n  group "g" (N ranks):", its pending (or failed) operation and
+// one line per peer (torchrun's summary, the stopped rank's own stderr).
+std::string formatStandingAtStop(const LocalFacts& f);
 
 }  // namespace torch_ext

@@ -4,7 +4,7 @@
 #include "guard/Runtime.h"
 #include "guard/collective/GroupState.h"
 #include "guard/report/Json.h"
-#include "guard/report/Messages.h"
+#include "guard/report/LocalReport.h"
 #include "guard/report/StatusRecord.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Dumps.h"
@@ -58,7 +58,8 @@ void onStopSignal(int) {
 // last one failed in the inner backend (its verdict on the way), each with
 // that operation; the first group that failed, if any.
 struct Look {
-  std::vector<std::pair<std::shared_ptr<GroupState>, Entry>> waiting;
+  // With what the rank can say of each alone (its pending or failed op).
+  std::vector<std::pair<std::shared_ptr<GroupState>, LocalFacts>> waiting;
   std::shared_ptr<GroupState> failed;
   // An operation failed in the inner backend (a peer's end closed the
   // transport) and the ranks are comparing what they saw: a verdict is on the
@@ -74,12 +75,8 @@ Look look() {
       if (!out.failed) out.failed = st;
       continue;
     }
-    const Progress p = st->ledger().progress();
-    if (p.hasPending) {
-      out.waiting.emplace_back(st, p.oldestPending);
-    } else if (auto last = st->ledger().entries(1); !last.empty() && last.back().state == EntryState::Failed) {
-      out.waiting.emplace_back(st, last.back());
-    }
+    LocalFacts facts = Watchdog::localFactsOf(*st, st->ledger().progress());
+    if (facts.pending || facts.lastFailed) out.waiting.emplace_back(st, std::move(facts));
     for (const auto& e : st->ledger().entries(kFailedLookBack)) {
       if (e.state == EntryState::Failed && !out.verdictComing) out.verdictComing = st;
     }
@@ -102,50 +99,26 @@ std::shared_ptr<GroupState> awaitVerdict() {
   }
 }
 
-std::string peerLine(const GroupState& st, int r, const std::optional<StatusRecord>& rec, int64_t nowNs) {
-  std::ostringstream os;
-  os << "\n    rank " << st.id().globalRank(r) << ": ";
-  if (!rec) {
-    os << "no status in the store";
-  } else if (rec->phase == RankPhase::Exited) {
-    os << "its process exited " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #"
-       << rec->lastSeq;
-  } else if (rec->phase == RankPhase::Left) {
-    os << "left the group " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, after issuing #"
-       << rec->lastSeq;
-  } else {
-    os << "last heartbeat " << messages::secondsBetween(rec->heartbeatNs, nowNs) << " ago, issued #" << rec->lastSeq
-       << ", completed #" << rec->lastCompletedSeq;
-  }
-  return os.str();
-}
-
-// No verdict: what this rank waits in, and what each peer last published.
+// No verdict: where this rank stands in each group, with every peer's status
+// as the store has it now.
 std::string describeWaits(const Look& now) {
-  std::ostringstream os;
-  const int64_t nowNs = wallNs();
-  for (const auto& [st, entry] : now.waiting) {
-    const EntryView e = entryView(entry);
-    os << "\n  group \"" << st->label() << "\": ";
-    if (e.seq > 0) os << "collective #" << e.seq << " ";
-    os << e.text << " at " << e.where();
-    if (e.state == EntryState::Failed) {
-      os << ", failed in the inner backend here (no verdict yet)";
-    } else {
-      os << ", waiting " << messages::secondsBetween(e.startNs, nowNs);
-    }
-    if (st->store().health() != StoreHealth::Healthy) continue;
-    for (int r = 0; r < st->id().size; ++r) {
-      if (r == st->id().rank) continue;
-      std::optional<StatusRecord> rec;
-      auto there = st->store().check({keys::status(r)});
-      if (there.ok() && there.value) {
-        if (auto v = st->store().get(keys::status(r))) rec = StatusRecord::decode(*v);
+  std::string out;
+  for (auto [st, facts] : now.waiting) {
+    if (st->store().health() == StoreHealth::Healthy) {
+      facts.everyPeerRead = true;
+      const int64_t readAt = steadyNs();
+      for (int r = 0; r < st->id().size; ++r) {
+        if (r == st->id().rank) continue;
+        auto there = st->store().check({keys::status(r)});
+        if (!there.ok() || !there.value) continue;
+        auto v = st->store().get(keys::status(r));
+        auto rec = v ? StatusRecord::decode(*v) : std::nullopt;
+        if (rec) facts.peers[r] = PeerState{*rec, readAt};
       }
-      os << peerLine(*st, r, rec, nowNs);
     }
+    out += formatStandingAtStop(facts);
   }
-  return os.str();
+  return out;
 }
 
 std::string thisRank() {

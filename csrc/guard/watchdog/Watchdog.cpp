@@ -379,7 +379,13 @@ bool Watchdog::checkStore(GroupCtx& ctx, const Progress& p) {
 }
 
 LocalFacts Watchdog::localFacts(GroupCtx& ctx, const Progress& p) {
-  GroupState& st = *ctx.state;
+  LocalFacts f = localFactsOf(*ctx.state, p);
+  std::lock_guard<std::mutex> lock(ctx.peersMu);
+  f.peers = ctx.peers;
+  return f;
+}
+
+LocalFacts Watchdog::localFactsOf(GroupState& st, const Progress& p) {
   LocalFacts f;
   f.groupLabel = st.label();
   f.groupSize = st.id().size;
@@ -395,10 +401,6 @@ LocalFacts Watchdog::localFacts(GroupCtx& ctx, const Progress& p) {
     for (const auto& e : st.ledger().entries(1)) {
       if (e.state == EntryState::Failed) f.lastFailed = entryView(e);
     }
-  }
-  {
-    std::lock_guard<std::mutex> lock(ctx.peersMu);
-    f.peers = ctx.peers;
   }
   f.storeHostRank = st.store().channel().address().hostRank;
   return f;

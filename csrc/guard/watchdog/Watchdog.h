@@ -73,6 +73,11 @@ class Watchdog final : public IncidentSink {
   // so neighbours find the key from their first tick.
   static void announce(c10d::Store& store, int rank);
 
+  // What `st`'s rank can say of the group alone at progress `p`: its pending
+  // (or failed) operation, ranks and store host; no peers (the caller adds
+  // those it read).
+  static LocalFacts localFactsOf(GroupState& st, const Progress& p);
+
   // Raises `inc` for `state`'s group from any thread (the watchdog posts it at
   // once); used by checks that run outside the watchdog, e.g. the split audit.
   void requestIncident(const std::shared_ptr<GroupState>& state, const Incident& inc) override;

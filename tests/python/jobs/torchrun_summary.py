@@ -3,7 +3,8 @@
 ``mismatch``: rank 1 syncs a tensor of another size at step 3. ``fork``: each rank forks a child (as a
 DataLoader does for its workers) and ends it with SIGTERM: the child dies of it, as it would without the
 guard (its launcher-stop handler belongs to the process that installed it). ``lightning``: a Lightning
-Trainer (GuardDDPStrategy, 3 CPU devices) whose rank 1 is killed at step 5.
+Trainer (GuardDDPStrategy, 3 CPU devices) whose rank 1 is killed at step 5. ``stopped CTL``: 2 ranks, rank 0
+waits in #2 while rank 1 computes, until torchrun itself is stopped (SIGTERM, as a job's cancel sends it).
 """
 import os
 import signal
@@ -51,6 +52,20 @@ def _lightning_killed() -> None:
     trainer.fit(Model(), data)
 
 
+def _stopped(ctl: str) -> None:
+    """Rank 1 stays in Python after #1; rank 0 waits in #2 for it until torchrun is stopped."""
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    rank = dist.get_rank()
+    with open(os.path.join(ctl, f"ready{rank}.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {os.environ['MASTER_PORT']}")
+    os.rename(os.path.join(ctl, f"ready{rank}.tmp"), os.path.join(ctl, f"ready{rank}"))
+    if rank == 1:
+        while True:
+            time.sleep(0.05)  # a rank-local step that outlasts the job: the test stops torchrun meanwhile
+    dist.all_reduce(x)
+
+
 def main(mode: str) -> None:
     if mode == "lightning":
         _lightning_killed()
@@ -59,6 +74,9 @@ def main(mode: str) -> None:
     if mode == "fork":
         _fork_and_terminate()
         dist.destroy_process_group()
+        return
+    if mode == "stopped":
+        _stopped(sys.argv[2])
         return
     rank = dist.get_rank()
     x = torch.ones(4)
