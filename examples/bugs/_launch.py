@@ -101,8 +101,9 @@ def launch(fn: Callable[[int, int], None], world: int, store: str = "parent",
         pids.append(pid)
     server = None
     if store == "parent":
+        # The store serves on the socket and closes it: detach() hands the descriptor over (no ResourceWarning).
         server = dist.TCPStore("127.0.0.1", port, world + 1, is_master=True, wait_for_workers=False,
-                               master_listen_fd=listener.fileno())
+                               master_listen_fd=listener.detach())
     import threading
 
     watcher = threading.Thread(target=while_running, args=(port,), daemon=True) if while_running else None
