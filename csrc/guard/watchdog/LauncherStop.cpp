@@ -106,6 +106,7 @@ std::string describeWaits(const Look& now) {
   for (auto [st, facts] : now.waiting) {
     if (st->store().health() == StoreHealth::Healthy) {
       facts.everyPeerRead = true;
+      facts.nowWallNs = wallNs();  // the peers' heartbeats are read now, after the look
       const int64_t readAt = steadyNs();
       for (int r = 0; r < st->id().size; ++r) {
         if (r == st->id().rank) continue;
