@@ -246,7 +246,10 @@ def _stopped(ctl: str, world: int, rank: int, store: str):
     checks every rank ended well."""
     out: dict = {}
     runner = threading.Thread(target=lambda: out.update(
-        results=run_ranks(_plain_job, world, ctl, rank, env=ENV, timeout=120, store=store)))
+        # A 60 s store timeout (conftest's 15 s otherwise): the stopped store host is resumed after the CLI
+        # and an ask have run, which took longer than 15 s once on a slow, loaded CI run (StoreLostError).
+        results=run_ranks(_plain_job, world, ctl, rank, env={**ENV, "TORCH_EXT_STORE_TIMEOUT": "60"}, timeout=120,
+                          store=store)))
     runner.start()
     stopped = {"pid": None}
 
