@@ -1,4 +1,4 @@
-"""Labels for the collectives of metric libraries: torchmetrics and Accelerate.
+"""Labels for the collectives libraries issue for the user: torchmetrics, Accelerate, FSDP2, DDP's buffers.
 
 A metric computed on some ranks only is the classic hang of evaluation code: the
 collective runs inside the library (``torchmetrics``'s state sync, Accelerate's
@@ -15,6 +15,11 @@ backend creates a process group, :func:`install` wraps, on the class and once:
   labelled ``accelerate gather_for_metrics()`` with ``call=<name>``, the caller's
   line as the origin, and a hint. The outermost call names the label
   (``gather_for_metrics`` calls ``gather``).
+
+- torch's own FSDP2 (``FSDPParamGroup.unshard`` / ``post_backward``) and DDP's broadcasts of the
+  module's state at construction and of its buffers before each forward: labelled with the module
+  path, the parameters or the buffers, each with its shape on this rank (the tensor behind the
+  collective: the rank whose model differs shows which parameter or buffer).
 
 Nothing is imported and no dependency is added: a library already imported
 (``sys.modules``) is wrapped at once, one imported later is wrapped right after
@@ -35,6 +40,7 @@ from typing import Any, Callable
 
 import torch
 
+from torch_ext._core import _C
 from torch_ext.labels import Origin, label
 
 __all__ = ["install"]
@@ -182,9 +188,145 @@ def _wrap_accelerate() -> bool:
     return True
 
 
+# --- torch's own: FSDP2's parameter groups, DDP's buffers ----------------------------------
+
+FSDP2_HINT = (
+    "FSDP2 issues these collectives for each fully_shard module, in module order, on every rank: the ranks parted "
+    "here if this module ran on some ranks only (a branch that skips it: run it on every rank, e.g. on an empty "
+    "batch) or if its parameters' shapes differ across ranks (build the same model everywhere)"
+)
+DDP_BUFFERS_HINT = (
+    "DDP broadcasts the module's buffers (broadcast_buffers=True) before each forward: every rank's model must hold "
+    "the same buffers, in the same order, with the same shapes and dtypes (a buffer registered on some ranks only, "
+    "or sized by rank-local data, parts them here)"
+)
+_FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+_DDP_MODULE = "torch.nn.parallel.distributed"
+
+
+def _listed(names: list[str], limit: int = 6) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _shaped(name: str, size: Any) -> str:
+    """``name`` with its shape, ``1.weight[16x8]``: the line of the rank whose shape differs shows which."""
+    return f"{name}[{'x'.join(str(d) for d in size)}]" if size is not None else name
+
+
+def _entered(lab: label | None, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``method(*args, **kwargs)`` with ``lab`` active on this thread (re-entrant, thread-safe)."""
+    if lab is None:
+        return method(*args, **kwargs)
+    saved = _C._set_label(lab._label_id())
+    try:
+        return method(*args, **kwargs)
+    finally:
+        _C._set_label(saved)
+
+
+def _fsdp2_label(group: Any, what: str) -> label | None:
+    """The label of FSDP2 parameter group ``group``'s ``what`` ("unshard" or "reduce"), made once per group."""
+    labels = group.__dict__.setdefault("_torch_ext_labels", {})
+    found = labels.get(what)
+    if found is None:
+        fqn = getattr(group, "_module_fqn", None)
+        params = [_shaped(getattr(p, "_param_fqn", None) or "?", getattr(p, "_orig_size", None))
+                  for p in getattr(group, "fsdp_params", ())]
+        if fqn is None:  # before FSDP2's lazy init has named them: label nothing yet
+            return None
+        module = f"module '{fqn}'" if fqn else "the root module"
+        call = "unshard: all_gather" if what == "unshard" else "gradient reduction: reduce_scatter"
+        found = labels[what] = label(
+            f"FSDP2 {call} of {module} ({len(params)} parameters: {_listed(params)})", hint=FSDP2_HINT,
+            module=fqn, parameters=",".join(params), library="fsdp2")
+    return found
+
+
+def _wrap_fsdp2() -> bool:
+    cls = getattr(sys.modules.get(_FSDP2_MODULE), "FSDPParamGroup", None)
+    if cls is None:
+        return False
+    for call, what in (("unshard", "unshard"), ("post_backward", "reduce")):
+        method = getattr(cls, call, None)
+        if method is None or getattr(method, _WRAPPED, False):
+            continue
+
+        def wrapper(method: Callable[..., Any], what: str) -> Callable[..., Any]:
+            @functools.wraps(method)
+            def labelled(self: Any, *args: Any, **kwargs: Any) -> Any:
+                return _entered(_fsdp2_label(self, what), method, self, *args, **kwargs)
+
+            setattr(labelled, _WRAPPED, True)
+            return labelled
+
+        setattr(cls, call, wrapper(method, what))
+    return True
+
+
+def _ddp_buffers_label(ddp: Any) -> label | None:
+    """The label of DDP module ``ddp``'s buffer broadcast: its buffers' names and shapes as they are now (DDP
+    reads them again before the broadcast: a buffer replaced in a forward counts), made again when they change."""
+    try:
+        ignored = getattr(ddp, "parameters_to_ignore", ()) or ()
+        buffers = [(name, tuple(t.shape)) for name, t in ddp.module.named_buffers() if name not in ignored]
+    except Exception:
+        return None
+    if not buffers:
+        return None
+    cached = ddp.__dict__.get("_torch_ext_buffers_label")
+    if cached is not None and cached[0] == buffers:
+        return cached[1]
+    names = [_shaped(name, shape) for name, shape in buffers]
+    lab = label(f"DDP's broadcast of the module's buffers ({len(names)}: {_listed(names)})", hint=DDP_BUFFERS_HINT,
+                buffers=",".join(name for name, _ in buffers), library="ddp")
+    ddp.__dict__["_torch_ext_buffers_label"] = (buffers, lab)
+    return lab
+
+
+def _ddp_states_label(module: Any) -> label | None:
+    """The label of DDP's broadcast of ``module``'s parameters and buffers at construction. DDP has compared
+    the parameters' shapes across ranks just before it, so the buffers are named first."""
+    try:
+        buffers = [_shaped(name, t.shape) for name, t in module.named_buffers()]
+        params = sum(1 for _ in module.parameters())
+    except Exception:  # not an nn.Module after all: DDP will say so
+        return None
+    listed = f"buffers: {_listed(buffers)}; " if buffers else ""
+    return label(f"DDP's broadcast of the module's state at construction ({listed}{params} parameters)",
+                 hint=DDP_BUFFERS_HINT.replace("before each forward", "at construction and before each forward"),
+                 library="ddp")
+
+
+def _wrap_ddp() -> bool:
+    mod = sys.modules.get(_DDP_MODULE)
+    cls = getattr(mod, "DistributedDataParallel", None)
+    method = getattr(cls, "_sync_buffers", None)
+    sync_states = getattr(mod, "_sync_module_states", None)  # DDP's own reference to torch.distributed.utils'
+    if method is None:
+        return False
+    if not getattr(method, _WRAPPED, False):
+        @functools.wraps(method)
+        def labelled(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return _entered(_ddp_buffers_label(self), method, self, *args, **kwargs)
+
+        setattr(labelled, _WRAPPED, True)
+        cls._sync_buffers = labelled
+    if sync_states is not None and not getattr(sync_states, _WRAPPED, False):
+        @functools.wraps(sync_states)
+        def labelled_states(*args: Any, **kwargs: Any) -> Any:
+            module = args[0] if args else kwargs.get("module")
+            return _entered(_ddp_states_label(module), sync_states, *args, **kwargs)
+
+        setattr(labelled_states, _WRAPPED, True)
+        mod._sync_module_states = labelled_states
+    return True
+
+
 # --- libraries imported later -------------------------------------------------------
 
-_WATCHED = {"torchmetrics.metric": _wrap_torchmetrics, "accelerate.accelerator": _wrap_accelerate}
+_WATCHED = {"torchmetrics.metric": _wrap_torchmetrics, "accelerate.accelerator": _wrap_accelerate,
+            _FSDP2_MODULE: _wrap_fsdp2, _DDP_MODULE: _wrap_ddp}
 
 
 class _Watcher(importlib.abc.MetaPathFinder):
@@ -225,7 +367,8 @@ def install() -> dict[str, bool]:
     """Wraps the libraries already imported (idempotent), and watches for the
     others' import; says which are wrapped now."""
     with _lock:
-        done = {"torchmetrics": _wrap_torchmetrics(), "accelerate": _wrap_accelerate()}
+        done = {"torchmetrics": _wrap_torchmetrics(), "accelerate": _wrap_accelerate(), "fsdp2": _wrap_fsdp2(),
+                "ddp": _wrap_ddp()}
         if not all(done.values()) and _watcher not in sys.meta_path:
             sys.meta_path.insert(0, _watcher)
         return done

@@ -344,4 +344,19 @@ TEST(LabelTable, AMetricFieldIsWhatRanksMustAgreeOn) {
   LabelTable::setCurrent(prev);
 }
 
+TEST(LabelTable, AModuleFieldIsWhatRanksMustAgreeOnWhenThereIsNoMetric) {
+  auto& table = LabelTable::instance();
+  // FSDP2's parameter groups (torch_ext/_libraries.py): the module path, whatever the text says.
+  const uint32_t one = table.intern(Label{"FSDP2 unshard of 'layers.1' [8x8]", {{"module", "layers.1"}}, {}, ""});
+  const uint32_t oneWide = table.intern(Label{"FSDP2 unshard of 'layers.1' [16x8]", {{"module", "layers.1"}}, {}, ""});
+  const uint32_t two = table.intern(Label{"FSDP2 unshard of 'layers.2'", {{"module", "layers.2"}}, {}, ""});
+  const uint32_t asMetric = table.intern(Label{"metric 'layers.1'", {{"metric", "layers.1"}}, {}, ""});
+  const uint32_t both = table.intern(Label{"both", {{"module", "layers.2"}, {"metric", "layers.1"}}, {}, ""});
+  EXPECT_NE(table.identityOf(one), 0u);
+  EXPECT_EQ(table.identityOf(one), table.identityOf(oneWide));
+  EXPECT_NE(table.identityOf(one), table.identityOf(two));
+  EXPECT_NE(table.identityOf(one), table.identityOf(asMetric));   // a module is no metric of the same name
+  EXPECT_EQ(table.identityOf(both), table.identityOf(asMetric));  // the metric, where a label has both
+}
+
 }  // namespace test_labels

@@ -101,6 +101,10 @@ NOT_GENERATED = {
     ("docs/diagnostics.md", "collective #25 barrier()"): "Lightning job (tests/python/jobs/callsites)",
     ("docs/diagnostics.md", "collective #1 on group \"default_pg\" (3 ranks)"): "from a test function "
         "(test_library_labels.py::_accelerate_rank0), checked in substance there",
+    ("docs/diagnostics.md", 'collective #13 on group "default_pg" (2 ranks)'): "from a test function "
+        "(test_tensor_labels.py::_ddp_buffer_replaced_on_rank_1), checked in substance there",
+    ("docs/diagnostics.md", 'collective #2 on group "default_pg" (2 ranks)'): "from a test function "
+        "(test_tensor_labels.py::_fsdp2_module_skipped_on_rank_1), checked in substance there",
     ("docs/diagnostics.md", "collective #28 barrier()"): "Lightning job (tests/python/jobs/callsites), about 30 s: "
         "checked in substance by test_call_sites' epoch metric sync test",
     ("docs/performance.md", "collective #2 all_reduce(float32[1], SUM)"): "32 ranks (benchmarks/checks.py scale): "

@@ -102,7 +102,7 @@ def test_demo_catches_each_hang_and_names_the_ranks(tmp_path):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["rank0_only_reduce", "mismatched_shapes", "rank0_validation", "deferred_metric",
-                                  "rank0_metric_compute", "mixed_metrics"])
+                                  "rank0_metric_compute", "mixed_metrics", "fsdp2_rank_local_shapes"])
 def test_bug_examples_raise_a_mismatch_on_every_rank(tmp_path, name):
     whole = _source(name, tmp_path)  # python examples/bugs/<name>.py (rank0_only_reduce: then its replay)
     out = whole.split("\n$ python")[0]

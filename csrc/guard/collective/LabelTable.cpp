@@ -19,12 +19,12 @@ void appendField(std::string& key, const std::string& s) {
   key += s;
 }
 
-// FNV-1a over the metric's name, finished by mix64; never 0 for a metric.
+// FNV-1a over the metric's (or module's) name, finished by mix64; never 0 for one.
 uint64_t metricIdentity(const Label& label) {
-  const std::string* metric = label.metric();
-  if (metric == nullptr) return 0;
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (unsigned char ch : *metric) h = (h ^ ch) * 0x100000001b3ULL;
+  const std::string* key = label.identityField();
+  if (key == nullptr) return 0;
+  uint64_t h = key == label.metric() ? 0xcbf29ce484222325ULL : 0x84222325cbf29ce4ULL;  // a module is no metric
+  for (unsigned char ch : *key) h = (h ^ ch) * 0x100000001b3ULL;
   const uint64_t id = detail::mix64(h);
   return id ? id : 1;
 }

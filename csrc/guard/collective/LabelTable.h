@@ -81,7 +81,8 @@ class LabelTable {
   // What every rank must agree on for a collective issued under label `id`: a
   // hash of its "metric" field (the metric a sync is for: ranks syncing
   // different metrics of the same shape at the same step would otherwise mix
-  // their values silently, Lightning#19106), 0 for a label without one. The
+  // their values silently, Lightning#19106), else of its "module" field (FSDP2's
+  // parameter groups: two modules' shards of one shape), 0 for a label without either. The
   // guard mixes it into the collective's fingerprint, so the checks compare it.
   uint64_t identityOf(uint32_t id) const;
 

@@ -32,6 +32,17 @@ struct Label {
     }
     return nullptr;
   }
+  // What every rank must agree on for a collective issued under this label: its
+  // metric, else the module it is for (its "module" field: FSDP2's parameter
+  // groups, torch_ext/_libraries.py; ranks gathering different modules' shards
+  // of one shape at the same step would read each other's weights); nullptr for none.
+  const std::string* identityField() const {
+    if (const std::string* m = metric()) return m;
+    for (const auto& [k, v] : fields) {
+      if (k == "module") return &v;
+    }
+    return nullptr;
+  }
   // "metric 'val_loss' (asked for at model.py:41 in validation_step)"; "" when empty.
   // The origin is left out when it is the line of `site` (the call site the
   // label is appended to, innermost first): a library called from the line that
