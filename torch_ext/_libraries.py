@@ -35,6 +35,7 @@ import importlib.abc
 import os
 import sys
 import threading
+import weakref
 from types import FrameType
 from typing import Any, Callable
 
@@ -201,6 +202,10 @@ DDP_BUFFERS_HINT = (
     "or sized by rank-local data, parts them here)"
 )
 _FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fsdp_param_group"
+# The labels made per FSDP2 parameter group and per DDP module: beside them, not in their __dict__, which
+# torch.save pickles and EMA callbacks deepcopy.
+_fsdp2_labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_ddp_labels: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _DDP_MODULE = "torch.nn.parallel.distributed"
 
 
@@ -227,7 +232,9 @@ def _entered(lab: label | None, method: Callable[..., Any], *args: Any, **kwargs
 
 def _fsdp2_label(group: Any, what: str) -> label | None:
     """The label of FSDP2 parameter group ``group``'s ``what`` ("unshard" or "reduce"), made once per group."""
-    labels = group.__dict__.setdefault("_torch_ext_labels", {})
+    labels = _fsdp2_labels.get(group)
+    if labels is None:
+        labels = _fsdp2_labels[group] = {}
     found = labels.get(what)
     if found is None:
         fqn = getattr(group, "_module_fqn", None)
@@ -274,13 +281,13 @@ def _ddp_buffers_label(ddp: Any) -> label | None:
         return None
     if not buffers:
         return None
-    cached = ddp.__dict__.get("_torch_ext_buffers_label")
+    cached = _ddp_labels.get(ddp)
     if cached is not None and cached[0] == buffers:
         return cached[1]
     names = [_shaped(name, shape) for name, shape in buffers]
     lab = label(f"DDP's broadcast of the module's buffers ({len(names)}: {_listed(names)})", hint=DDP_BUFFERS_HINT,
                 buffers=",".join(name for name, _ in buffers), library="ddp")
-    ddp.__dict__["_torch_ext_buffers_label"] = (buffers, lab)
+    _ddp_labels[ddp] = (buffers, lab)
     return lab
 
 

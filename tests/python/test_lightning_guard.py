@@ -75,7 +75,7 @@ def _fit(rank: int, world: int, strategy_name: str, sync_dist: bool = True) -> d
         import copy
 
         out["labels"] = sorted({e["label"]["fields"]["metric"] for e in __import__("torch_ext").ledger()
-                                if e.get("label")})
+                                if e.get("label") and "metric" in e["label"]["fields"]})  # not DDP's buffers
         out["clean"] = "log" not in vars(model) and "log" not in vars(copy.deepcopy(model))
     return out
 

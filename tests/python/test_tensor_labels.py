@@ -174,6 +174,10 @@ def _fsdp2_and_ddp_train(rank: int, world: int):
     fully_shard(sharded)
     sharded(torch.full((4, 8), float(rank + 1))).sum().backward()
     grads = [p.grad.full_tensor() for p in sharded.parameters()]
+    # Nothing of the guard's in the objects users pickle or deepcopy (torch.save(model), EMA callbacks).
+    groups = [s._fsdp_param_group for m in sharded.modules() if (s := getattr(m, "_get_fsdp_state", None))
+              and (s := s()) and s._fsdp_param_group is not None]
+    assert groups and not any(k.startswith("_torch_ext") for o in [ddp, *groups] for k in vars(o))
     return [p.grad.clone() for p in net.parameters()] + grads + [b.clone() for b in net.buffers()]
 
 
