@@ -82,7 +82,9 @@ def run_script(args: list[str], cwd: Any, timeout: float, nproc: int | None = No
     _warm.start(full_env, [*launcher, *args], cwd)  # outside the timeout: the first start imports torch
     if launcher:  # torchrun starts each worker as PYTHON_EXEC ARGS: a warm python (its own preloads)
         full_env.setdefault("PYTHON_EXEC", _warm.shim(full_env, args, cwd))
-    return _warm.run([*launcher, *args], env=full_env, cwd=cwd, timeout=timeout)
+    # Without a launcher, the program's own `sys.executable ARGS` starts (Lightning's launcher's ranks) are
+    # warm too: sys.executable is the zygote's shim there.
+    return _warm.run([*launcher, *args], env=full_env, cwd=cwd, timeout=timeout, warm_executable=not launcher)
 
 
 def run_ranks(fn, world_size: int, *args: Any, **options: Any) -> RunResults:

@@ -136,6 +136,19 @@ def test_the_shim_stands_in_for_its_program_as_a_launcher_sees_it(tmp_path):
     assert out.stdout.strip() == threads, out
 
 
+def test_with_a_warm_executable_the_programs_own_interpreters_are_forked_too():
+    # Lightning's launcher starts its ranks as `sys.executable ARGS`: with warm_executable, that is the
+    # zygote's shim, and the program it starts is forked (its parent is the zygote, not the shim).
+    code = ("import os, subprocess, sys; print(os.getpid(), flush=True); "
+            "subprocess.run([sys.executable, '-c', 'import os, sys; print(os.getppid(), sys.argv[1:])', 'x'])")
+    for warm, forked in ((True, True), (False, False)):
+        out = _warm.run(["-c", code], timeout=60, warm_executable=warm)
+        pid, child = out.stdout.splitlines()
+        ppid, argv = child.split(" ", 1)
+        assert argv == "['x']", out
+        assert (int(ppid) != int(pid)) == forked, (warm, out)  # a fresh child's parent is the program
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

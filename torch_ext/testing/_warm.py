@@ -281,10 +281,12 @@ class WarmProcess:
 
 
 def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, stdin: Any = None,
-          stdout: Any = None, stderr: Any = None, new_session: bool = False):
+          stdout: Any = None, stderr: Any = None, new_session: bool = False, warm_executable: bool = False):
     """``subprocess.Popen([sys.executable, *args], ...)``, forked warm where that runs it as a fresh interpreter
     would (see the module's docstring), else a fresh interpreter. ``stdin``/``stdout``/``stderr``: ``None``
-    (this process's), a file object or descriptor, or ``subprocess.STDOUT`` for stderr."""
+    (this process's), a file object or descriptor, or ``subprocess.STDOUT`` for stderr. ``warm_executable``:
+    the program's ``sys.executable`` is the zygote's :func:`shim`, so the interpreters it starts itself as
+    ``sys.executable ARGS`` (Lightning's launcher's ranks) are forked warm too (or fresh, as the shim decides)."""
     env = dict(os.environ if env is None else env)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
     if not forkable(args):
@@ -305,8 +307,11 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
     extra = preloads(args, cwd)
     try:
         zygote = _zygote(env, extra)
-        pid = zygote.ask({"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session,
-                          "key": _key(env, extra)}, fds)
+        request = {"op": "start", "args": list(args), "env": env, "cwd": cwd, "new_session": new_session,
+                   "key": _key(env, extra)}
+        if warm_executable:
+            request["python"] = zygote.shim(_key(env, extra))
+        pid = zygote.ask(request, fds)
     except OSError:  # no zygote in that environment (torch did not import there): a fresh interpreter
         pid = None
     finally:
@@ -319,13 +324,14 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
 
 
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, timeout: float | None = None,
-        merge: bool = False) -> subprocess.CompletedProcess:
+        merge: bool = False, warm_executable: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)``, warm where it can be;
-    ``merge``: stderr into stdout, as ``stderr=subprocess.STDOUT`` (one stream, as in a terminal)."""
+    ``merge``: stderr into stdout, as ``stderr=subprocess.STDOUT`` (one stream, as in a terminal);
+    ``warm_executable``: as for :func:`popen`."""
     pipes = [os.pipe() for _ in range(1 if merge else 2)]
     try:
         proc = popen(args, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=pipes[0][1],
-                     stderr=subprocess.STDOUT if merge else pipes[1][1])
+                     stderr=subprocess.STDOUT if merge else pipes[1][1], warm_executable=warm_executable)
     finally:
         for _, w in pipes:
             os.close(w)

@@ -8,7 +8,8 @@ workers, through ``PYTHON_EXEC``). It serves them on the AF_UNIX SOCK_SEQPACKET 
 one pickled request per message, and ends when the socket ``LIFELINE`` (its creator's end) closes:
 
   {"op": "start", "args": [...], "env": {...}, "cwd": ..., "fds": [N, ...]} + SCM_RIGHTS
-      -> the program's pid; the descriptors become the program's descriptors N, ...
+      -> the program's pid; the descriptors become the program's descriptors N, ...; with
+      "python": SHIM, the program's sys.executable is that shim
   {"op": "status", "pid": PID}   -> its exit code (a signal: -N), or None while it runs
   {"op": "wait", "pid": PID}     -> its exit code, once it has ended
 
@@ -152,6 +153,8 @@ def _become(req, torch_filters, import_warnings):
         sys.argv = ["-c", *rest]
         main.__spec__ = main.__loader__ = main.__package__ = None
     sys.orig_argv = [sys.executable, *req["args"]]
+    if req.get("python"):  # the program's own `sys.executable ARGS` starts go through a warm shim (_warm.popen)
+        sys.executable = req["python"]
     # Warning filters as at a fresh start: the start-up ones, the environment's and -W options in
     # front, then what importing the preloaded modules added.
     options = [o for o in env.get("PYTHONWARNINGS", "").split(",") if o] + warnoptions
