@@ -4,7 +4,10 @@ A multimodal batch may or may not hold images. Deciding on each rank's own batch
 (``if batch_has_images: vision_tower(...)``) issues the tower's collectives on some
 ranks only: the ranks part (a hang on NCCL, a mismatch report under the guard).
 Agreeing first costs one small all_reduce and keeps every rank on the same path:
-the ranks without images run the tower on zeros and drop its output.
+the ranks without images run the tower on zeros and drop its output. A loop that
+already syncs each step with a StepSync (stop, metrics) votes in that same
+all_reduce instead (``decide={"tower": ...}``, then ``out.any("tower")``): the
+second loop below.
 
     torchrun --nproc-per-node 2 examples/agree_branch.py
     python examples/agree_branch.py            # spawns 2 CPU processes itself
@@ -38,6 +41,20 @@ def train() -> None:
                 del feats  # ran only to stay in step with the ranks that have images
     total = torch_ext.agree(ran, "max")
     print(f"rank {rank}: ran the vision tower on {ran} of 20 steps (every rank: {total})")
+
+    # The same decision inside the step's own sync: no collective of its own.
+    sync = torch_ext.StepSync()
+    ran = 0
+    for step in range(20):
+        batch_has_images = bool(torch.rand(1, generator=gen) < 0.3)
+        loss = torch.rand(1, generator=gen)
+        out = sync(metrics={"loss": loss}, decide={"tower": batch_has_images})
+        if out.any("tower"):  # True on every rank, or on none
+            images = torch.randn(4, 16, generator=gen) if batch_has_images else torch.zeros(4, 16)
+            vision_tower(images)
+            ran += 1
+    print(f"rank {rank}: with StepSync, ran the vision tower on {ran} of 20 steps, "
+          f"mean loss {out.metric('loss'):.3f}")
     dist.barrier()  # reached by every rank: nobody is left waiting in a collective
 
 

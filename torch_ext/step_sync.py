@@ -1,8 +1,11 @@
-"""One collective per step: early stop, has-data and metric means, on every rank at once.
+"""One collective per step: early stop, has-data, metric means and decisions, on every rank at once.
 
-:class:`StepSync` answers three questions with ONE all_reduce
+:class:`StepSync` answers these questions with ONE all_reduce
 (``torch.ops.torch_ext.step_sync``): does any rank want to stop, do all ranks
-still have data, and what are the cross-rank means of a few metrics.
+still have data, what are the cross-rank means of a few metrics, and how did the
+ranks vote on a few named decisions (``decide={"run_tower": has_images}``: the
+branches every rank must take together, as :func:`torch_ext.agree` decides them
+one collective each).
 :func:`torch_ext.uneven.even_batches` builds on it so that a loop over per-rank
 data of unknown or unequal length ends on every rank at the same step.
 
@@ -49,16 +52,19 @@ class StepSyncResult:
     on the device.
     """
 
-    __slots__ = ("counts", "sums", "keys", "world_size", "_signature", "_host", "_owner", "_means")
+    __slots__ = ("counts", "sums", "keys", "decisions", "world_size", "_signature", "_host", "_owner", "_means")
 
     def __init__(self, counts: torch.Tensor, sums: torch.Tensor, keys: tuple[str, ...], world_size: int,
-                 signature: float | None, owner: StepSync, host: list | None = None) -> None:
+                 signature: float | None, owner: StepSync, host: list | None = None,
+                 decisions: tuple[str, ...] = ()) -> None:
         #: int64 ``[ranks that want to stop, ranks that have data]``.
         self.counts = counts
         #: float64 metric sums over the ranks (a leading signature slot on the first call).
         self.sums = sums
         #: The metric names, in order.
         self.keys = keys
+        #: The decision names, in order (their vote counts follow the metric sums).
+        self.decisions = decisions
         #: The size of the group the sync ran on.
         self.world_size = world_size
         self._signature = signature
@@ -77,10 +83,10 @@ class StepSyncResult:
             self._host = host
             if self._signature is not None and host[2] != self.world_size * self._signature:
                 raise ValueError(
-                    f"StepSync ({self._owner._where()}): the ranks sent different metric names; this rank sent "
-                    f"{list(self.keys)}. Every rank must pass the same metric names in the same order (a rank "
-                    "without data may pass none once the names are known, or declare them with "
-                    "StepSync(metrics=[...]))."
+                    f"StepSync ({self._owner._where()}): the ranks sent different metric or decision names; this "
+                    f"rank sent metrics {list(self.keys)} and decisions {list(self.decisions)}. Every rank must pass "
+                    "the same names in the same order (a rank without data may pass no metrics once the names are "
+                    "known, or declare them with StepSync(metrics=[...], decisions=[...]))."
                 )
         return host
 
@@ -122,12 +128,30 @@ class StepSyncResult:
             else:
                 host = self._read()  # also validates the names on the first call
                 sums = self.sums[1:] if self._signature is not None else self.sums
+                sums = sums[:len(self.keys)]  # the decisions' votes follow
                 if sums.is_cuda:
                     means = sums / self.counts[1].to(torch.float64)
                 else:
                     means = sums / float(host[1]) if host[1] else torch.full_like(sums, float("nan"))
                 self._means = dict(zip(self.keys, means.unbind()))
         return self._means
+
+    def votes(self, name: str) -> int:
+        """How many ranks voted for decision ``name`` (a true value in ``decide={name: ...}``)."""
+        if name not in self.decisions:
+            raise KeyError(f"StepSync ({self._owner._where()}): no decision named {name!r}; synced decisions are "
+                           f"{list(self.decisions)}")
+        self._read()  # validates the names on the first call
+        at = (1 if self._signature is not None else 0) + len(self.keys) + self.decisions.index(name)
+        return int(self.sums[at].item())
+
+    def any(self, name: str) -> bool:
+        """True on every rank when at least one rank voted for decision ``name``; False on every rank otherwise."""
+        return self.votes(name) > 0
+
+    def all(self, name: str) -> bool:
+        """True on every rank when every rank voted for decision ``name``; False on every rank otherwise."""
+        return self.votes(name) == self.world_size
 
     def metric(self, name: str) -> float:
         """The cross-rank mean of one metric as a Python float."""
@@ -139,8 +163,9 @@ class StepSyncResult:
     def __repr__(self) -> str:
         host = self._read()
         metrics = {k: float(v) for k, v in self.metrics.items()}
+        votes = f", votes={ {k: self.votes(k) for k in self.decisions} }" if self.decisions else ""
         return (f"StepSyncResult(stop={host[0] > 0}, ranks_stopping={int(host[0])}, "
-                f"ranks_with_data={int(host[1])}/{self.world_size}, metrics={metrics})")
+                f"ranks_with_data={int(host[1])}/{self.world_size}, metrics={metrics}{votes})")
 
 
 class PendingStepSync:
@@ -151,12 +176,14 @@ class PendingStepSync:
     for the compute queued after it.
     """
 
-    __slots__ = ("_packed", "_keys", "_signature", "_owner", "_result", "_side", "_event", "_host", "_tensors")
+    __slots__ = ("_packed", "_keys", "_decisions", "_signature", "_owner", "_result", "_side", "_event", "_host",
+                 "_tensors")
 
     def __init__(self, packed: torch.Tensor, keys: tuple[str, ...], signature: float | None,
-                 owner: StepSync) -> None:
+                 owner: StepSync, decisions: tuple[str, ...] = ()) -> None:
         self._packed = packed
         self._keys = keys
+        self._decisions = decisions
         self._signature = signature
         self._owner = owner
         self._result: StepSyncResult | None = None
@@ -209,7 +236,7 @@ class PendingStepSync:
             else:
                 counts, sums = ops.fused_step_sync_finish(self._packed)
             self._result = StepSyncResult(counts, sums, self._keys, self._owner._world, self._signature,
-                                          self._owner, host)
+                                          self._owner, host, self._decisions)
         return self._result
 
 
@@ -257,11 +284,14 @@ class StepSync:
     """
 
     def __init__(self, group: dist.ProcessGroup | None = None, *, metrics: Sequence[str] | None = None,
-                 device: torch.device | str | None = None) -> None:
+                 decisions: Sequence[str] | None = None, device: torch.device | str | None = None) -> None:
         self.group = group
         self._keys: tuple[str, ...] | None = tuple(metrics) if metrics is not None else None
         if self._keys is not None and len(set(self._keys)) != len(self._keys):
             raise ValueError(f"StepSync: metric names must be unique, got {list(self._keys)}")
+        self._decisions: tuple[str, ...] | None = tuple(decisions) if decisions is not None else None
+        if self._decisions is not None and len(set(self._decisions)) != len(self._decisions):
+            raise ValueError(f"StepSync: decision names must be unique, got {list(self._decisions)}")
         self._device = torch.device(device) if device is not None else None
         self._name: str | None = None
         self._world = 0
@@ -321,8 +351,26 @@ class StepSync:
             self._flags[key] = t
         return t
 
-    def _pack(self, stop: Any, has_data: Any, metrics: Mapping[str, MetricValue] | None
-              ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], float | None]:
+    def _votes(self, decide: Mapping[str, Any] | None, device: torch.device) -> tuple[tuple[str, ...], torch.Tensor]:
+        """The decision names and this rank's votes (0/1, float64; a declared decision not passed: 0)."""
+        if decide:
+            names = tuple(decide)
+            if self._decisions is not None and names != self._decisions:
+                raise ValueError(
+                    f"StepSync ({self._where()}): decision names changed from {list(self._decisions)} to "
+                    f"{list(names)}; every call must pass the same names in the same order (or none: no vote)")
+            votes = torch.stack([(_flag_tensor(_as_flag(decide[k], f"decide[{k!r}]", self), device) != 0)
+                                 .to(torch.float64) for k in names])
+            if self._decisions is None:
+                self._decisions = names
+            return names, votes
+        names = self._decisions or ()
+        return names, self._zero_metrics(device, len(names)) if names else torch.zeros(0, dtype=torch.float64,
+                                                                                       device=device)
+
+    def _pack(self, stop: Any, has_data: Any, metrics: Mapping[str, MetricValue] | None,
+              decide: Mapping[str, Any] | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, tuple[str, ...], float | None, tuple[str, ...]]:
         if self._name is None:
             self._resolve()
         if metrics:
@@ -352,7 +400,9 @@ class StepSync:
         else:
             flags = self._flag_pair(device, flag_stop, have)
 
-        signature = _metric_signature(keys) if keys and not self._verified else None
+        decisions, votes = self._votes(decide, device)
+        names = keys + (("\x1e",) + decisions if decisions else ())  # the decisions' names are compared too
+        signature = _metric_signature(names) if names and not self._verified else None
         if not keys:
             values = self._zero_metrics(device, 0)
         elif not metrics or (not have_tensor and not have):
@@ -363,13 +413,15 @@ class StepSync:
             if have_tensor:
                 # has_data only known on the device: zero the metrics without a host sync.
                 values = values * (have.to(device) != 0)
+        if decisions:  # votes count whatever has_data says: a rank without data still decides
+            values = torch.cat([values.to(torch.float64), votes])
         if signature is not None:
             values = torch.cat([torch.tensor([signature], dtype=torch.float64, device=device),
                                 values.to(torch.float64)])
             self._verified = True
         if keys and self._keys is None:
             self._keys = keys  # remembered only once a call with them was valid
-        return flags, values, keys, signature
+        return flags, values, keys, signature, decisions
 
     def _zero_metrics(self, device: torch.device, k: int) -> torch.Tensor:
         t = self._zeros.get(device)
@@ -380,27 +432,31 @@ class StepSync:
 
     # -- public API --------------------------------------------------------
     def __call__(self, stop: StopLike = False, has_data: Any = True,
-                 metrics: Mapping[str, MetricValue] | None = None) -> StepSyncResult:
+                 metrics: Mapping[str, MetricValue] | None = None,
+                 decide: Mapping[str, Any] | None = None) -> StepSyncResult:
         """Runs the sync now (blocking) and returns the agreed :class:`StepSyncResult`.
 
         ``stop`` and ``has_data`` may be bools, 1-element tensors (read on their
-        device, no host sync), callables or objects with ``is_set()``.
+        device, no host sync), callables or objects with ``is_set()``; so may the
+        values of ``decide`` (this rank's vote on each named decision: read the
+        agreed answer with ``result.any(name)`` / ``result.all(name)``).
         """
-        flags, values, keys, signature = self._pack(stop, has_data, metrics)
+        flags, values, keys, signature, decisions = self._pack(stop, has_data, metrics, decide)
         counts, sums = torch.ops.torch_ext.step_sync.default(flags, values, self._name)
-        return StepSyncResult(counts, sums, keys, self._world, signature, self)
+        return StepSyncResult(counts, sums, keys, self._world, signature, self, decisions=decisions)
 
     def start(self, stop: StopLike = False, has_data: Any = True,
-              metrics: Mapping[str, MetricValue] | None = None) -> PendingStepSync:
+              metrics: Mapping[str, MetricValue] | None = None,
+              decide: Mapping[str, Any] | None = None) -> PendingStepSync:
         """Launches the sync without waiting; read it later with ``.wait()``.
 
         Metric values are copied into the packed buffer when ``start`` runs, so
         their tensors may be reused right after. Every started sync must be
         waited on (on every rank) before the group is destroyed.
         """
-        flags, values, keys, signature = self._pack(stop, has_data, metrics)
+        flags, values, keys, signature, decisions = self._pack(stop, has_data, metrics, decide)
         packed = torch.ops.torch_ext.step_sync_start.default(flags, values, self._name)
-        return PendingStepSync(packed, keys, signature, self)
+        return PendingStepSync(packed, keys, signature, self, decisions)
 
     def __repr__(self) -> str:
         name = self._name or "<unresolved>"

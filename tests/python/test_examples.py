@@ -375,6 +375,8 @@ def test_agree_branch_example_runs_the_optional_module_on_every_rank_together(tm
     out = _example("agree_branch.py", tmp_path)
     ran = _per_rank(r"rank (\d): ran the vision tower on (\d+) of 20 steps", out)
     assert sorted(ran) == [0, 1] and ran[0] == ran[1] and 0 < int(ran[0][0]) < 20, out
+    fused = _per_rank(r"rank (\d): with StepSync, ran the vision tower on (\d+) of 20 steps, mean loss ([\d.]+)", out)
+    assert sorted(fused) == [0, 1] and fused[0] == fused[1] and 0 < int(fused[0][0]) < 20, out
 
 
 def test_early_stop_overlapped_example_stops_every_rank_at_one_step(tmp_path):

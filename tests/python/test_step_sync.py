@@ -358,7 +358,8 @@ def test_bad_inputs_give_clear_errors_not_hangs():
         assert "metric 'loss' must be a single value" in errors["metric_shape"]
         assert "metric names changed from ['loss'] to ['acc']" in errors["renamed"]
         assert "no values for the metrics ['loss']" in errors["missing"]
-        assert errors["names_differ"].startswith("ValueError") and "different metric names" in errors["names_differ"]
+        assert errors["names_differ"].startswith("ValueError")
+        assert "different metric or decision names" in errors["names_differ"]
 
 
 def _no_group(rank: int, world: int) -> str:
