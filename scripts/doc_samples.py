@@ -70,9 +70,12 @@ def _run(argv: list[str], cwd: str, timeout: float, echo: str | None = None, fai
 
         env = _env()
         _warm.start(env, argv, cwd)  # outside the timeout: the first start imports torch
-        if argv[:2] == ["-m", "torch.distributed.run"]:  # its workers: PYTHON_EXEC ARGS, warm too
+        torchrun = argv[:2] == ["-m", "torch.distributed.run"]
+        if torchrun:  # its workers: PYTHON_EXEC ARGS, warm too
             env.setdefault("PYTHON_EXEC", _warm.shim(env, argv[-1:], cwd))
-        proc = _warm.run(argv, env=env, cwd=cwd, timeout=timeout, merge=True)
+        # Without torchrun, what the program starts as `sys.executable ARGS` (Lightning's launcher's ranks,
+        # a diagnose replay) goes through the zygote's shim: warm too.
+        proc = _warm.run(argv, env=env, cwd=cwd, timeout=timeout, merge=True, warm_executable=not torchrun)
     else:
         proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True, timeout=timeout)
