@@ -34,12 +34,12 @@ from torch_ext.diagnose import analyze_dir
 from torch_ext.diagnose.repro import build
 from torch_ext.testing import replay
 
-PATHS = ["direct", "ddp", "fsdp2", "lightning", "accelerate"]
+PATHS = ["direct", "hooks", "ddp", "fsdp2", "lightning", "accelerate"]
 FAULTS = {"mismatch": "CollectiveMismatchError", "absent": "CollectiveTimeoutError",
           "dead": "CollectiveFailureError", "stall": "CollectiveTimeoutError"}
 # stall (nccl_sim only): rank 1's stream stops at the step's first collective
 # (its position on the stream is its seq), while every host goes on into it.
-STALL_AT = {"direct": 13, "ddp": 9, "fsdp2": 19, "lightning": 24, "accelerate": 9}
+STALL_AT = {"direct": 13, "hooks": 13, "ddp": 9, "fsdp2": 19, "lightning": 24, "accelerate": 9}
 # nccl_sim with the host waiting for the data: on CPU the host is the compute
 # stream, so a result is read only once the simulated stream produced it
 # (docs/testing.md); what real NCCL does for a program that syncs.

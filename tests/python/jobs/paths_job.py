@@ -5,8 +5,9 @@ Used by test_paths.py two ways: ``run_rank`` through torch_ext.testing.run_ranks
 per rank by launch_script (plain env:// with rank 0's process hosting the
 TCPStore, or the store in the launcher as under torchrun), with these settings:
 
-  TRAIN_PATH  direct | ddp | fsdp2 | lightning | accelerate: how the step's
-              collectives are issued (dist.all_reduce; DDP's reducer inside
+  TRAIN_PATH  direct | hooks | ddp | fsdp2 | lightning | accelerate: how the step's
+              collectives are issued (dist.all_reduce; from post-accumulate-grad
+              hooks inside loss.backward(), as ZeRO-3 does; DDP's reducer inside
               loss.backward(); FSDP2's all_gather/reduce_scatter; Lightning's
               ddp_guard strategy; Accelerate's prepare/backward)
   FAULT       none | mismatch | absent | dead | stall: what rank 1 does at step 3
@@ -87,6 +88,15 @@ def train_direct() -> None:
     steps(net, torch.optim.SGD(net.parameters(), lr=0.05), after_backward=all_reduce_grads)
 
 
+def train_hooks() -> None:
+    net = model()
+    for p in net.parameters():
+        # ZeRO-3 / ms-swift style: each gradient reduced from its own post-accumulate-grad hook, which
+        # autograd runs inside loss.backward() as that gradient is ready.
+        p.register_post_accumulate_grad_hook(lambda param: dist.all_reduce(param.grad))
+    steps(net, torch.optim.SGD(net.parameters(), lr=0.05))
+
+
 def train_ddp() -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -139,8 +149,8 @@ def train_accelerate() -> None:
     steps(net, opt, backward=acc.backward)
 
 
-TRAIN = {"direct": train_direct, "ddp": train_ddp, "fsdp2": train_fsdp2, "lightning": train_lightning,
-         "accelerate": train_accelerate}
+TRAIN = {"direct": train_direct, "hooks": train_hooks, "ddp": train_ddp, "fsdp2": train_fsdp2,
+         "lightning": train_lightning, "accelerate": train_accelerate}
 
 
 def train(path: str, fault_: str) -> None:
