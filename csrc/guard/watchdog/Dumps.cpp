@@ -100,6 +100,23 @@ GroupView groupView(GroupState& state, size_t maxEntries, WithWaitWindows window
   return g;
 }
 
+namespace {
+
+// gloo's send completes only once the peer has posted its receive (its pairs
+// send on the receiver's notice: measured on torch 2.13, 1 element to 4 MB
+// alike), so a thread blocked in a gloo send cannot finish it alone: two
+// pipeline stages that both send first, or a stage that sends while its peer
+// waits in a collective, are a certain deadlock (issue 68). Other backends
+// (NCCL buffers small sends) keep Fingerprint::mayFinishAlone's answer.
+bool sendWaitsForItsReceive(const GroupState& state, const Fingerprint& fp) {
+  if (fp.op != Op::Send) return false;
+  const auto& inner = state.config().inner;
+  auto it = inner.find(c10::DeviceTypeName(fp.device, /*lower_case=*/true));
+  return it != inner.end() && it->second == "gloo";
+}
+
+}  // namespace
+
 GroupWait groupWait(GroupState& state) {
   GroupWait w;
   const auto& id = state.id();
@@ -135,7 +152,9 @@ GroupWait groupWait(GroupState& state) {
     // work never completed: where it raised still counts.
     uint64_t blockedIn = state.ledger().blockedIn();
     if (blockedIn == 0) blockedIn = state.ledger().raisedInWait();
-    w.blocked = blockedIn == e.id && !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck);
+    w.blocked =
+        blockedIn == e.id && (sendWaitsForItsReceive(state, e.fp) ||
+                              !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck));
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
       w.recv = e.fp.op == Op::Recv;
