@@ -49,11 +49,16 @@ def _fsdp2_layer_wider_on_rank_1(rank: int, world: int):
     return "no error", {}, ""
 
 
+# nccl_sim: the device path's stream backend on CPU (its results held by the gate until the verdict).
+INNERS = {"gloo": {}, "nccl_sim": {"TORCH_EXT_INNER": "cpu:nccl_sim", "TORCH_EXT_NCCL_SIM_WAIT": "data"}}
+CELLS = [(2, "rank0", "gloo"), (2, "parent", "gloo"), (3, "rank0", "gloo"), (3, "parent", "gloo"),
+         (2, "rank0", "nccl_sim"), (3, "parent", "nccl_sim")]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("store", STORES)
-def test_an_fsdp2_unshard_that_differs_names_the_module_and_each_ranks_parameter_shapes(world, store):
-    results = run_ranks(_fsdp2_layer_wider_on_rank_1, world, store=store, timeout=90)
+@pytest.mark.parametrize("world,store,inner", CELLS, ids=[f"{w}-{s}-{i}" for w, s, i in CELLS])
+def test_an_fsdp2_unshard_that_differs_names_the_module_and_each_ranks_parameter_shapes(world, store, inner):
+    results = run_ranks(_fsdp2_layer_wider_on_rank_1, world, store=store, timeout=90, env=INNERS[inner])
     rows = _mismatch_rows(results, world)
     for rank, site in rows.items():
         assert "for FSDP2 unshard: all_gather of module '1' (2 parameters: " in site, rows
@@ -93,10 +98,11 @@ def _fsdp2_module_skipped_on_rank_1(rank: int, world: int):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("store", STORES)
-def test_fsdp2_gathers_of_two_modules_of_one_shape_differ_by_module_before_any_data_is_read(store):
+@pytest.mark.parametrize("inner", list(INNERS))
+def test_fsdp2_gathers_of_two_modules_of_one_shape_differ_by_module_before_any_data_is_read(store, inner):
     # Same op, dtype and size on both ranks: only the module FSDP2 gathers for tells them apart. Without
     # it, rank 1 would compute layer 2 with layer 1's weights and go on.
-    results = run_ranks(_fsdp2_module_skipped_on_rank_1, 2, store=store, timeout=90)
+    results = run_ranks(_fsdp2_module_skipped_on_rank_1, 2, store=store, timeout=90, env=INNERS[inner])
     rows = _mismatch_rows(results, 2)
     assert "all_gather of module 'layers.1' " in rows[0] and "all_gather of module 'layers.2' " in rows[1], rows
 
