@@ -7,6 +7,8 @@ guard's default settings; every rank ends by itself with CollectiveMismatchError
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -28,13 +30,22 @@ def _mismatch_rows(results, world: int) -> dict[int, str]:
     return sites
 
 
-def _facts(e: torch_ext.GuardError):
-    """The guard error's type name, its report's rows (rank -> site) and its text."""
-    rows = {row.rank: row.site for row in (e.report.rows if e.report else ())}
-    return type(e).__name__, rows, str(e)
+def _outcome(job):
+    """``job``, returning the guard error it raised as (type name, its report's rows: rank -> site, its text),
+    else ("no error", {}, "")."""
+    @functools.wraps(job)
+    def run(rank: int, world: int):
+        try:
+            job(rank, world)
+        except torch_ext.GuardError as e:
+            rows = {row.rank: row.site for row in (e.report.rows if e.report else ())}
+            return type(e).__name__, rows, str(e)
+        return "no error", {}, ""
+    return run
 
 
-def _fsdp2_layer_wider_on_rank_1(rank: int, world: int):
+@_outcome
+def _fsdp2_layer_wider_on_rank_1(rank: int, world: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     width = 16 if rank == 1 else 8  # the bug: a model built from rank-local settings
@@ -42,11 +53,7 @@ def _fsdp2_layer_wider_on_rank_1(rank: int, world: int):
     for layer in net:
         fully_shard(layer)
     fully_shard(net)
-    try:
-        net(torch.ones(2, 8)).sum().backward()
-    except torch_ext.GuardError as e:
-        return _facts(e)
-    return "no error", {}, ""
+    net(torch.ones(2, 8)).sum().backward()
 
 
 # nccl_sim: the device path's stream backend on CPU (its results held by the gate until the verdict).
@@ -81,7 +88,8 @@ class _Tower(torch.nn.Module):
         return x
 
 
-def _fsdp2_module_skipped_on_rank_1(rank: int, world: int):
+@_outcome
+def _fsdp2_module_skipped_on_rank_1(rank: int, world: int) -> None:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
@@ -89,11 +97,7 @@ def _fsdp2_module_skipped_on_rank_1(rank: int, world: int):
     for layer in net.layers:
         fully_shard(layer)
     fully_shard(net)
-    try:
-        net(torch.ones(2, 8)).sum().backward()
-    except torch_ext.GuardError as e:
-        return _facts(e)
-    return "no error", {}, ""
+    net(torch.ones(2, 8)).sum().backward()
 
 
 @pytest.mark.timeout(120)
@@ -123,25 +127,19 @@ class _Net(torch.nn.Module):
         return self.bn(self.lin(x))
 
 
-def _ddp_buffer_sized_by_rank(rank: int, world: int):
+@_outcome
+def _ddp_buffer_sized_by_rank(rank: int, world: int) -> None:
     net = _Net(5 if rank == 1 else 3)
-    try:
-        torch.nn.parallel.DistributedDataParallel(net)
-    except torch_ext.GuardError as e:
-        return _facts(e)
-    return "no error", {}, ""
+    torch.nn.parallel.DistributedDataParallel(net)
 
 
-def _ddp_buffer_replaced_on_rank_1(rank: int, world: int):
+@_outcome
+def _ddp_buffer_replaced_on_rank_1(rank: int, world: int) -> None:
     net = _Net(3)
     net.resize_at = 1 if rank == 1 else None
     ddp = torch.nn.parallel.DistributedDataParallel(net)
-    try:
-        for _ in range(3):
-            ddp(torch.ones(3, 4)).sum().backward()
-    except torch_ext.GuardError as e:
-        return _facts(e)
-    return "no error", {}, ""
+    for _ in range(3):
+        ddp(torch.ones(3, 4)).sum().backward()
 
 
 @pytest.mark.timeout(120)
