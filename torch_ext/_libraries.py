@@ -219,15 +219,22 @@ def _shaped(name: str, size: Any) -> str:
     return f"{name}[{'x'.join(str(d) for d in size)}]" if size is not None else name
 
 
-def _entered(lab: label | None, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``method(*args, **kwargs)`` with ``lab`` active on this thread (re-entrant, thread-safe)."""
-    if lab is None:
-        return method(*args, **kwargs)
-    saved = _C._set_label(lab._label_id())
-    try:
-        return method(*args, **kwargs)
-    finally:
-        _C._set_label(saved)
+def _with_label(fn: Callable[..., Any], label_of: Callable[..., label | None]) -> Callable[..., Any]:
+    """``fn``, run with the label ``label_of(*args, **kwargs)`` gives (None: none) active on this thread; the
+    label id is set and restored directly (re-entrant, and safe on autograd's threads). Marked as wrapped."""
+    @functools.wraps(fn)
+    def labelled(*args: Any, **kwargs: Any) -> Any:
+        lab = label_of(*args, **kwargs)
+        if lab is None:
+            return fn(*args, **kwargs)
+        saved = _C._set_label(lab._label_id())
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _C._set_label(saved)
+
+    setattr(labelled, _WRAPPED, True)
+    return labelled
 
 
 def _fsdp2_label(group: Any, what: str) -> label | None:
@@ -256,18 +263,8 @@ def _wrap_fsdp2() -> bool:
         return False
     for call, what in (("unshard", "unshard"), ("post_backward", "reduce")):
         method = getattr(cls, call, None)
-        if method is None or getattr(method, _WRAPPED, False):
-            continue
-
-        def wrapper(method: Callable[..., Any], what: str) -> Callable[..., Any]:
-            @functools.wraps(method)
-            def labelled(self: Any, *args: Any, **kwargs: Any) -> Any:
-                return _entered(_fsdp2_label(self, what), method, self, *args, **kwargs)
-
-            setattr(labelled, _WRAPPED, True)
-            return labelled
-
-        setattr(cls, call, wrapper(method, what))
+        if method is not None and not getattr(method, _WRAPPED, False):
+            setattr(cls, call, _with_label(method, lambda group, *_, _what=what, **__: _fsdp2_label(group, _what)))
     return True
 
 
@@ -313,20 +310,10 @@ def _wrap_ddp() -> bool:
     if method is None:
         return False
     if not getattr(method, _WRAPPED, False):
-        @functools.wraps(method)
-        def labelled(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return _entered(_ddp_buffers_label(self), method, self, *args, **kwargs)
-
-        setattr(labelled, _WRAPPED, True)
-        cls._sync_buffers = labelled
+        cls._sync_buffers = _with_label(method, lambda ddp, *_, **__: _ddp_buffers_label(ddp))
     if sync_states is not None and not getattr(sync_states, _WRAPPED, False):
-        @functools.wraps(sync_states)
-        def labelled_states(*args: Any, **kwargs: Any) -> Any:
-            module = args[0] if args else kwargs.get("module")
-            return _entered(_ddp_states_label(module), sync_states, *args, **kwargs)
-
-        setattr(labelled_states, _WRAPPED, True)
-        mod._sync_module_states = labelled_states
+        mod._sync_module_states = _with_label(
+            sync_states, lambda *args, **kwargs: _ddp_states_label(args[0] if args else kwargs.get("module")))
     return True
 
 
