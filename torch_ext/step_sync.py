@@ -299,7 +299,7 @@ class StepSync:
         self._default_device: torch.device | None = None
         self._verified = False  # have the ranks compared metric names yet?
         self._flags: dict[tuple[torch.device, bool, bool], torch.Tensor] = {}
-        self._zeros: dict[torch.device, torch.Tensor] = {}
+        self._zeros: dict[tuple[torch.device, int], torch.Tensor] = {}  # (device, length): metrics', votes' zeros
 
     # -- setup -------------------------------------------------------------
     def _resolve(self) -> str:
@@ -365,8 +365,7 @@ class StepSync:
                 self._decisions = names
             return names, votes
         names = self._decisions or ()
-        return names, self._zero_metrics(device, len(names)) if names else torch.zeros(0, dtype=torch.float64,
-                                                                                       device=device)
+        return names, self._zero_metrics(device, len(names))
 
     def _pack(self, stop: Any, has_data: Any, metrics: Mapping[str, MetricValue] | None,
               decide: Mapping[str, Any] | None = None
@@ -424,10 +423,9 @@ class StepSync:
         return flags, values, keys, signature, decisions
 
     def _zero_metrics(self, device: torch.device, k: int) -> torch.Tensor:
-        t = self._zeros.get(device)
-        if t is None or t.numel() != k:
-            t = torch.zeros(k, dtype=torch.float64, device=device)
-            self._zeros[device] = t
+        t = self._zeros.get((device, k))
+        if t is None:
+            t = self._zeros[(device, k)] = torch.zeros(k, dtype=torch.float64, device=device)
         return t
 
     # -- public API --------------------------------------------------------
