@@ -177,7 +177,14 @@ setuptools.setup(
             # Only .cpp sources: no nvcc flags to set.
             # -Wno-subobject-linkage: in a unity unit a class of one .cpp holding a
             # type of its anonymous namespace looks like a header's (a false alarm).
-            extra_compile_args={"cxx": ["-O2", "-g0", "-Wall", "-Wno-unused-parameter", "-Wno-subobject-linkage",
+            # -O1, not -O2: -O2's inlining and passes took half the build's CPU
+            # (167 CPU-s against 110 for the five units; 90 s against 67 s for a
+            # fresh `pip install -e .` on 2 cores), and bought nothing measurable
+            # where the guard spends its time, which is mutexes, atomics and
+            # maps: its own cost per collective over the no-op inner and the
+            # world-2 loops of benchmarks/waited.py read the same, alternated
+            # (docs/performance.md, "Build optimisation level").
+            extra_compile_args={"cxx": ["-O1", "-g0", "-Wall", "-Wno-unused-parameter", "-Wno-subobject-linkage",
                                         "-std=c++20"]},
         )
     ],
