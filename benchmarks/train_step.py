@@ -287,7 +287,7 @@ def main() -> None:
                     help="steps per (model, group) per round (default 6; --quick 2)")
     ap.add_argument("--warmup", type=int, default=3,
                     help="untimed steps per (model, group) before the rounds (at least 3: DDP rebuilds its buckets)")
-    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--layers", type=int, default=None, help="Linear layers (default 24; --quick 6)")
     ap.add_argument("--width", type=int, default=None,
                     help="features per layer (default 512: 1 MB a layer; --quick 32)")
     ap.add_argument("--batch", type=int, default=None, help="samples per rank per step (default 32; --quick 4)")
@@ -305,6 +305,7 @@ def main() -> None:
     quick = args.quick
     args.rounds = args.rounds or (3 if quick else 11)
     args.steps = args.steps or (2 if quick else 6)
+    args.layers = args.layers or (6 if quick else 24)
     args.width = args.width or (32 if quick else 512)
     args.batch = args.batch or (4 if quick else 32)
     args.models = ["ddp", "fsdp2"] if args.model == "both" else [args.model]

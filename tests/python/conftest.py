@@ -67,3 +67,27 @@ def pytest_configure(config):
     from cpu_profile import register
 
     register(config)
+    _share_zygotes(config)
+
+
+def _share_zygotes(config):
+    """In pytest's main process: the warm interpreters (torch_ext/testing/_warm.py) are shared by every
+    process of this run, pytest-xdist's workers included, one per environment key instead of one per key
+    and worker (45 imports of torch, 84 CPU-s, in a pass on five workers); they end with this process."""
+    from torch_ext.testing import _warm
+
+    if hasattr(config, "workerinput") or os.environ.get(_warm.SHARED):
+        return
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="torch_ext_warm_shared_")
+    os.environ[_warm.SHARED] = f"{os.getpid()}:{directory}"
+    config._torch_ext_warm_shared = directory
+
+
+def pytest_unconfigure(config):
+    directory = getattr(config, "_torch_ext_warm_shared", None)
+    if directory is not None:
+        import shutil
+
+        shutil.rmtree(directory, ignore_errors=True)

@@ -10,8 +10,10 @@ see is that torch is already imported.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -147,6 +149,67 @@ def test_with_a_warm_executable_the_programs_own_interpreters_are_forked_too():
         ppid, argv = child.split(" ", 1)
         assert argv == "['x']", out
         assert (int(ppid) != int(pid)) == forked, (warm, out)  # a fresh child's parent is the program
+
+
+def test_a_programs_multiprocessing_spawn_children_are_forked_too():
+    # mp.spawn (examples/multiscale_buckets.py) starts its children as `sys.executable -c ...` with the
+    # interpreter multiprocessing saw at its import (in the zygote): the shim too, and -B when
+    # PYTHONDONTWRITEBYTECODE set the flags.
+    code = ("import multiprocessing as mp, os\n"
+            "if __name__ == '__main__':\n"
+            "    with mp.get_context('spawn').Pool(1) as pool:\n"
+            "        print(os.getpid(), pool.apply(os.getppid))\n")
+    for warm in (True, False):
+        out = _warm.run(["-c", code], timeout=60, warm_executable=warm)
+        assert out.returncode == 0, out
+        pid, worker_parent = out.stdout.split()
+        assert (worker_parent != pid) == warm, (warm, out)  # a fresh child's parent is the program
+
+
+def test_a_childs_descriptors_are_placed_under_their_numbers_whatever_numbers_are_free():
+    # The zygote's child puts what it received under the numbers the program had them. Placed through
+    # the lowest free numbers, a target that is one of those overwrote a descriptor still to be placed
+    # (a multiprocessing spawn child read its pipe from its resource tracker's write end: EBADF).
+    from torch_ext.testing import _zygote
+
+    pipes = [os.pipe() for _ in range(2)]
+    free = [os.dup(0) for _ in range(3)]  # the three lowest free numbers, freed again
+    for fd in free:
+        os.close(fd)
+    received = [fcntl.fcntl(r, fcntl.F_DUPFD, 200) for r, _ in pipes]  # as the zygote received them: high
+    targets = free[1:]  # the second lowest free number and the next
+    try:
+        _zygote._place(received, targets)
+        assert [os.fstat(t).st_ino for t in targets] == [os.fstat(r).st_ino for r, _ in pipes]
+        assert all(fcntl.fcntl(t, fcntl.F_GETFD) & fcntl.FD_CLOEXEC == 0 for t in targets)  # inherited, as a program's
+    finally:
+        for fd in [*targets, *(fd for pair in pipes for fd in pair)]:
+            os.close(fd)
+
+
+def test_processes_of_a_shared_set_use_one_zygote_that_ends_with_its_owner(tmp_path):
+    # pytest-xdist's workers share their zygotes (tests/python/conftest.py): one per key, ended with
+    # the set's owner (here a stand-in process), not with the process that happened to start it.
+    owner = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    env = dict(os.environ, **{_warm.SHARED: f"{owner.pid}:{tmp_path}"})
+    code = ("import os; from torch_ext.testing import _warm; zygote = _warm._zygote(dict(os.environ)); "
+            "print(zygote.ask({'op': 'ping'}), _warm.run(['-c', 'import os; print(os.getppid())']).stdout.strip())")
+    try:
+        seen = []
+        for _ in range(2):  # two processes of the set, one after the other: the second finds the first's
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+            assert out.returncode == 0, out
+            seen.append(out.stdout.split())
+        (zygote, parent), second = seen
+        assert parent == zygote and second == [zygote, zygote], seen  # both programs forked by that one
+        ended = os.pidfd_open(int(zygote))
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=30)
+    try:
+        assert select.select([ended], [], [], 30)[0], f"the shared zygote {zygote} outlived its owner"
+    finally:
+        os.close(ended)
 
 
 def _alive(pid: int) -> bool:

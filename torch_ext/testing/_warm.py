@@ -33,12 +33,18 @@ A program whose own file imports one of ``EXTRA`` (Lightning: 2 CPU-s more; Acce
 imported it too, and ``torch._dynamo``, which its first backward() would import: what such a module reads
 from the environment at its import, the program reads again from its own (``_zygote.settle_preloads``).
 
-One zygote per environment key, extra preloads and process (a pytest-xdist worker), started on first use
-(about 2 s, outside any deadline of the caller's), ended when this process ends.
+One zygote per environment key, extra preloads and process, started on first use (about 1.5 CPU-s, 3 with
+Lightning; outside any deadline of the caller's), ended when this process ends. Processes that see
+``SHARED`` in their environment (``OWNER_PID:DIR``; tests/python/conftest.py sets it in pytest's main
+process, so pytest-xdist's workers share) share one zygote per key instead: the first to want it starts it
+under a lock in DIR, the others connect to it, and it ends when process OWNER_PID does. A pass of the suite
+on five workers started 45 zygotes (84 CPU-s of imports) without it.
 """
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import os
 import pickle
 import re
@@ -70,6 +76,9 @@ IMPORT_TIME = (
     "CUDA_", "NCCL_", "PYTORCH_", "TORCH_CUDA", "TORCH_CPP_LOG_LEVEL", "TORCH_SHOW_CPP_STACKTRACES", "TORCHDYNAMO_",
     "TORCHINDUCTOR_", "TORCH_COMPILE", "TORCH_LOGS", "TORCH_FORCE_", "TORCH_DISTRIBUTED_", "POSSIBLE_USER_WARNINGS")
 _ZYGOTE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_zygote.py")
+# "OWNER_PID:DIR": zygotes shared by every process that sees it, ended with process OWNER_PID (the module's
+# docstring). Private to the test machinery (not a torch_ext setting): no TORCH_EXT_ prefix.
+SHARED = "_TORCH_EXT_WARM_SHARED"
 
 
 def _key(env: dict[str, str], extra: tuple[str, ...] = ()) -> tuple:
@@ -91,9 +100,9 @@ def preloads(args: list[str] | None, cwd: Any = None) -> tuple[str, ...]:
         return ()
 
 
-def forkable(args: list[str]) -> bool:
-    """Whether ``python ARGS`` is a command line the zygote runs as the interpreter would."""
-    return _zygote_module().plain(args)
+def forkable(args: list[str], env: dict[str, str] | None = None) -> bool:
+    """Whether ``python ARGS`` (in environment ``env``) is a command line the zygote runs as the interpreter would."""
+    return _zygote_module().plain(args, env)
 
 
 def _zygote_module():
@@ -108,24 +117,35 @@ class _Zygote:
     this process, for programs with the same import-time settings (``sys._torch_ext_warm``)."""
 
     def __init__(self, env: dict[str, str] | None = None, socket_path: str | None = None,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), owner: int | None = None) -> None:
+        """Connects to the zygote at ``socket_path``; without one, starts a zygote: this process's own
+        (ended with it), or with ``owner`` a shared one at ``socket_path``, ended with process ``owner``."""
         self.proc = None
         self.lifeline = None
-        if socket_path is None:
-            self.dir = tempfile.mkdtemp(prefix="torch_ext_warm_")
-            socket_path = os.path.join(self.dir, "socket")
+        self.dir = None
+        if socket_path is None or owner is not None:
+            if socket_path is None:
+                self.dir = tempfile.mkdtemp(prefix="torch_ext_warm_")
+                socket_path = os.path.join(self.dir, "socket")
             # This process's environment with the program's import-time values: nothing else of
             # the program's is there while torch is imported (each child sets its own environment).
             zenv = {k: v for k, v in os.environ.items() if not k.startswith(IMPORT_TIME)}
             zenv.update((k, v) for k, v in (env or {}).items() if k.startswith(IMPORT_TIME))
             zenv.pop("PYTHONWARNINGS", None)  # each child's own, applied when it starts
-            self.lifeline, theirs = socket.socketpair()
+            passed = []
+            if owner is None:
+                self.lifeline, theirs = socket.socketpair()
+                passed, lifeline = [theirs.fileno()], str(theirs.fileno())
+            else:
+                lifeline = f"pid:{owner}"
             with open(os.devnull, "rb") as null:
-                self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, str(theirs.fileno()), *PRELOAD,
+                self.proc = subprocess.Popen([sys.executable, _ZYGOTE, socket_path, lifeline, *PRELOAD,
                                               *extra, *(TRAINS if extra else ())],
-                                             pass_fds=[theirs.fileno()], env=zenv, stdin=null,
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            theirs.close()
+                                             pass_fds=passed, env=zenv, stdin=null,
+                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                             start_new_session=owner is not None)
+            if owner is None:
+                theirs.close()
             while not os.path.exists(socket_path):  # listening before it imports torch: milliseconds
                 if self.proc.poll() is not None:
                     raise OSError(f"the warm interpreter ended at its start (exit {self.proc.returncode})")
@@ -173,6 +193,8 @@ class _Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
             shutil.rmtree(self.dir, ignore_errors=True)
+        elif self.proc is not None:
+            self.proc.returncode = 0  # a shared zygote: it serves on after this process (Popen would warn)
 
 
 _zygotes: dict[tuple, _Zygote] = {}
@@ -190,9 +212,25 @@ def _zygote(env: dict[str, str], extra: tuple[str, ...] = ()) -> _Zygote:
             if parent is not None and parent.get("key") == key and os.path.exists(parent["socket"]):
                 z = _Zygote(socket_path=parent["socket"])
             else:
-                z = _Zygote(env, extra=extra)
+                z = _shared(env, extra, key) or _Zygote(env, extra=extra)
             _zygotes[key] = z
         return z
+
+
+def _shared(env: dict[str, str], extra: tuple[str, ...], key: tuple) -> _Zygote | None:
+    """The shared zygote for ``key`` (started here if no process of the set has), or None without a set."""
+    owner, _, directory = os.environ.get(SHARED, "").partition(":")
+    if not owner.isdigit() or not os.path.isdir(directory):
+        return None
+    base = os.path.join(directory, hashlib.sha256(repr((sys.executable, key)).encode()).hexdigest()[:24])
+    with open(base + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starter per key; the others wait, then connect
+        if os.path.exists(base):
+            try:
+                return _Zygote(socket_path=base)
+            except OSError:  # it ended (its owner did, or it failed): start another
+                os.unlink(base)
+        return _Zygote(env, socket_path=base, extra=extra, owner=int(owner))
 
 
 def _close_all() -> None:
@@ -289,7 +327,7 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
     ``sys.executable ARGS`` (Lightning's launcher's ranks) are forked warm too (or fresh, as the shim decides)."""
     env = dict(os.environ if env is None else env)
     cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
-    if not forkable(args):
+    if not forkable(args, env):
         return subprocess.Popen([sys.executable, *args], env=env, cwd=cwd, stdin=stdin, stdout=stdout,
                                 stderr=stderr, start_new_session=new_session)
     fds = []

@@ -2,10 +2,12 @@
 
 Run as a script (``python _zygote.py SOCKET LIFELINE MODULE...``), never imported as part of
 torch_ext: a preloaded torch_ext would have run its import-time set-up with this process's
-settings. The clients are :mod:`torch_ext.testing._warm` (in the process that started this one, and
-in programs it forked: a replay's ranks) and the ``python`` shims ``_warm.shim`` writes (torchrun's
-workers, through ``PYTHON_EXEC``). It serves them on the AF_UNIX SOCK_SEQPACKET socket ``SOCKET``,
-one pickled request per message, and ends when the socket ``LIFELINE`` (its creator's end) closes:
+settings. The clients are :mod:`torch_ext.testing._warm` (in the process that started this one, in
+programs it forked: a replay's ranks, and in the other processes of a shared set: pytest-xdist's
+workers) and the ``python`` shims ``_warm.shim`` writes (torchrun's workers, through
+``PYTHON_EXEC``). It serves them on the AF_UNIX SOCK_SEQPACKET socket ``SOCKET``, one pickled
+request per message, and ends when its ``LIFELINE`` ends: a descriptor number (a socket, its
+creator's end, closes) or ``pid:N`` (process N, the owner of a shared set, exits):
 
   {"op": "start", "args": [...], "env": {...}, "cwd": ..., "fds": [N, ...]} + SCM_RIGHTS
       -> the program's pid; the descriptors become the program's descriptors N, ...; with
@@ -14,7 +16,10 @@ one pickled request per message, and ends when the socket ``LIFELINE`` (its crea
   {"op": "wait", "pid": PID}     -> its exit code, once it has ended
 
 A program started with ``"kill_on_close": True`` (a shim's) is killed when the connection that
-started it closes: the shim, its stand-in for its launcher, was killed.
+started it closes: the shim, its stand-in for its launcher, was killed. A program joins the cgroups
+of the process that asked for it, where they differ from this one's and can be written: it runs
+where a fresh interpreter started by that process would (a shared zygote serves several test
+workers, each of which a CPU profile counts in a cgroup of its own).
 
 The zygote is single-threaded and installs no signal handler, so a child inherits nothing of it but
 what a fresh interpreter that imported torch would have. The child sets itself up as ``python ARGS``
@@ -25,6 +30,7 @@ atexit hooks (torch_ext's among them), non-daemon threads joined, finalisation, 
 An exception the program does not catch is printed and kept in ``sys.last_value`` as the
 interpreter does, then the status is 1.
 """
+import fcntl
 import gc
 import io
 import os
@@ -32,6 +38,7 @@ import pickle
 import select
 import signal
 import socket
+import struct
 import sys
 import types
 import warnings
@@ -82,15 +89,18 @@ def _stream(fd, mode, encoding, errors, line_buffering, unbuffered):
                             write_through=unbuffered)
 
 
-def plain(args):
-    """Whether ``python ARGS`` runs a program with only options this file interprets (-u, -W, -m, -c)."""
+def plain(args, env=None):
+    """Whether ``python ARGS`` runs a program with only options this file interprets (-u, -W, -m, -c;
+    -B where the environment ``env`` sets PYTHONDONTWRITEBYTECODE, which the zygote then had at its
+    start: multiprocessing's spawned children get it from ``sys.flags``)."""
+    env = os.environ if env is None else env
     i = 0
     while i < len(args) and args[i].startswith("-"):
         if args[i] in ("-m", "-c"):
             return i + 1 < len(args)
         if args[i] == "-W":
             i += 2
-        elif args[i] == "-u" or args[i].startswith("-W"):
+        elif args[i] == "-u" or args[i].startswith("-W") or (args[i] == "-B" and env.get("PYTHONDONTWRITEBYTECODE")):
             i += 1
         else:
             return False
@@ -110,6 +120,8 @@ def _parse(args):
             i += 1
         elif a.startswith("-W"):
             warnoptions.append(a[2:])
+        elif a == "-B":
+            pass  # as the zygote's own flags (plain: only where PYTHONDONTWRITEBYTECODE set them)
         elif a in ("-m", "-c"):
             return ("module" if a == "-m" else "command"), args[i + 1], args[i + 2:], unbuffered, warnoptions
         else:
@@ -155,6 +167,9 @@ def _become(req, torch_filters, import_warnings):
     sys.orig_argv = [sys.executable, *req["args"]]
     if req.get("python"):  # the program's own `sys.executable ARGS` starts go through a warm shim (_warm.popen)
         sys.executable = req["python"]
+        spawn = sys.modules.get("multiprocessing.spawn")
+        if spawn is not None:  # imported (by torch) before: it keeps the interpreter it saw then
+            spawn.set_executable(req["python"])
     # Warning filters as at a fresh start: the start-up ones, the environment's and -W options in
     # front, then what importing the preloaded modules added.
     options = [o for o in env.get("PYTHONWARNINGS", "").split(",") if o] + warnoptions
@@ -196,20 +211,52 @@ def _run(kind, target, main):
     return 0, None
 
 
-def _child(req, fds, sockets, torch_filters, import_warnings):
-    for s in sockets:
-        s.close()
-    # Each descriptor to the number the program had it under (dup2 clears close-on-exec, as for an
-    # inherited one); first out of the way of those numbers.
-    moved = [os.dup(fd) for fd in fds]
+def _join_cgroups(pid):
+    """Moves this process into the cgroups of process ``pid`` where they differ from its own (cgroup v1
+    hierarchies under /sys/fs/cgroup/CONTROLLER, or v2's unified one); what cannot be read or written is
+    left as it is."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            theirs = f.read().splitlines()
+        with open("/proc/self/cgroup") as f:
+            mine = set(f.read().splitlines())
+    except OSError:
+        return
+    for line in theirs:
+        if line in mine:
+            continue
+        number, controllers, path = line.split(":", 2)
+        names = [""] if number == "0" else [controllers, *controllers.split(",")]
+        for name in names:
+            procs = os.path.join("/sys/fs/cgroup", name) + path + "/cgroup.procs"
+            try:
+                with open(procs, "w") as f:
+                    f.write(str(os.getpid()))
+                break
+            except OSError:
+                continue
+
+
+def _place(fds, targets):
+    """Each descriptor of ``fds`` to the number at its index in ``targets`` (dup2 clears close-on-exec, as
+    for an inherited one), ``fds`` closed: first all moved above those numbers, so that no dup2 overwrites
+    one still to be placed (moved to the lowest free numbers instead, a spawned multiprocessing child's
+    pipe got its resource tracker's descriptor)."""
+    moved = [fcntl.fcntl(fd, fcntl.F_DUPFD, max(targets, default=0) + 1) for fd in fds]
     for fd in fds:
         os.close(fd)
-    targets = req.get("fds", list(range(len(moved))))
     for number, fd in zip(targets, moved):
         os.dup2(fd, number)
     for fd in moved:
-        if fd not in targets:
-            os.close(fd)
+        os.close(fd)
+
+
+def _child(req, fds, sockets, torch_filters, import_warnings, asker):
+    for s in sockets:
+        s.close()
+    if asker is not None:
+        _join_cgroups(asker)
+    _place(fds, req.get("fds", list(range(len(fds)))))
     if req.get("new_session"):
         os.setsid()
     # Where this program's own warm launches go (a replay from a warm repro.py): this zygote, for
@@ -231,14 +278,43 @@ def _child(req, fds, sockets, torch_filters, import_warnings):
 _SOCKET = None
 
 
-def serve(path, lifeline_fd, modules):
+class _PidLifeline:
+    """A process's pidfd as a lifeline: readable once the process has exited."""
+
+    def __init__(self, pid):
+        self.fd = os.pidfd_open(pid)
+
+    def fileno(self):
+        return self.fd
+
+    def close(self):
+        os.close(self.fd)
+
+
+def _peer(conn):
+    """The pid of the process at the other end of a unix socket connection (None if unknown)."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[0] or None
+    except OSError:
+        return None
+
+
+def serve(path, lifeline_spec, modules):
     global _SOCKET
     _SOCKET = path
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path + ".binding")
     listener.listen(64)
+    if lifeline_spec.startswith("pid:"):
+        try:
+            lifeline = _PidLifeline(int(lifeline_spec[4:]))
+        except ProcessLookupError:  # the owner is gone already
+            os.unlink(path + ".binding")
+            os._exit(0)
+    else:
+        lifeline = socket.socket(fileno=int(lifeline_spec))
     os.rename(path + ".binding", path)  # there once it accepts: clients wait for the name
-    lifeline = socket.socket(fileno=lifeline_fd)
     torch_filters, import_warnings = _preload(modules)
     # What the preloads made stays out of the children's collections: their exit (a full
     # collection, then module teardown) then takes 0.26 CPU-s instead of 0.47, and fewer pages
@@ -304,7 +380,7 @@ def serve(path, lifeline_fd, modules):
             if req["op"] == "start":
                 pid = os.fork()
                 if pid == 0:  # raises SystemExit in the end: never returns here
-                    _child(req, fds, [listener, lifeline, *clients], torch_filters, import_warnings)
+                    _child(req, fds, [listener, lifeline, *clients], torch_filters, import_warnings, _peer(r))
                 for f in fds:
                     os.close(f)
                 if req.get("kill_on_close"):
@@ -349,7 +425,8 @@ def shim_main(path, key, python, import_time):
     def fresh():
         os.execve(python, [python, *args], env)
 
-    if tuple(sorted((k, v) for k, v in env.items() if k.startswith(import_time))) != tuple(key[0]) or not plain(args):
+    settings = tuple(sorted((k, v) for k, v in env.items() if k.startswith(import_time)))
+    if settings != tuple(key[0]) or not plain(args, env):
         fresh()
     try:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -399,4 +476,4 @@ def _kill(pid):
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), sys.argv[3:])
+    serve(sys.argv[1], sys.argv[2], sys.argv[3:])
