@@ -66,28 +66,35 @@ def test_train_step_quick_prints_every_figure():
     assert "goal: verify <= 1.01x gloo (DDP) at world 2: " in text, text
 
 
-def _cmdline(pid: str) -> str:
+def _read(pid: str, what: str) -> bytes:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        with open(f"/proc/{pid}/{what}", "rb") as f:
+            return f.read()
     except OSError:  # ended meanwhile
-        return ""
+        return b""
+
+
+def _spinning(mark: str) -> list[str]:
+    """The busy processes (``waited.py --busy``) still running of the benchmark started with ``mark`` in its
+    environment: those of another test running beside this one (test_waited, test_cost) are not its."""
+    return [pid for pid in os.listdir("/proc") if pid.isdigit()
+            and _read(pid, "cmdline").replace(b"\0", b" ").decode(errors="replace").strip().endswith("waited.py --busy")
+            and f"BENCHMARK_TEST_MARK={mark}".encode() in _read(pid, "environ").split(b"\0")]
 
 
 @pytest.mark.timeout(120)
-def test_waited_prints_every_mode_with_the_loop_options():
+def test_waited_prints_every_mode_with_the_loop_options(tmp_path):
     # The options a training loop's sync is timed with: an early-stop MAX, CPU work
     # and a larger all_reduce before each timed one, a busy machine.
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "waited.py"), "--world", "2", "--sizes", "1", "--iters", "20",
          "--rounds", "2", "--op", "max", "--spin-us", "100", "--after", "1000", "--busy", "1"],
-        capture_output=True, text=True, timeout=100, cwd=ROOT)
+        capture_output=True, text=True, timeout=100, cwd=ROOT, env=dict(os.environ, BENCHMARK_TEST_MARK=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-4000:]
     text = out.stdout
     assert ("synchronous MAX all_reduces, each after one of 1000 float32, each after 100 us of CPU work, 1 busy "
             "process(es) beside the ranks per mode" in text), text
-    spinning = [d for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).endswith("waited.py --busy")]
-    assert not spinning, spinning  # the busy process ended with the benchmark
+    assert not _spinning(str(tmp_path)), "the busy process outlived the benchmark"
     rows = [ln for ln in text.splitlines() if ln.strip().startswith("1 |")]
     assert len(rows) == 2, text  # the time per all_reduce, then the CPU time per all_reduce
     assert all(" us [" in row and row.count("x [") == 3 for row in rows), text  # verify, async, strict against gloo
@@ -101,15 +108,14 @@ def test_cost_prints_the_table_quiet_and_busy_and_writes_the_plot(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "cost.py"), "--worlds", "2", "--syncs", "loss float32[1] SUM",
          "flag float32[1] MAX", "--iters", "10", "--rounds", "2", "--svg", str(svg)],
-        capture_output=True, text=True, timeout=100, cwd=ROOT)
+        capture_output=True, text=True, timeout=100, cwd=ROOT, env=dict(os.environ, BENCHMARK_TEST_MARK=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-4000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("2 |")]
     assert len(rows) == 4, out.stdout  # two syncs, quiet and busy
     assert all(" us [" in row and row.count("x [") == 2 for row in rows), out.stdout
     assert sum("| busy " in row for row in rows) == 2, out.stdout
     assert svg.read_text().count("<rect") == 4, svg.read_text()
-    spinning = [d for d in os.listdir("/proc") if d.isdigit() and _cmdline(d).endswith("waited.py --busy")]
-    assert not spinning, spinning
+    assert not _spinning(str(tmp_path)), "the busy process outlived the benchmark"
 
 
 @pytest.mark.timeout(120)
