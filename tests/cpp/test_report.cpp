@@ -648,6 +648,23 @@ TEST(Report, MismatchLinesSeparateRanksWhoseFingerprintsDifferBeyondTheText) {
   }
   EXPECT_NE(v.text.find("rank 0:"), std::string::npos) << v.text;
   EXPECT_NE(v.text.find("rank 1:"), std::string::npos) << v.text;
+  // Both rows read alike: each shows its fingerprint, not only the first.
+  EXPECT_NE(v.text.find("[fingerprint " + hex64(coalesced(5).hash).substr(0, 8) + "]"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("[fingerprint " + hex64(coalesced(6).hash).substr(0, 8) + "]"), std::string::npos) << v.text;
+}
+
+TEST(Report, MismatchRowsThatDifferInTheirPlaceShowNoFingerprint) {
+  // One op from two lines: the places tell the rows apart, a hash would only add noise.
+  Fingerprint a = allReduce(1), b = allReduce(1);
+  b.hash ^= 1;  // what the text does not show differs (a metric's identity)
+  std::deque<Sim> sims(2);
+  sims[0].op(a, site("train.py", 10, "log_cat"), true);
+  sims[1].op(b, site("train.py", 20, "log_dog"), true);
+  Verdict v = analyze("default_pg", inputs(sims, {0, 1}), incident("mismatch", "1"), kNow);
+  ASSERT_EQ(v.kind, Verdict::Kind::Mismatch) << v.text;
+  EXPECT_NE(v.text.find("train.py:10 in log_cat"), std::string::npos) << v.text;
+  EXPECT_NE(v.text.find("train.py:20 in log_dog"), std::string::npos) << v.text;
+  EXPECT_EQ(v.text.find("[fingerprint"), std::string::npos) << v.text;
 }
 
 TEST(Report, LastWordsSayHowARanksProcessEnded) {

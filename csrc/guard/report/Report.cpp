@@ -493,15 +493,18 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     for (size_t j = 0; j < i && pathOnly; ++j) pathOnly = lines[i].caller != lines[j].caller;
   }
   for (auto& l : lines) l.where += pathOnly && !l.caller.empty() ? " from " + l.caller : "";
-  // Identical texts with different fingerprints: show the hash to tell them apart.
-  for (auto& l : lines) {
-    if (pathOnly) break;
-    for (const auto& m : lines) {
-      if (&l != &m && l.issued && m.issued && l.text == m.text && l.hash != m.hash) {
-        l.text += " [fingerprint " + hex64(l.hash).substr(0, 8) + "]";
-        break;
-      }
+  // Rows that read alike, op and place, but differ in what the text does not show (a coalesced op's
+  // fifth tensor on): each shows its fingerprint. Rows whose places differ (a label's metric or module
+  // names the difference) need none. Decided on the texts as they are before any is marked.
+  std::vector<bool> alike(lines.size(), false);
+  for (size_t i = 0; i < lines.size() && !pathOnly; ++i) {
+    for (size_t j = 0; j < lines.size() && !alike[i]; ++j) {
+      const Line &l = lines[i], &m = lines[j];
+      alike[i] = i != j && l.issued && m.issued && l.text == m.text && l.where == m.where && l.hash != m.hash;
     }
+  }
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (alike[i]) lines[i].text += " [fingerprint " + hex64(lines[i].hash).substr(0, 8) + "]";
   }
   size_t rankWidth = 0, textWidth = 0;
   for (const auto& l : lines) {
