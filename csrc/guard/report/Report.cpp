@@ -493,19 +493,16 @@ std::string formatMismatch(const std::string& groupLabel, int groupSize, uint64_
     for (size_t j = 0; j < i && pathOnly; ++j) pathOnly = lines[i].caller != lines[j].caller;
   }
   for (auto& l : lines) l.where += pathOnly && !l.caller.empty() ? " from " + l.caller : "";
-  // Rows that read alike, op and place, but differ in what the text does not show (a coalesced op's
-  // fifth tensor on): each shows its fingerprint. Rows whose places differ (a label's metric or module
-  // names the difference) need none. Decided on the texts as they are before any is marked.
-  std::vector<bool> alike(lines.size(), false);
-  for (size_t i = 0; i < lines.size() && !pathOnly; ++i) {
-    for (size_t j = 0; j < lines.size() && !alike[i]; ++j) {
-      const Line &l = lines[i], &m = lines[j];
-      alike[i] = i != j && l.issued && m.issued && l.text == m.text && l.where == m.where && l.hash != m.hash;
-    }
-  }
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (alike[i]) lines[i].text += " [fingerprint " + hex64(lines[i].hash).substr(0, 8) + "]";
-  }
+  // Rows alike in op and place but not in fingerprint (a coalesced op's 5th tensor) show it; places tell others apart.
+  auto alike = [&](const Line& l) {
+    return !pathOnly && l.issued && std::any_of(lines.begin(), lines.end(), [&](const Line& m) {
+      return m.issued && m.text == l.text && m.where == l.where && m.hash != l.hash;
+    });
+  };
+  std::vector<bool> marked;
+  for (const auto& l : lines) marked.push_back(alike(l));  // decided before any text is marked
+  for (size_t i = 0; i < lines.size(); ++i)
+    lines[i].text += marked[i] ? " [fingerprint " + hex64(lines[i].hash).substr(0, 8) + "]" : "";
   size_t rankWidth = 0, textWidth = 0;
   for (const auto& l : lines) {
     rankWidth = std::max(rankWidth, formatRanks(l.ranks).size() + 1);
