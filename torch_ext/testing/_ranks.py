@@ -328,6 +328,7 @@ def run_ranks(
         env = {**guard_deadlines(timeout, env), **env}
     title = title or f"run_ranks({getattr(fn, '__qualname__', fn)!s}, world_size={world_size}, " \
                      f"backend={backend!r}, device={device!r}, store={store!r}, timeout={timeout:g} s)"
+    _context()  # the forkserver's first start (seconds on a loaded machine) is not the ranks' time
     deadline = time.monotonic() + timeout
     for _ in range(3):
         results, port_lost = _run_once(fn, world_size, args, kwargs, backend, device, deadline, env, store,
