@@ -8,7 +8,7 @@ rank 0's process hosts the TCPStore; tests/python/jobs/fault_job.py), lets rank 
 fail before its 4th all_reduce, and measures for every survivor the time from
 the fault to its typed error and from its error to the end of its process.
 Prints medians with quartiles. Goals: the store's loss named within about 2 s
-(a refused or reset connection) or within TORCH_EXT_STORE_TIMEOUT (3 s) plus a
+(a refused or reset connection) or within TORCH_EXT_STORE_TIMEOUT (12 s by default) plus a
 tick (a frozen host); every survivor's process ended within 10 s of its error.
 """
 from __future__ import annotations

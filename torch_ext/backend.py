@@ -88,7 +88,7 @@ class GuardOptions:
             (default: in strict only), ``"on"`` / ``True`` (verify and async
             too), ``"off"`` / ``False`` (TORCH_EXT_CALL_PATHS).
         store_timeout: seconds a store call of the guard may go unanswered
-            before the store is declared lost (TORCH_EXT_STORE_TIMEOUT).
+            before the store is declared lost; default 12 (TORCH_EXT_STORE_TIMEOUT).
         store_budget: store operations per second the watchdogs of the whole
             job may spend; 0 for none (TORCH_EXT_STORE_BUDGET).
         join_timeout: seconds the group's creation waits for every rank to

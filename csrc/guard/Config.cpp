@@ -344,9 +344,11 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return static_cast<int64_t>(c.storeBudget); },
        [](const Config& c) { return std::to_string(static_cast<int64_t>(c.storeBudget)); }},
-      {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "3", SettingScope::Rank,
+      {"store_timeout", "TORCH_EXT_STORE_TIMEOUT", "12", SettingScope::Rank,
        "Seconds a store call of the guard may go unanswered before the store (torchrun's agent, or rank 0's process "
-       "under plain env://) is declared lost and every guarded group fails with StoreLostError.",
+       "under plain env://) is declared lost and every guarded group fails with StoreLostError. Above 10 s: torch's "
+       "store server looks up the name of every peer that connects, and stops answering while the resolver waits "
+       "(5 s per try, two tries).",
        [](Config& c, const std::string& v, const std::string& what) {
          c.storeTimeoutS = detail::parseSeconds(v, what, 0.05, 3600.0);
        },

@@ -110,8 +110,9 @@ struct Config {
   bool callSites = true;
   CallPathMode callPaths = CallPathMode::Auto;
   // The longest a store call of the guard may go unanswered before the store
-  // is declared lost (its own client; never the group's timeout).
-  double storeTimeoutS = 3.0;
+  // is declared lost (its own client; never the group's timeout). Above the
+  // pause of a healthy store whose server waits on a name lookup (2 x 5 s).
+  double storeTimeoutS = 12.0;
   // Store operations per second that the watchdogs of the whole job may spend
   // (0: no budget). Large groups exchange less often to stay within it.
   double storeBudget = 20000.0;

@@ -11,14 +11,17 @@ exit paths are the real ones.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import socket
+import threading
 
 import pytest
 
-from harness import launch_script
+from harness import launch_script, run_ranks
 
 JOB = ["tests/python/jobs/fault_job.py"]
 # Generous bounds for a loaded 2-core CI machine; the figures measured on a
@@ -177,3 +180,111 @@ def test_a_rank_that_outlives_the_store_host_at_the_end_of_the_job_leaves_no_dum
     outlived = _records(out, "outlived", 2)
     assert outlived.get(1, {}).get("failure") == "store_lost", (outlived, report)
     assert not (dumps.exists() and os.listdir(dumps)), (os.listdir(dumps), report)
+
+
+class _PausingProxy:
+    """A TCP proxy in front of a store: ``pause()`` holds every byte either way, as a store whose server
+    thread waits on a name lookup does (docs/diagnostics.md, "A store that pauses is not lost")."""
+
+    def __init__(self, target_port: int) -> None:
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._target = target_port
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self._target))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.flowing.wait()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _through_a_pausing_store(rank: int, world: int, port: int, store_timeout: str | None) -> dict:
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    # The suite's conftest lengthens the store timeout for every rank; here it is the default, or this case's.
+    os.environ.pop("TORCH_EXT_STORE_TIMEOUT", None)
+    if store_timeout is not None:
+        os.environ["TORCH_EXT_STORE_TIMEOUT"] = store_timeout
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
+    dist.init_process_group("guard", store=store, rank=rank, world_size=world)
+    sums, longest, after = [], 0.0, 0
+    while after < 5:
+        start = time.monotonic()
+        t = torch.arange(4, dtype=torch.float32) * (rank + 1)
+        dist.all_reduce(t)
+        sums.append(t.tolist())
+        if len(sums) == 3 and rank == 0:
+            store.set("running", "1")  # the test pauses the store from here on
+        # Stalls through the pause, as every store call of this job does; the ranks agree on what was seen.
+        seen = torch.tensor([float(store.check(["resumed"]))])
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX)
+        after += int(seen.item())
+        longest = max(longest, time.monotonic() - start)
+    dist.destroy_process_group()
+    return {"sums": sums, "longest_step": longest}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("store_timeout", [None, "3"], ids=["default", "3s"])
+def test_a_store_that_pauses_for_6_s_is_not_lost_at_the_defaults(store_timeout):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    world = 3
+    server = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=60))
+    proxy = _PausingProxy(server.port)
+
+    def pause_once() -> None:
+        server.wait(["running"])
+        proxy.flowing.clear()
+        threading.Event().wait(6.0)
+        proxy.flowing.set()
+        server.set("resumed", "1")
+
+    pauser = threading.Thread(target=pause_once, daemon=True)
+    pauser.start()
+    try:
+        results = run_ranks(_through_a_pausing_store, world, proxy.port, store_timeout, backend=None, timeout=90)
+    finally:
+        proxy.flowing.set()
+        proxy.close()
+    pauser.join(timeout=10)
+    report = "\n".join(r.describe() for r in results)
+    if store_timeout is None:
+        # A pause below the default bound (12 s) is a pause: every rank goes on, with the same sums.
+        assert all(r.ok for r in results), report
+        expected = [float(sum(i * (r + 1) for r in range(world))) for i in range(4)]
+        for r in results:
+            assert all(s == expected for s in r.value["sums"]), report
+            assert r.value["longest_step"] >= 5.0, report  # the pause did reach the job
+    else:
+        # The same pause past a bound the user set: the store is declared lost on every rank, typed.
+        assert [r.error_type for r in results] == ["StoreLostError"] * world, report

@@ -51,7 +51,7 @@ def _clean_env() -> dict[str, str]:
     # is the default again, and no other TORCH_EXT_* deadline is inherited.
     leaked = sorted(k for k in os.environ if k.startswith("TORCH_EXT_") and k != "TORCH_EXT_STORE_TIMEOUT")
     assert not leaked, f"these would make the run not a defaults run: {leaked}"
-    return {"TORCH_EXT_STORE_TIMEOUT": "3"}
+    return {"TORCH_EXT_STORE_TIMEOUT": "12"}  # the default (Config.cpp)
 
 
 @pytest.fixture(scope="module")
