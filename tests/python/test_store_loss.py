@@ -183,8 +183,9 @@ def test_a_rank_that_outlives_the_store_host_at_the_end_of_the_job_leaves_no_dum
 
 
 class _PausingProxy:
-    """A TCP proxy in front of a store: ``pause()`` holds every byte either way, as a store whose server
-    thread waits on a name lookup does (docs/diagnostics.md, "A store that pauses is not lost")."""
+    """A TCP proxy in front of a store: while ``flowing`` is clear it holds every byte either way, as a
+    store whose server thread waits on a name lookup does (docs/diagnostics.md, "A store that pauses is
+    not lost")."""
 
     def __init__(self, target_port: int) -> None:
         self.flowing = threading.Event()
