@@ -21,6 +21,7 @@ import threading
 
 import pytest
 
+import torch_ext
 from harness import launch_script, run_ranks
 
 JOB = ["tests/python/jobs/fault_job.py"]
@@ -249,6 +250,12 @@ def _through_a_pausing_store(rank: int, world: int, port: int, store_timeout: st
         longest = max(longest, time.monotonic() - start)
     dist.destroy_process_group()
     return {"sums": sums, "longest_step": longest}
+
+
+def test_the_default_store_timeout_outlasts_one_name_lookup_of_the_resolver(monkeypatch):
+    # glibc's resolver: 5 s a try, two tries (resolv.conf's defaults); the store stops for that long.
+    monkeypatch.delenv("TORCH_EXT_STORE_TIMEOUT", raising=False)
+    assert torch_ext.GuardOptions().resolved()["store_timeout"] > 2 * 5.0
 
 
 @pytest.mark.timeout(120)
