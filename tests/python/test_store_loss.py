@@ -222,7 +222,7 @@ class _PausingProxy:
         self.listener.close()
 
 
-def _through_a_pausing_store(rank: int, world: int, port: int, store_timeout: str | None) -> dict:
+def _through_a_pausing_store(rank: int, world: int, port: int, store_timeout: str | None, path: str) -> dict:
     import time
     from datetime import timedelta
 
@@ -235,12 +235,21 @@ def _through_a_pausing_store(rank: int, world: int, port: int, store_timeout: st
         os.environ["TORCH_EXT_STORE_TIMEOUT"] = store_timeout
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("guard", store=store, rank=rank, world_size=world)
+    model = None
+    if path == "ddp":
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1, bias=False))
     sums, longest, after = [], 0.0, 0
     while after < 5:
         start = time.monotonic()
-        t = torch.arange(4, dtype=torch.float32) * (rank + 1)
-        dist.all_reduce(t)
-        sums.append(t.tolist())
+        if model is None:
+            t = torch.arange(4, dtype=torch.float32) * (rank + 1)
+            dist.all_reduce(t)
+            sums.append(t.tolist())
+        else:  # DDP averages the gradients: of x = (rank + 1) * [0, 1, 2, 3], summed over a batch of 2
+            model.zero_grad()
+            model(torch.arange(4, dtype=torch.float32).repeat(2, 1) * (rank + 1)).sum().backward()
+            sums.append((model.module.weight.grad[0] * world).tolist())
         if len(sums) == 3 and rank == 0:
             store.set("running", "1")  # the test pauses the store from here on
         # Stalls through the pause, as every store call of this job does; the ranks agree on what was seen.
@@ -259,8 +268,9 @@ def test_the_default_store_timeout_outlasts_one_name_lookup_of_the_resolver(monk
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("store_timeout", [None, "3"], ids=["default", "3s"])
-def test_a_store_that_pauses_for_6_s_is_not_lost_at_the_defaults(store_timeout):
+@pytest.mark.parametrize("store_timeout, path", [(None, "direct"), (None, "ddp"), ("3", "direct")],
+                         ids=["default", "default-ddp", "3s"])
+def test_a_store_that_pauses_for_6_s_is_not_lost_at_the_defaults(store_timeout, path):
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -280,7 +290,8 @@ def test_a_store_that_pauses_for_6_s_is_not_lost_at_the_defaults(store_timeout):
     pauser = threading.Thread(target=pause_once, daemon=True)
     pauser.start()
     try:
-        results = run_ranks(_through_a_pausing_store, world, proxy.port, store_timeout, backend=None, timeout=90)
+        results = run_ranks(_through_a_pausing_store, world, proxy.port, store_timeout, path, backend=None,
+                            timeout=90)
     finally:
         proxy.flowing.set()
         proxy.close()
@@ -289,7 +300,8 @@ def test_a_store_that_pauses_for_6_s_is_not_lost_at_the_defaults(store_timeout):
     if store_timeout is None:
         # A pause below the default bound (12 s) is a pause: every rank goes on, with the same sums.
         assert all(r.ok for r in results), report
-        expected = [float(sum(i * (r + 1) for r in range(world))) for i in range(4)]
+        # The sum over ranks of (rank + 1) * i, once per element (direct) or twice, the batch (DDP's mean x world).
+        expected = [float(sum(i * (r + 1) for r in range(world)) * (2 if path == "ddp" else 1)) for i in range(4)]
         for r in results:
             assert all(s == expected for s in r.value["sums"]), report
             assert r.value["longest_step"] >= 5.0, report  # the pause did reach the job
