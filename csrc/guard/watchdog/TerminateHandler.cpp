@@ -8,6 +8,7 @@
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Watchdog.h"
 
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -48,6 +49,14 @@ bool looksLikeSizeMismatch(const std::string& what) {
 bool isGlooLengthEnforce(const std::string& what) {
   return what.find("op.preamble.length <= op.nbytes") != std::string::npos ||
          what.find("Received data size doesn't match expected size") != std::string::npos;
+}
+
+// gloo's words for a pair whose peer went away ("[.../gloo/transport/tcp/pair.cc:553] Connection
+// closed by peer [...]", a reset, a broken pipe).
+bool isGlooPeerLoss(const std::string& what) {
+  if (what.find("gloo/transport/tcp") == std::string::npos) return false;
+  return what.find("Connection closed by peer") != std::string::npos ||
+         what.find("Connection reset by peer") != std::string::npos || what.find("Broken pipe") != std::string::npos;
 }
 
 // The entry `st`'s transport was in: the oldest pending one, else the last one
@@ -99,6 +108,8 @@ std::string describePending() {
 
 // Returns only where the process is to end as before.
 void parkTransportThread(const std::string& what);
+// Returns only where the process is to end as before.
+void parkAfterFailure();
 
 // Long: the whole of a dying process's last second (words to stderr, stores,
 // lingering for peers), each step bounded; it runs once and must be read as one.
@@ -113,6 +124,7 @@ void parkTransportThread(const std::string& what);
     }
   }
   if (isGlooLengthEnforce(what) && !g_terminating.load()) parkTransportThread(what);
+  if (isGlooPeerLoss(what) && !g_terminating.load()) parkAfterFailure();
   if (!g_terminating.exchange(true)) {
     struct Box {
       std::mutex mu;
@@ -258,6 +270,23 @@ void parkTransportThread(const std::string& what) {
   }
   sayOnStderr("torch_ext: no guarded group failed within " + std::to_string(kParkBound.count() / 1000) +
               " s of gloo's transport thread stopping; ending the process.\n");
+}
+
+// A guarded group failed (its report is out) and a peer that ended with the error closed its
+// connections: gloo may throw that from a device loop thread, where nothing catches it (seen once in
+// CI: a rank that had caught CollectiveMismatchError was SIGABRTed on its way out, exit -6 instead
+// of its own 1). That thread stops, silently, instead of the process: the failed group's inner
+// backend is never destroyed, so nothing joins the thread, and the process ends with the program's
+// own status. Never the main thread (it runs the program), and not before a guarded group failed
+// (then gloo's error is the only report there is).
+void parkAfterFailure() {
+  if (static_cast<pid_t>(::syscall(SYS_gettid)) == ::getpid()) return;
+  try {
+    if (failedGroups() == 0) return;
+  } catch (...) {
+    return;
+  }
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
 }
 
 }  // namespace
