@@ -20,6 +20,7 @@ import threading
 
 import pytest
 
+import torch_ext
 from harness import launch_script
 
 # One worker runs the module: its scenarios start once, side by side (the fixture below).
@@ -51,7 +52,13 @@ def _clean_env() -> dict[str, str]:
     # is the default again, and no other TORCH_EXT_* deadline is inherited.
     leaked = sorted(k for k in os.environ if k.startswith("TORCH_EXT_") and k != "TORCH_EXT_STORE_TIMEOUT")
     assert not leaked, f"these would make the run not a defaults run: {leaked}"
-    return {"TORCH_EXT_STORE_TIMEOUT": "12"}  # the default (Config.cpp)
+    saved = os.environ.pop("TORCH_EXT_STORE_TIMEOUT", None)
+    try:
+        default = torch_ext._C.resolve_config()["store_timeout"]  # Config.cpp's, not the suite's 15 s
+    finally:
+        if saved is not None:
+            os.environ["TORCH_EXT_STORE_TIMEOUT"] = saved
+    return {"TORCH_EXT_STORE_TIMEOUT": f"{default:g}"}
 
 
 @pytest.fixture(scope="module")

@@ -106,9 +106,8 @@ std::string describePending() {
   return os.str();
 }
 
-// Returns only where the process is to end as before.
+// Each returns only where the process is to end as before.
 void parkTransportThread(const std::string& what);
-// Returns only where the process is to end as before.
 void parkAfterFailure();
 
 // Long: the whole of a dying process's last second (words to stderr, stores,
@@ -231,6 +230,11 @@ bool someGroupChecks() {
   return false;
 }
 
+// This thread, for good: nothing joins it (its group's inner backend is never destroyed).
+[[noreturn]] void parkForGood() {
+  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+}
+
 size_t failedGroups() {
   size_t n = 0;
   for (const auto& st : Watchdog::instance().groupStates()) n += st->failed() ? 1 : 0;
@@ -253,9 +257,7 @@ void parkTransportThread(const std::string& what) {
      << "). The thread is stopped instead of the process, and the check reports the mismatch "
         "(CollectiveMismatchError).\n";
   sayOnStderr(os.str());
-  if (before > 0) {  // a guarded group has failed already: its report is out
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-  }
+  if (before > 0) parkForGood();  // a guarded group has failed already: its report is out
   const auto deadline = std::chrono::steady_clock::now() + kParkBound;
   while (std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -264,9 +266,7 @@ void parkTransportThread(const std::string& what) {
       failed = failedGroups() > before;
     } catch (...) {
     }
-    if (failed) {
-      for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
-    }
+    if (failed) parkForGood();
   }
   sayOnStderr("torch_ext: no guarded group failed within " + std::to_string(kParkBound.count() / 1000) +
               " s of gloo's transport thread stopping; ending the process.\n");
@@ -286,7 +286,7 @@ void parkAfterFailure() {
   } catch (...) {
     return;
   }
-  for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  parkForGood();
 }
 
 }  // namespace
