@@ -89,7 +89,7 @@ def _unity_name(source: str) -> str:
         # than alone at the end (a build from scratch: 75 -> 66 s).
         return "bindings"
     if parts[0] == "guard":
-        return f"guard_{parts[1]}" if parts[1] in ("report", "collective") else "guard"
+        return f"guard_{parts[1]}" if parts[1] in ("report", "collective", "modes") else "guard"
     return "ops"  # nccl_sim, ops, sampling, and any new folder
 
 

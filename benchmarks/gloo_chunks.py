@@ -7,7 +7,7 @@ gloo (gloo/allreduce.cc) cuts a buffer of n elements into 2W segments of ceil(n 
 chunk, and reduces each chunk along the ring. Prints, per element count, the chunks that hold
 data and plain gloo's microseconds per synchronous SUM all_reduce (median [quartiles] over
 rounds, sizes interleaved): the figure behind where RingCarry puts the check words
-(collective/RingCarry.h) and what one more element beside a one-element loss costs.
+(modes/verify/RingCarry.h) and what one more element beside a one-element loss costs.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ every result waited for at once: what a pipeline stage's activations and
 gradients do each micro-batch, with nothing to overlap. Every rank creates a
 plain ``gloo`` group and ``guard`` groups wrapping gloo in ``verify`` (the
 default: each receive is released once its sender's pairing words came and
-pair, collective/P2PPairing), ``async`` (no pairing) and ``strict`` (each
+pair, modes/verify/P2PPairing), ``async`` (no pairing) and ``strict`` (each
 sender's fingerprint through the store before the receive); a round times
 ``--iters`` round trips on each group in turn (shuffled order, after a
 barrier), and the ratio to gloo is taken per round. Prints the median

@@ -17,7 +17,7 @@ and size, the median [quartiles] over rounds of microseconds per all_reduce and
 of each mode's ratio.
 
 Goal (issue 40): verify at most 1.10x gloo, as async. verify carries its check
-inside the collective (collective/InBandCheck): between two ranks a pair
+inside the collective (modes/verify/InBandCheck): between two ranks a pair
 exchange, among more one word beside a one-element sum, or 64 bit-words in front
 of the data (docs/performance.md has the figures).
 """

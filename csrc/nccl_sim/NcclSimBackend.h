@@ -1,7 +1,7 @@
 #pragma once
 
 // NcclSimBackend: "nccl_sim", a c10d backend with NCCL's host semantics on CPU
-// tensors, so that the guard's device path (GuardWork::Mode::Device) and a
+// tensors, so that the guard's device path (GuardWork::Completion::Device) and a
 // user's NCCL training loop can run on a CPU-only CI machine.
 //
 // Each communicator (process group) has one stream (SimStream). Every

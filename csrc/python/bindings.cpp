@@ -11,7 +11,6 @@
 #include "guard/Runtime.h"
 #include "guard/backend/GuardBackend.h"
 #include "guard/collective/LabelTable.h"
-#include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 #include "guard/device/CudaGate.h"
 #include "guard/device/StreamGate.h"
@@ -273,7 +272,7 @@ void bindNcclSim(py::module& m) {
       py::arg("backend"), py::arg("wait_s") = 0.0);
 }
 
-// A guard group looked at from Python: its inners, config, ledger, verifier and stream gate.
+// A guard group looked at from Python: its inners, config, ledger, mode and stream gate.
 // Long: a list of bindings.
 void bindGroups(py::module& m) {
   m.def(
@@ -342,20 +341,13 @@ void bindGroups(py::module& m) {
   // epoch's loop issued collectives).
   m.def("_last_seq",
         [](const c10::intrusive_ptr<c10d::Backend>& b) { return asGuard(b).state()->ledger().progress().lastSeq; });
-  // check="verify": the verifier's counters (None in other modes or at world size 1).
+  // The group's mode's counters (check="verify": its verifier's; None where
+  // the mode keeps none, as in other modes or at world size 1).
   m.def("_verifier_stats", [](const c10::intrusive_ptr<c10d::Backend>& b) -> py::object {
-    torch_ext::Verifier* v = asGuard(b).state()->verifier();
-    if (v == nullptr) return py::none();
-    const auto s = v->stats();
+    const auto counters = asGuard(b).state()->mode().counters();
+    if (counters.empty()) return py::none();
     py::dict d;
-    d["rounds"] = s.rounds;
-    d["gather_us"] = s.gatherMicros;
-    d["burst"] = s.burst;
-    d["quiet_us"] = s.quietMicros;
-    d["mispredictions"] = s.mispredictions;
-    d["verified_seq"] = s.verifiedSeq;
-    d["issued_seq"] = s.issuedSeq;
-    d["in_band"] = s.inBand;
+    for (const auto& [name, value] : counters) d[py::str(name)] = value;
     return d;
   });
   // The stream gate's counters on a group (None where no gate holds streams).

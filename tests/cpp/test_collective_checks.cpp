@@ -9,6 +9,7 @@
 // is failed and every pending helper op errored, which ends the waits; the
 // test then fails instead of hanging.
 #include "guard/collective/CollectiveChecks.h"
+#include "guard/modes/Modes.h"
 
 #include "guard/Errors.h"
 #include "guard/report/Messages.h"
@@ -42,10 +43,6 @@ constexpr auto CPU = c10::DeviceType::CPU;
 using testkit::MemHelper;
 using testkit::Rendezvous;
 
-CheckPolicy modeOf(bool strict) {
-  return CheckPolicy::of(strict ? CheckMode::Strict : CheckMode::Async);
-}
-
 // `size` ranks (global ranks 10, 11, ...), strict or not, over one store.
 struct World {
   World(int size, bool strict, bool withHelper = true) : rv(std::make_shared<Rendezvous>(size)) {
@@ -59,7 +56,8 @@ struct World {
                                                     milliseconds(60000)));
       states.back()->setDesc("default_pg");
       helpers.push_back(withHelper ? c10::make_intrusive<MemHelper>(r, size, rv) : nullptr);
-      checks.push_back(std::make_unique<CollectiveChecks>(states.back(), helpers.back(), modeOf(strict)));
+      installMode(states.back(), helpers.back());
+      checks.push_back(std::make_unique<CollectiveChecks>(states.back()));
     }
   }
   int size() const {
@@ -147,8 +145,9 @@ Fingerprint recv(int src, int64_t n, int tag, c10::ScalarType dtype = at::kFloat
 }
 
 // `fp` as the pipeline describes it at `seq` (collectives) or `ordinal` (p2p).
-Operation operation(const CollectiveChecks& checks, const Fingerprint& fp, uint64_t seq, uint64_t ordinal) {
-  Operation op = checks.plan(fp.op);
+Operation operation(const Fingerprint& fp, uint64_t seq, uint64_t ordinal) {
+  Operation op;
+  op.op = fp.op;
   op.seq = seq;
   op.ordinal = ordinal;
   op.kept = fp;
@@ -158,7 +157,7 @@ Operation operation(const CollectiveChecks& checks, const Fingerprint& fp, uint6
 // Runs the strict check of `fps[r]` at `seq` on every rank.
 std::vector<World::Result> check(World& w, const std::vector<Fingerprint>& fps, uint64_t seq) {
   return w.run([&](int r) {
-    Operation op = operation(*w.checks[r], fps[r], seq, 0);
+    Operation op = operation(fps[r], seq, 0);
     w.checks[r]->beforeInner(op);
   });
 }
@@ -274,16 +273,16 @@ TEST(CollectiveChecks, StrictSendAndRecvPairThroughTheStore) {
   const std::vector<Fingerprint> fps{send(1, 4, 3), recv(0, 4, 3)};
   for (uint64_t ordinal = 1; ordinal <= 2; ++ordinal) {
     // A receive issued before its sender published is deferred, not held.
-    Operation early = operation(*w.checks[1], fps[1], 0, ordinal);
-    ASSERT_TRUE(early.strictP2P);
+    Operation early = operation(fps[1], 0, ordinal);
+    ASSERT_TRUE(w.states[1]->mode().keepsFingerprint(early));
     w.checks[1]->beforeInner(early);
     EXPECT_EQ(early.route, Route::Deferred);
     // Once the send published its print, the receive pairs at issue.
-    Operation sent = operation(*w.checks[0], fps[0], 0, ordinal);
-    ASSERT_TRUE(sent.strictP2P);
+    Operation sent = operation(fps[0], 0, ordinal);
+    ASSERT_TRUE(w.states[0]->mode().keepsFingerprint(sent));
     w.checks[0]->beforeInner(sent);
     EXPECT_EQ(sent.route, Route::Inner);
-    Operation received = operation(*w.checks[1], fps[1], 0, ordinal);
+    Operation received = operation(fps[1], 0, ordinal);
     w.checks[1]->beforeInner(received);
     EXPECT_EQ(received.route, Route::Inner);
   }
@@ -307,11 +306,11 @@ TEST(CollectiveChecks, AStrictRecvThatDoesNotPairFailsTheReceiver) {
     World w(2, /*strict=*/true);
     const std::vector<Fingerprint> fps{send(1, 4, 3), c.recv};
     // The sender publishes its print and goes on; the receiver raises.
-    Operation sent = operation(*w.checks[0], fps[0], 0, 1);
+    Operation sent = operation(fps[0], 0, 1);
     w.checks[0]->beforeInner(sent);
     std::string t;
     try {
-      Operation received = operation(*w.checks[1], fps[1], 0, 1);
+      Operation received = operation(fps[1], 0, 1);
       w.checks[1]->beforeInner(received);
       ADD_FAILURE() << "the receive that does not pair was let through";
     } catch (const CollectiveMismatchError& e) {
@@ -327,11 +326,9 @@ TEST(CollectiveChecks, AStrictRecvThatDoesNotPairFailsTheReceiver) {
 
 TEST(CollectiveChecks, TheAsyncAllToAllAuditGathersThePairingSumsNextToTheOp) {
   World w(3, /*strict=*/false);
-  const auto plan = w.checks[0]->plan(Op::AllToAll);
-  ASSERT_TRUE(plan.audit);
-  ASSERT_FALSE(plan.checksBeforeIssue());
   const auto results = w.run([&](int r) {
-    Operation op = w.checks[r]->plan(Op::AllToAll);
+    Operation op;
+    op.op = Op::AllToAll;
     op.splitSend = 100 + r;
     op.splitRecv = 200 + r;
     w.checks[r]->beforeInner(op);  // nothing before the op
@@ -341,93 +338,83 @@ TEST(CollectiveChecks, TheAsyncAllToAllAuditGathersThePairingSumsNextToTheOp) {
   for (int r = 0; r < 3; ++r) EXPECT_EQ(w.rv->calls(r), (std::vector<std::string>{"allgather x2"}));
 }
 
-TEST(CollectiveChecks, PlanTruthTable) {
-  // (strict, helper) -> op -> (strict check, strict p2p check, split audit).
+TEST(Modes, WhatEachModeAnswers) {
+  // mode: compares, resultsWaitForTheCheck, comparesInStatusRing (before any collective), holds results
   struct Row {
-    Op op;
-    bool strict, helper;
-    bool wantStrict, wantP2P, wantAudit;
+    CheckMode mode;
+    bool answers[4];
   };
-  const std::vector<Row> rows = {
-      // Strict: collectives get the check collective, send/recv the store print,
-      // recv from any source nothing (no peer to pair with), nothing is audited.
-      {Op::AllReduce, true, true, true, false, false},
-      {Op::Broadcast, true, true, true, false, false},
-      {Op::Barrier, true, true, true, false, false},
-      {Op::AllToAll, true, true, true, false, false},
-      {Op::AllToAllSingle, true, true, true, false, false},
-      {Op::Send, true, true, false, true, false},
-      {Op::Recv, true, true, false, true, false},
-      {Op::RecvAnySource, true, true, false, false, false},
-      // Async with a helper: only all-to-all is audited.
-      {Op::AllReduce, false, true, false, false, false},
-      {Op::AllToAll, false, true, false, false, true},
-      {Op::AllToAllSingle, false, true, false, false, true},
-      {Op::Send, false, true, false, false, false},
-      {Op::Recv, false, true, false, false, false},
-      {Op::RecvAnySource, false, true, false, false, false},
-      // Async without a helper (checks off): nothing.
-      {Op::AllReduce, false, false, false, false, false},
-      {Op::AllToAll, false, false, false, false, false},
-      {Op::AllToAllSingle, false, false, false, false, false},
-      {Op::Send, false, false, false, false, false},
+  const Row rows[] = {
+      {CheckMode::Off, {false, false, false, false}},
+      {CheckMode::Async, {true, false, true, false}},
+      {CheckMode::Verify, {true, true, false, true}},
+      {CheckMode::Strict, {true, true, false, false}},
   };
-  auto state =
-      std::make_shared<GroupState>(GroupIdentity{"0", 0, 2, {}}, Config(), testkit::groupStore(), milliseconds(60000));
   auto helper = c10::make_intrusive<MemHelper>(0, 2, std::make_shared<Rendezvous>(2));
   for (const auto& row : rows) {
-    SCOPED_TRACE(std::string(opName(row.op)) + (row.strict ? " strict" : " async") +
-                 (row.helper ? " with helper" : " without helper"));
-    CollectiveChecks checks(state, row.helper ? helper : nullptr, modeOf(row.strict));
-    const auto p = checks.plan(row.op);
-    EXPECT_EQ(p.strict, row.wantStrict);
-    EXPECT_EQ(p.strictP2P, row.wantP2P);
-    EXPECT_EQ(p.audit, row.wantAudit);
-    EXPECT_EQ(p.checksBeforeIssue(), row.wantStrict || row.wantP2P);
-  }
-  // Every op: strict mode checks each one before it is issued, except a
-  // receive from any source; async mode never does.
-  for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
-    const Op op = static_cast<Op>(i);
-    SCOPED_TRACE(opName(op));
-    EXPECT_EQ(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Strict)).plan(op).checksBeforeIssue(),
-              op != Op::RecvAnySource);
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Async)).plan(op).checksBeforeIssue());
-    EXPECT_FALSE(CollectiveChecks(state, nullptr, CheckPolicy::of(CheckMode::Async)).plan(op).audit);
-    // verify: nothing before the op, and no separate audit (its check covers splits).
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).checksBeforeIssue());
-    EXPECT_FALSE(CollectiveChecks(state, helper, CheckPolicy::of(CheckMode::Verify)).plan(op).audit);
+    SCOPED_TRACE(checkModeName(row.mode));
+    for (CallPathMode paths : {CallPathMode::Auto, CallPathMode::On, CallPathMode::Off}) {
+      Config cfg;
+      cfg.check = row.mode;
+      cfg.callPaths = paths;
+      auto state =
+          std::make_shared<GroupState>(GroupIdentity{"0", 0, 2, {}}, cfg, testkit::groupStore(), milliseconds(60000));
+      installMode(state, helper);
+      const Mode& m = state->mode();
+      const bool got[4] = {m.compares(), m.resultsWaitForTheCheck(), m.comparesInStatusRing(),
+                           state->gate() != nullptr};
+      for (int i = 0; i < 4; ++i) EXPECT_EQ(got[i], row.answers[i]) << "answer " << i;
+      // Call paths: compared in strict by default, in any comparing mode when on, never when off.
+      const bool paths_ = paths == CallPathMode::On ? row.mode != CheckMode::Off
+                                                    : paths == CallPathMode::Auto && row.mode == CheckMode::Strict;
+      EXPECT_EQ(m.comparesCallPaths(), paths_) << enumName(paths);
+      state->mode().shutdown(milliseconds(0));
+    }
   }
 }
 
-TEST(CheckPolicy, WhatEachModeDoes) {
-  // mode: compares, checksBeforeIssue, verifies, resultsWaitForTheCheck, comparesInStatusRing, auditsSplitsAfterIssue
-  struct Row {
-    CheckMode mode;
-    bool answers[6];
-  };
-  const Row rows[] = {
-      {CheckMode::Off, {false, false, false, false, false, false}},
-      {CheckMode::Async, {true, false, false, false, true, true}},
-      {CheckMode::Verify, {true, false, true, true, false, false}},
-      {CheckMode::Strict, {true, true, false, true, false, false}},
-  };
-  for (const auto& row : rows) {
-    SCOPED_TRACE(checkModeName(row.mode));
-    const CheckPolicy p = CheckPolicy::of(row.mode);
-    EXPECT_EQ(p.mode, row.mode);
-    const bool got[6] = {p.compares,
-                         p.checksBeforeIssue,
-                         p.verifies,
-                         p.resultsWaitForTheCheck,
-                         p.comparesInStatusRing,
-                         p.auditsSplitsAfterIssue};
-    for (int i = 0; i < 6; ++i) EXPECT_EQ(got[i], row.answers[i]) << "answer " << i;
-    // Call paths: compared in strict by default, in any comparing mode when on, never when off.
-    EXPECT_EQ(p.comparesCallPaths, row.mode == CheckMode::Strict);
-    EXPECT_EQ(CheckPolicy::of(row.mode, CallPathMode::On).comparesCallPaths, row.mode != CheckMode::Off);
-    EXPECT_FALSE(CheckPolicy::of(row.mode, CallPathMode::Off).comparesCallPaths);
+TEST(Modes, WhatEachModeKeepsOfAnOperation) {
+  // Strict keeps every fingerprint but a receive from any source (no peer to
+  // pair with); verify a send's and a receive's on CPU transports (their
+  // pairing words); async and off none.
+  auto helper = c10::make_intrusive<MemHelper>(0, 2, std::make_shared<Rendezvous>(2));
+  for (CheckMode mode : {CheckMode::Off, CheckMode::Async, CheckMode::Verify, CheckMode::Strict}) {
+    Config cfg;
+    cfg.check = mode;
+    auto state =
+        std::make_shared<GroupState>(GroupIdentity{"0", 0, 2, {}}, cfg, testkit::groupStore(), milliseconds(60000));
+    installMode(state, helper);
+    for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {
+      for (bool streamOrdered : {false, true}) {
+        Operation op;
+        op.op = static_cast<Op>(i);
+        op.streamOrdered = streamOrdered;
+        SCOPED_TRACE(std::string(checkModeName(mode)) + " " + opName(op.op) + (streamOrdered ? " stream" : ""));
+        const bool p2p = op.op == Op::Send || op.op == Op::Recv;
+        const bool want = mode == CheckMode::Strict   ? op.op != Op::RecvAnySource
+                          : mode == CheckMode::Verify ? p2p && !streamOrdered
+                                                      : false;
+        EXPECT_EQ(state->mode().keepsFingerprint(op), want);
+      }
+    }
+    state->mode().shutdown(milliseconds(0));
   }
+}
+
+TEST(Modes, StrictWithoutAHelperIsRefusedAndALoneVerifyingRankHoldsNothing) {
+  Config strict;
+  strict.check = CheckMode::Strict;
+  auto state =
+      std::make_shared<GroupState>(GroupIdentity{"0", 0, 2, {}}, strict, testkit::groupStore(), milliseconds(60000));
+  EXPECT_THROW(installMode(state, nullptr), c10::Error);
+  Config verify;
+  verify.check = CheckMode::Verify;
+  auto alone =
+      std::make_shared<GroupState>(GroupIdentity{"0", 0, 1, {}}, verify, testkit::groupStore(), milliseconds(60000));
+  installMode(alone, c10::make_intrusive<MemHelper>(0, 1, std::make_shared<Rendezvous>(1)));
+  EXPECT_EQ(alone->gate(), nullptr);
+  EXPECT_TRUE(alone->mode().resultsWaitForTheCheck());
+  EXPECT_TRUE(alone->mode().counters().empty());
 }
 
 }  // namespace test_collective_checks

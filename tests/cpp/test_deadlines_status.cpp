@@ -2,7 +2,6 @@
 // encoding, the deadlines of the oldest pending op (driven by a fake clock),
 // and the report a rank makes alone when the store is gone.
 #include "guard/watchdog/Deadlines.h"
-#include "guard/collective/CheckPolicy.h"
 #include "guard/report/LocalReport.h"
 #include "guard/report/StatusRecord.h"
 
@@ -58,7 +57,7 @@ TEST(StatusRecord, EncodesEveryPhaseAndRejectsAnythingElse) {
 }
 
 TEST(Deadlines, WarnThenAbortOncePerOpOnAFakeClock) {
-  Deadlines d(milliseconds(3000), milliseconds(10000), 0.2, CheckPolicy::of(CheckMode::Async).compares);
+  Deadlines d(milliseconds(3000), milliseconds(10000), 0.2, /*compares=*/true);
   const int64_t t0 = 100 * kSec;
   Progress p = pendingAt(7, 3, t0);
   EXPECT_FALSE(d.check(p, 1, t0 + 2 * kSec).raise);
@@ -81,7 +80,7 @@ TEST(Deadlines, WarnThenAbortOncePerOpOnAFakeClock) {
 }
 
 TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
-  Deadlines d(milliseconds(1000), milliseconds(4000), 0.2, CheckPolicy::of(CheckMode::Async).compares);
+  Deadlines d(milliseconds(1000), milliseconds(4000), 0.2, /*compares=*/true);
   EXPECT_EQ(d.fallbackNs(), 5 * kSec);  // max(5 s, 25 ticks)
   const int64_t t0 = 0;
   Progress p = pendingAt(1, 1, t0);
@@ -98,7 +97,7 @@ TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
   EXPECT_FALSE(d.check(p, 0, t0 + 20 * kSec).localAbort);  // once
 
   // No report for a hang: one local warning after the fallback.
-  Deadlines w(milliseconds(1000), milliseconds(60000), 0.2, CheckPolicy::of(CheckMode::Async).compares);
+  Deadlines w(milliseconds(1000), milliseconds(60000), 0.2, /*compares=*/true);
   Progress q = pendingAt(2, 5, 0);
   ASSERT_TRUE(w.check(q, 0, kSec + 1).raise);
   EXPECT_FALSE(w.check(q, 0, 5 * kSec).localWarn);
@@ -108,7 +107,7 @@ TEST(Deadlines, LocalFallbacksFireWhenNoVerdictComes) {
 
 TEST(Deadlines, AWaitThatEndedByItselfIsLookedAtAgainOnlyOnceItOutlastsIt) {
   // Rank 0 checkpoints 11 s every epoch; this rank waits at the same call site each time.
-  Deadlines d(milliseconds(10000), milliseconds(1800000), 0.2, CheckPolicy::of(CheckMode::Verify).compares);
+  Deadlines d(milliseconds(10000), milliseconds(1800000), 0.2, /*compares=*/true);
   auto at = [](uint64_t id, uint64_t seq, int64_t start, uint32_t site) {
     Progress p = pendingAt(id, seq, start);
     p.oldestPending.callSite = site;
@@ -134,7 +133,7 @@ TEST(Deadlines, AWaitThatEndedByItselfIsLookedAtAgainOnlyOnceItOutlastsIt) {
   Progress other = at(3, 10, 200 * kSec, 6);
   EXPECT_TRUE(d.check(other, 1, 210 * kSec + 1).raise);
   // An aborted wait teaches nothing: it did not end by itself.
-  Deadlines a(milliseconds(1000), milliseconds(2000), 0.2, CheckPolicy::of(CheckMode::Verify).compares);
+  Deadlines a(milliseconds(1000), milliseconds(2000), 0.2, /*compares=*/true);
   Progress x = at(4, 1, 0, 7);
   ASSERT_TRUE(a.check(x, 0, kSec + 1).raise);
   ASSERT_TRUE(a.check(x, 0, 2 * kSec + 1).raise);  // abort
@@ -143,14 +142,14 @@ TEST(Deadlines, AWaitThatEndedByItselfIsLookedAtAgainOnlyOnceItOutlastsIt) {
 }
 
 TEST(Deadlines, PendingSendRecvGetsOnePairingCheckUnlessChecksAreOff) {
-  Deadlines d(milliseconds(60000), milliseconds(60000), 0.2, CheckPolicy::of(CheckMode::Async).compares);
+  Deadlines d(milliseconds(60000), milliseconds(60000), 0.2, /*compares=*/true);
   Progress p = pendingAt(9, 0, 0);  // seq 0: point-to-point
   EXPECT_FALSE(d.check(p, 2, kSec / 2).raise);
   auto c = d.check(p, 2, kSec + 1);
   ASSERT_TRUE(c.raise);
   EXPECT_EQ(c.raise->id(), "p2p:p2p-2-9");
   EXPECT_FALSE(d.check(p, 2, 2 * kSec).raise);
-  Deadlines off(milliseconds(60000), milliseconds(60000), 0.2, CheckPolicy::of(CheckMode::Off).compares);
+  Deadlines off(milliseconds(60000), milliseconds(60000), 0.2, /*compares=*/false);
   EXPECT_FALSE(off.check(p, 2, 2 * kSec).raise);
 }
 

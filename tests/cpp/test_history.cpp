@@ -1,7 +1,7 @@
-// History and DifferenceWords (issue 39): how each rank reached the collective
+// History and OpWords (issue 39): how each rank reached the collective
 // where the ranks differ, folded into runs, and the words every rank sends in
 // the default check mode's difference report.
-#include "guard/report/DifferenceWords.h"
+#include "guard/report/OpWords.h"
 #include "guard/report/History.h"
 
 #include <gtest/gtest.h>
@@ -206,43 +206,57 @@ TEST(History, ALookAlikeAtTheDifferingCollectiveIsWhereThePathsPart) {
   EXPECT_EQ(formatHistories(ranks, 3).find("the histories part"), std::string::npos);
 }
 
-TEST(DifferenceWords, RoundTripAndFitsItsBudget) {
-  DifferenceWords w;
+TEST(OpWords, RoundTripAndFitsItsBudget) {
+  OpWords w;
   w.text = "all_reduce(float32[9], SUM)";
   w.where = "train.py:67 in <module>";
   w.caller = "train.py:90 in main";
   w.hint = "a hint";
+  w.hash = 0xfedcba9876543210ULL;
   w.metricSync = true;
   w.metrics = {"val_loss", "val_acc"};
   w.history = {{1, 1, 1, "broadcast", "train.py:50"}, {2, 27, 26, "all_reduce", "train.py:67"}};
   w.facts = OpFacts{w.text, "all_reduce", "float32", {3, 3}, 1, "SUM"};
-  const DifferenceWords back = DifferenceWords::decode(w.encode(2047));
+  const OpWords back = OpWords::decode(w.encode(2047));
   EXPECT_EQ(back.facts, w.facts);
   EXPECT_EQ(back.text, w.text);
   EXPECT_EQ(back.where, w.where);
   EXPECT_EQ(back.caller, w.caller);
   EXPECT_EQ(back.hint, w.hint);
+  EXPECT_EQ(back.hash, w.hash);
   EXPECT_TRUE(back.metricSync);
   EXPECT_EQ(back.metrics, w.metrics);
   EXPECT_EQ(back.history, w.history);
   // Separators inside a text are replaced, never misread as fields.
-  DifferenceWords odd;
+  OpWords odd;
   odd.where = std::string("a\x1f") + "b";
-  EXPECT_EQ(DifferenceWords::decode(odd.encode(2047)).where, "a b");
+  EXPECT_EQ(OpWords::decode(odd.encode(2047)).where, "a b");
   // Over budget: the oldest runs go first, then the text is cut.
   const std::string full = w.encode(2047);
-  const DifferenceWords fewer = DifferenceWords::decode(w.encode(full.size() - 1));
+  const OpWords fewer = OpWords::decode(w.encode(full.size() - 1));
   ASSERT_EQ(fewer.history.size(), 1u);
   EXPECT_EQ(fewer.history[0].firstSeq, 2u);
   EXPECT_EQ(fewer.text, w.text);
-  EXPECT_LE(w.encode(10).size(), 10u);
-  EXPECT_EQ(DifferenceWords::decode(w.encode(10)).text, w.text.substr(0, 10));
+  // The hash goes first: a cut keeps it.
+  const size_t head = std::to_string(w.hash).size() + 1;
+  EXPECT_LE(w.encode(head + 10).size(), head + 10);
+  EXPECT_EQ(OpWords::decode(w.encode(head + 10)).text, w.text.substr(0, 10));
+  EXPECT_EQ(OpWords::decode(w.encode(head + 10)).hash, w.hash);
+  // The report's row.
+  const RankOp row = back.rankOp(7);
+  EXPECT_EQ(row.globalRank, 7);
+  EXPECT_EQ(row.text, w.text);
+  EXPECT_EQ(row.where, w.where);
+  EXPECT_EQ(row.caller, w.caller);
+  EXPECT_EQ(row.hint, w.hint);
+  EXPECT_EQ(row.hash, w.hash);
+  EXPECT_EQ(row.facts, w.facts);
   // Nothing sent: the defaults.
-  EXPECT_TRUE(DifferenceWords::decode("").history.empty());
-  EXPECT_FALSE(DifferenceWords::decode("").facts.known());
+  EXPECT_TRUE(OpWords::decode("").history.empty());
+  EXPECT_FALSE(OpWords::decode("").facts.known());
   // A rank whose ledger no longer holds the op sends no facts.
-  DifferenceWords none;
-  EXPECT_FALSE(DifferenceWords::decode(none.encode(2047)).facts.known());
+  OpWords none;
+  EXPECT_FALSE(OpWords::decode(none.encode(2047)).facts.known());
 }
 
 }  // namespace test_history

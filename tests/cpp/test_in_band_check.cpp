@@ -2,8 +2,8 @@
 // reading of their reduced values. The reduction is done here by hand, as the
 // inner backend would do it over W ranks.
 
-#include "guard/collective/InBandCheck.h"
-#include "guard/collective/PairExchange.h"
+#include "guard/modes/verify/InBandCheck.h"
+#include "guard/modes/verify/PairExchange.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

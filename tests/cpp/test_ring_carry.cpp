@@ -4,7 +4,7 @@
 // layout is computed here as gloo/allreduce.cc computes it, independently of
 // RingCarry::segment.
 
-#include "guard/collective/RingCarry.h"
+#include "guard/modes/verify/RingCarry.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -9,7 +9,8 @@
 // strict exchange, a p2p print) and then leave; the store must hold no guard
 // key afterwards. The store records every key written, so the test also fails
 // if a kind is never exercised, or if a kind appears that it does not know.
-#include "guard/collective/StrictExchange.h"
+#include "guard/collective/StoreExchange.h"
+#include "guard/modes/strict/StrictExchange.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Watchdog.h"
 
@@ -250,7 +251,10 @@ TEST(StoreKeys, LeavingTheGroupRemovesEveryKindOfKeyItWrote) {
     std::vector<std::thread> threads;
     for (int r = 0; r < kSize; ++r) {
       threads.emplace_back([&, r] {
-        seen[r] = exchangeStrictFingerprints(*ranks[r], allReduce(8 + r), 7, "train.py:" + std::to_string(r), "");
+        OpWords mine;
+        mine.text = allReduce(8 + r).describe();
+        mine.where = "train.py:" + std::to_string(r);
+        seen[r] = exchangeStrictFingerprints(*ranks[r], mine, 7);
       });
     }
     for (auto& t : threads) t.join();
@@ -261,9 +265,14 @@ TEST(StoreKeys, LeavingTheGroupRemovesEveryKindOfKeyItWrote) {
   }
   // 4. A p2p print (p2p/<src>/<dst>/<tag>/<ordinal>): the receiver deletes it.
   const std::string printKey = keys::p2pPrint(0, 1, 5, 1);
-  ASSERT_TRUE(publishP2PPrint(*ranks[0], printKey, P2PPrint{"send(float32[4], dst=1, tag=5)", "train.py:9", 42}));
-  const P2PPrint got = awaitP2PPrint(*ranks[1], printKey, "recv");
-  EXPECT_EQ(got.pair, 42u);
+  OpWords print;
+  print.text = "send(float32[4], dst=1, tag=5)";
+  print.where = "train.py:9";
+  print.hash = 42;
+  ASSERT_TRUE(publishP2PPrint(*ranks[0], printKey, print));
+  const OpWords got = awaitP2PPrint(*ranks[1], printKey, "recv");
+  EXPECT_EQ(got.hash, 42u);
+  EXPECT_EQ(got.where, "train.py:9");
   EXPECT_EQ(got.text, "send(float32[4], dst=1, tag=5)");
 
   const std::vector<std::string> beforeLeave = guardKeys(store->keysNow());

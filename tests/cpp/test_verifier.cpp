@@ -2,10 +2,10 @@
 // (BurstPacing), and whole groups of Verifiers in one process, meeting through
 // the test kit's in-memory helper backend: rounds, verdicts, differences.
 
-#include "guard/collective/BurstPacing.h"
+#include "guard/modes/verify/BurstPacing.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
-#include "guard/collective/Verifier.h"
+#include "guard/modes/verify/Verifier.h"
 #include "testkit.h"
 
 #include <gtest/gtest.h>
@@ -161,7 +161,6 @@ struct Group {
       states.back()->setDesc("default_pg");
       auto helper = c10::make_intrusive<testkit::MemHelper>(r, size, rv);
       verifiers.push_back(std::make_shared<Verifier>(states.back(), helper, [this] { return now.load(); }));
-      states.back()->setVerifier(verifiers.back());
     }
   }
   ~Group() {

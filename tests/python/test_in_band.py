@@ -1,4 +1,4 @@
-"""check="verify": a small waited all_reduce carries its own check (collective/InBandCheck).
+"""check="verify": a small waited all_reduce carries its own check (modes/verify/InBandCheck).
 
 Real processes launched as SLURM or mpirun would (plain env://, rank 0's
 process hosts the store), at the guard's default settings. A loop of waited

@@ -16,7 +16,7 @@ def _sources(folder: pathlib.Path) -> list[pathlib.Path]:
 
 # The stack, bottom first (docs/architecture.md, "Layout"): a file includes only
 # its own layer and the layers below it. "root" is csrc/guard's own files.
-STACK = ["report", "root", "device", "store", "collective", "watchdog", "backend"]
+STACK = ["report", "root", "device", "store", "collective", "modes", "watchdog", "backend"]
 
 
 def _layer(path: pathlib.Path) -> str:
@@ -165,7 +165,7 @@ DETACH_ALLOWED = {
     "watchdog/TerminateHandler.cpp": "the dying process's last words, bounded by the process's end",
     "watchdog/WatchdogExit.cpp": "the watchdog thread stuck at exit",
     "watchdog/LauncherStop.cpp": "waits for the launcher's SIGTERM all the process's life, then ends it",
-    "collective/Verifier.cpp": "the pacer holding the verifier's last reference cannot join itself",
+    "modes/verify/Verifier.cpp": "the pacer holding the verifier's last reference cannot join itself",
 }
 
 
@@ -197,11 +197,57 @@ def test_groups_fail_in_one_place():
 
 
 def test_the_check_mode_is_decided_in_one_file():
-    # What each mode does is CheckPolicy::of's answer (collective/CheckPolicy.cpp); everything
-    # else asks the group's policy, never the mode (Config parses and names the modes).
+    # Which object does a group's `check` is the registry's answer (modes/Modes.cpp, one line
+    # per mode); everything else asks the group's mode (collective/Mode.h), never which it is
+    # (Config parses and names the modes).
     mode = re.compile(r"CheckMode::(Off|Async|Verify|Strict)")
     users = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if mode.search(src.read_text())}
-    assert users == {"Config.h", "collective/CheckPolicy.cpp", "collective/CheckPolicy.h"}, users
+    assert users == {"Config.h", "modes/Modes.cpp"}, users
+
+
+MODES = GUARD / "modes"
+
+
+def _mode_of(path: pathlib.Path) -> str | None:
+    """The mode whose folder holds `path` (None outside csrc/guard/modes/<mode>/)."""
+    rel = path.relative_to(GUARD).parts
+    return rel[1] if rel[0] == "modes" and len(rel) > 2 else None
+
+
+def test_each_mode_lives_in_its_folder_and_nothing_else_reaches_into_it():
+    # The change stories of issue 67: adding a mode, or changing how verify gates a release,
+    # touches that mode's folder and the registry's line. So a mode's files are included only
+    # by its own folder and the registry, and no mode includes another's; the Python bindings
+    # and the C++ tests read a mode through collective/Mode.h too (tests of a mode's own
+    # mechanism, e.g. the verifier's pacing, are that mode's and may include it).
+    folders = {p.name for p in MODES.iterdir() if p.is_dir()}
+    assert folders == {"off", "async", "strict", "verify"}, folders
+    offenders = []
+    for src, inc in _includes() + [(src, GUARD / inc) for src in _sources(GUARD.parent / "python")
+                                   for inc in INCLUDE.findall(src.read_text())]:
+        if not inc.is_relative_to(MODES) or _mode_of(inc) is None:
+            continue
+        if src.is_relative_to(GUARD) and (_mode_of(src) == _mode_of(inc) or src == MODES / "Modes.cpp"):
+            continue
+        offenders.append(f"{src.relative_to(GUARD.parent)} includes guard/{inc.relative_to(GUARD)}")
+    assert not offenders, offenders
+
+
+def test_nothing_outside_a_mode_names_its_verifier_or_its_mechanisms():
+    # Outside modes/, a group's mode is asked what it does (Mode.h), never whether it has a
+    # verifier, a pairing, a deferred receive or a split audit.
+    names = re.compile(r"\b(Verifier|P2PPairing|DeferredReceives|InBandCheck|(Strict|Verify|Async|Off)Mode)\b")
+    code = re.compile(r"//.*$|/\*.*?\*/", re.M | re.S)
+    sources = _sources(GUARD) + _sources(GUARD.parent / "python")
+    offenders = sorted(str(src.relative_to(GUARD.parent)) for src in sources
+                       if not src.is_relative_to(MODES) and names.search(code.sub("", src.read_text())))
+    assert not offenders, offenders
+
+
+def test_a_mode_is_registered_by_one_line():
+    registry = (MODES / "Modes.cpp").read_text()
+    lines = re.findall(r"^\s*\{CheckMode::(\w+), &(\w+)Mode::make\},$", registry, re.M)
+    assert sorted(lines) == sorted([("Off", "Off"), ("Async", "Async"), ("Strict", "Strict"), ("Verify", "Verify")])
 
 
 def test_ops_and_states_are_compared_as_enums_not_strings():

@@ -1,4 +1,4 @@
-"""check="verify" paces its rounds by the program's bursts (csrc/guard/collective/Verifier.h).
+"""check="verify" paces its rounds by the program's bursts (csrc/guard/modes/verify/Verifier.h).
 
 By default a check round starts whenever a collective is issued and none is in
 flight: DDP's bucket all_reduces then cost about one round each. When the

@@ -4,11 +4,10 @@
 
 #include "guard/collective/CallSite.h"
 #include "guard/collective/GuardWork.h"
-#include "guard/collective/InBandCheck.h"
+#include "guard/collective/InBandRequest.h"
 #include "guard/collective/LabelTable.h"
-#include "guard/collective/P2PPairing.h"
 #include "guard/collective/StreamOrdered.h"
-#include "guard/collective/Verifier.h"
+#include "guard/modes/Modes.h"
 #include "guard/report/Report.h"  // Verdict (coalescing reports)
 #include "guard/Runtime.h"
 #include "guard/watchdog/TerminateHandler.h"
@@ -62,8 +61,7 @@ std::vector<int64_t> numels(const std::vector<at::Tensor>& ts) {
 // On failure: error every pending future, abort pending works and the inner
 // backends (NCCL aborts its communicators; gloo has no abort, so its pending
 // waits are released through the futures), and never destroy them.
-void abortGroup(const std::weak_ptr<GroupState>& weak, const std::weak_ptr<Verifier>& weakVerifier,
-                const std::vector<c10::intrusive_ptr<c10d::Backend>>& inners) {
+void abortGroup(const std::weak_ptr<GroupState>& weak, const std::vector<c10::intrusive_ptr<c10d::Backend>>& inners) {
   auto state = weak.lock();
   if (!state) return;
   auto failure = state->failure();
@@ -72,14 +70,9 @@ void abortGroup(const std::weak_ptr<GroupState>& weak, const std::weak_ptr<Verif
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
   state->ledger().failPending(std::string("group failed: ") + guardErrorKindName(failure->kind), &futures, &works);
   const std::exception_ptr err = surfaced(state->failureError());
-  // Held streams pass now, their unverified results overwritten (the report
-  // is written already; the inner backends are aborted below).
-  if (auto verifier = weakVerifier.lock(); verifier && state->streamGate()) {
-    state->streamGate()->poison(verifier->firstUnverifiable());
-  }
+  // Whatever the mode holds (held streams, results awaiting their release) gets the failure.
+  state->mode().groupFailed(err);
   for (auto& f : futures) f->setErrorIfNeeded(err);
-  // Futures whose collective completed but awaited the check's release.
-  if (auto verifier = weakVerifier.lock()) verifier->failParked(err);
   for (auto& w : works) {
     try {
       w->abort();
@@ -104,8 +97,6 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
                            Config config, std::map<std::string, InnerBackend> inner,
                            c10::intrusive_ptr<c10d::Backend> helper)
     : c10d::Backend(rank, size), inner_(std::move(inner)), helper_(std::move(helper)) {
-  TORCH_CHECK(!CheckPolicy::of(config.check).checksBeforeIssue || helper_,
-              "guard: strict mode needs a helper backend for its check collective");
   for (auto& kv : inner_) {
     TORCH_CHECK(kv.second.backend, "guard: inner backend for device '", kv.first, "' is null");
     kv.second.streamOrdered = isStreamOrdered(*kv.second.backend);
@@ -135,16 +126,9 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   for (const auto& kv : inner_) {
     if (kv.second.streamOrdered) state_->setStreamOrdered(true);
   }
-  // A lone rank cannot disagree with itself: no verifier at world size 1.
-  std::unique_ptr<P2PPairing> pairing;
-  if (state_->policy().verifies && helper_ && size > 1) {
-    state_->setVerifier(std::make_shared<Verifier>(state_, helper_));
-    pairing = std::make_unique<P2PPairing>(state_, helper_);
-    if (state_->streamOrdered() && state_->config().streamGate != StreamGateMode::Off) {
-      state_->setStreamGate(std::make_shared<device::StreamGate>(state_->config().streamGate == StreamGateMode::On));
-    }
-  }
-  checks_ = std::make_unique<CollectiveChecks>(state_, helper_, state_->policy(), std::move(pairing));
+  // The group's check mode (modes/Modes.h): everything it checks and holds.
+  installMode(state_, helper_);
+  checks_ = std::make_unique<CollectiveChecks>(state_);
   pg_uid_ = state_->id().name;
   if (helper_) helper_->setGroupUid(pg_uid_ + kHelperSuffix);
 
@@ -153,8 +137,7 @@ GuardBackend::GuardBackend(c10::intrusive_ptr<c10d::Store> store, StoreAddress s
   for (const auto& kv : inner_) inners.push_back(kv.second.backend);
   if (helper_) inners.push_back(helper_);
   std::weak_ptr<GroupState> weak = state_;
-  std::weak_ptr<Verifier> weakVerifier = state_->verifierPtr();
-  state_->setAbortHook([weak, weakVerifier, inners]() { abortGroup(weak, weakVerifier, inners); });
+  state_->setAbortHook([weak, inners]() { abortGroup(weak, inners); });
   init();
   // Once per process: what a terminated process says (gloo's transport thread
   // terminates it on a byte-count difference).
@@ -226,8 +209,8 @@ c10::intrusive_ptr<c10d::Work> GuardBackend::run(FingerprintBuilder&& builder, c
 
 // The path every operation takes, top to bottom: described once (record),
 // checked before the inner call, issued by the route its checks chose, checked
-// after, handed back as the work the program waits on. What the group's check
-// mode does at each step is CollectiveChecks' (CheckPolicy.h).
+// after, handed back as the work the program waits on. What runs at each step
+// is the group's mode's (collective/Mode.h), which CollectiveChecks calls in order.
 template <typename Call>
 c10::intrusive_ptr<c10d::Work> GuardBackend::issue(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
                                                    const InBandRequest* inBand) {
@@ -624,22 +607,17 @@ void GuardBackend::unregisterAbortHook(int64_t hookId) {
 }
 #endif
 
-void GuardBackend::drainVerifier() {
-  Verifier* verifier = state_->verifier();
-  if (verifier == nullptr || state_->failed()) return;
-  const auto bound = std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0));
-  if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
-    state_->waitUntil([] { return false; }, bound);  // the report is on its way
-  }
+std::chrono::milliseconds GuardBackend::drainBound() const {
+  return std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0));
 }
 
 void GuardBackend::awaitVerdicts() {
-  if (!state_->failed()) drainVerifier();
+  if (!state_->failed()) state_->mode().drain(drainBound());
   if (!state_->failed()) return;
   // The sync point: what the program reads next is filled, as a held stream
   // would be past the gate (the abort hook poisons, right after the failure).
   if (device::StreamGate* gate = state_->streamGate()) {
-    gate->awaitHostPoison(std::chrono::milliseconds(static_cast<int64_t>(state_->config().storeTimeoutS * 1000.0)));
+    gate->awaitHostPoison(drainBound());
   }
   std::rethrow_exception(surfaced(state_->failureError()));
 }
@@ -647,20 +625,10 @@ void GuardBackend::awaitVerdicts() {
 void GuardBackend::shutdown() {
   if (shutdown_) return;
   shutdown_ = true;
-  // check="verify": no clean exit over a pending verdict. Wait (bounded by the
-  // store timeout, like every exit path) until what this rank issued is
-  // verified; a difference found meanwhile fails the group, and
-  // destroy_process_group() raises it below.
-  const bool failedBefore = state_->failed();
-  if (Verifier* verifier = state_->verifier(); verifier != nullptr && !failedBefore) {
-    drainVerifier();
-    verifier->stop();
-  }
-  // No stream stays held by a group that is gone: what the drain did not
-  // verify passes poisoned (the group failed, or its verdict never came).
-  if (Verifier* verifier = state_->verifier(); verifier != nullptr && state_->streamGate() != nullptr) {
-    state_->streamGate()->poison(verifier->firstUnverifiable());
-  }
+  // No clean exit over a pending verdict: the mode drains (bounded by the
+  // store timeout, like every exit path) what this rank issued; a difference
+  // found meanwhile fails the group, and destroy_process_group() raises it below.
+  state_->mode().shutdown(drainBound());
   // A mismatch the program never saw raised (found during the drain, or on a
   // collective nobody waited on) is raised here; one it saw is not raised again.
   const bool mismatched =
@@ -683,7 +651,8 @@ void GuardBackend::shutdown() {
   cpu_.reset();
   cuda_.reset();
   helper_.reset();
-  checks_.reset();  // holds the helper too, and the send/recv pairing with its words still in flight
+  checks_.reset();
+  state_->mode().dropBackends();  // the helper, and the send/recv words still in flight
   // Their workers have let go of every work by now: free the ones kept for
   // them (a gloo work holds its context, and so the transport's thread).
   WorkRetirement::instance().sweepAll();

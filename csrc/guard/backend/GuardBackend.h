@@ -6,12 +6,13 @@
 // or any registered backend) that torch created for us, and sends every
 // operation through ONE generic path, run():
 //
-//   fingerprint -> ledger -> [strict check] -> inner backend -> GuardWork
-//                                                                  |
-//                     [verify: the Verifier's rounds release it] <-+
+//   fingerprint -> ledger -> [mode: before] -> inner backend -> [mode: after] -> GuardWork
+//                                                                                   |
+//                                    [mode's release gate: verify's Verifier] <-----+
 //
-// (check="strict" compares before the inner op; "verify", the default, issues
-// the op at once and its GuardWork hands the result over only once the
+// (the group's check mode is an object, collective/Mode.h, made by
+// modes/Modes.h: "strict" compares before the inner op; "verify", the default,
+// issues the op at once and its GuardWork hands the result over only once the
 // Verifier has found every rank issued the same collectives up to it; "async"
 // compares in the watchdog's exchange, after the fact.)
 // so no collective has a hand-copied body that could drift from the others. The
@@ -40,7 +41,7 @@
 
 namespace torch_ext {
 
-struct InBandRequest;  // collective/InBandCheck.h
+struct InBandRequest;  // collective/InBandRequest.h
 
 struct InnerBackend {
   std::string name;  // "gloo", "nccl", ...
@@ -156,7 +157,7 @@ class GuardBackend : public c10d::Backend {
 
  private:
   // The one path every operation takes. `call` invokes the inner backend;
-  // `inBand`: the collective may carry its own check (InBandCheck.h).
+  // `inBand`: the collective may carry its own check (InBandRequest.h).
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> run(FingerprintBuilder&& builder, c10::DeviceType device, Call&& call,
                                      const InBandRequest* inBand = nullptr);
@@ -187,7 +188,8 @@ class GuardBackend : public c10d::Backend {
   // How works of each device's inner backend complete (StreamOrdered.h).
   bool streamOrdered(c10::DeviceType device) const;
   bool cpuStreamOrdered_ = false;
-  void drainVerifier();
+  // How long a drain at a sync point or shutdown waits: the store timeout.
+  std::chrono::milliseconds drainBound() const;
   bool cudaStreamOrdered_ = false;
   c10::intrusive_ptr<c10d::Backend> helper_;
   std::string innerNames_;

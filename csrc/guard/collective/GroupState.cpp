@@ -66,7 +66,6 @@ GroupState::GroupState(GroupIdentity id, Config cfg, std::shared_ptr<GroupStore>
                        std::chrono::milliseconds timeout)
     : id_(std::move(id)),
       cfg_(std::move(cfg)),
-      policy_(CheckPolicy::of(cfg_.check, cfg_.callPaths)),
       store_(std::move(store)),
       timeout_(timeout),
       ledger_(static_cast<size_t>(cfg_.ledgerSize)) {

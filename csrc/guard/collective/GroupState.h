@@ -7,9 +7,9 @@
 
 #include "guard/Config.h"
 #include "guard/Errors.h"
-#include "guard/collective/CheckPolicy.h"
 #include "guard/collective/IncidentSink.h"
 #include "guard/collective/Ledger.h"
+#include "guard/collective/Mode.h"
 #include "guard/device/StreamGate.h"
 #include "guard/store/StoreChannel.h"
 
@@ -24,8 +24,6 @@
 #include <vector>
 
 namespace torch_ext {
-
-class Verifier;
 
 struct GroupIdentity {
   std::string name;  // torch's group name ("0" for the default group)
@@ -56,9 +54,23 @@ class GroupState {
   const Config& config() const {
     return cfg_;
   }
-  // What the group's check mode does (CheckPolicy.h: the one place that says).
-  const CheckPolicy& policy() const {
-    return policy_;
+  // The group's check mode (Mode.h): what it checks, holds and drains. Until
+  // one is set (modes/Modes.h, installMode), a mode that checks nothing.
+  Mode& mode() const {
+    return *mode_;
+  }
+  const std::shared_ptr<Mode>& modePtr() const {
+    return mode_;
+  }
+  // Set once, before the first collective.
+  void setMode(std::shared_ptr<Mode> mode) {
+    mode_ = std::move(mode);
+    gate_ = mode_->gate();
+  }
+  // What holds results until every rank is known to have issued the same
+  // (the mode's gate; null: results are released when they complete).
+  ReleaseGate* gate() const {
+    return gate_;
   }
   // Seconds between two store exchanges of this rank (the interval, stretched
   // for large groups by the store budget); the waits of the cross-rank protocol
@@ -128,7 +140,7 @@ class GroupState {
   void addFailureHook(int64_t id, std::function<void()> hook);
   void removeFailureHook(int64_t id);
 
-  // Where this group's checks, verifier and works report what they find: the
+  // Where this group's checks, mode and works report what they find: the
   // watchdog once it watches the group (IncidentSink.h), a detached sink before.
   IncidentSink& incidents() const {
     return *incidents_.load(std::memory_order_acquire);
@@ -137,19 +149,8 @@ class GroupState {
     incidents_.store(&sink, std::memory_order_release);
   }
 
-  // check="verify": what releases results once they are known to agree
-  // across ranks (null in other modes). Set once, before the first collective.
-  void setVerifier(std::shared_ptr<Verifier> verifier) {
-    verifier_ = std::move(verifier);
-  }
-  Verifier* verifier() const {
-    return verifier_.get();
-  }
-  const std::shared_ptr<Verifier>& verifierPtr() const {
-    return verifier_;
-  }
-  // check="verify" on a stream backend: what holds the waiting streams until
-  // the verdict (null otherwise). Set once, with the verifier.
+  // A stream backend whose mode holds the waiting streams until the verdict
+  // (verify's): the gate on the device (null otherwise). Set once, by the mode.
   void setStreamGate(std::shared_ptr<device::StreamGate> gate) {
     streamGate_ = std::move(gate);
   }
@@ -176,7 +177,6 @@ class GroupState {
  private:
   GroupIdentity id_;
   Config cfg_;
-  CheckPolicy policy_;
   std::shared_ptr<GroupStore> store_;
   std::chrono::milliseconds timeout_;
   Ledger ledger_;
@@ -189,7 +189,8 @@ class GroupState {
   std::optional<Failure> failure_;
   std::function<void()> abortHook_;
   std::map<int64_t, std::function<void()>> failureHooks_;
-  std::shared_ptr<Verifier> verifier_;
+  std::shared_ptr<Mode> mode_ = std::make_shared<Mode>();
+  ReleaseGate* gate_ = nullptr;
   std::shared_ptr<device::StreamGate> streamGate_;
   bool streamOrdered_ = false;
   // Last: the members above keep their offsets (the ledger's hot fields their cache lines).

@@ -1,7 +1,6 @@
 #include "guard/collective/GuardWork.h"
 
 #include "guard/Runtime.h"
-#include "guard/collective/Verifier.h"
 #include "guard/collective/WorkRetirement.h"
 
 #include <c10/util/Exception.h>
@@ -17,7 +16,7 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   WorkRetirement::instance().sweep();  // frees, on this thread, what the inner backend let go of since
   if (streamOrdered) {
     state->ledger().pollLater(id, inner, /*reportFailure=*/true);
-    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Device, nullptr);
+    return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Completion::Device, nullptr);
   }
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
   try {
@@ -27,7 +26,7 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
   }
   if (!innerFuture) {
     state->ledger().pollLater(id, inner);
-    auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Blocking, nullptr);
+    auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Completion::Blocking, nullptr);
     work->inBand_ = inBand;
     return work;
   }
@@ -43,7 +42,7 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
     });
   }
   auto work =
-      c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Mode::Future, std::move(innerFuture));
+      c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Completion::Future, std::move(innerFuture));
   work->inBand_ = inBand;
   return work;
 }
@@ -52,7 +51,7 @@ void GuardWork::settle(const std::shared_ptr<GroupState>& state, uint64_t id, ui
                        const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
   const bool ok = !inner->hasError();
   if (seq > 0 && ok) {
-    if (Verifier* verifier = state->verifier()) verifier->kick();  // check what completed, off the caller's thread
+    if (ReleaseGate* gate = state->gate()) gate->kick();  // check what completed, off the caller's thread
   }
   auto ours = state->ledger().complete(id, ok, ok ? std::string() : inner->tryRetrieveErrorMessage());
   if (!ours) return;
@@ -87,24 +86,24 @@ void GuardWork::release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10:
                         const c10::intrusive_ptr<c10::ivalue::Future>& inner) {
   // Called for a completed inner future without error (settle() and
   // getFuture() hand errors the guard's report instead).
-  Verifier* verifier = seq > 0 ? state.verifier() : nullptr;
-  if (verifier == nullptr || verifier->verified(seq)) {
+  ReleaseGate* gate = seq > 0 ? state.gate() : nullptr;
+  if (gate == nullptr || gate->verified(seq)) {
     completeFrom(*ours, *inner);
     return;
   }
   // check="verify": the result reaches the future's callbacks only once every
   // rank is known to have issued the same collectives up to this one.
-  verifier->whenVerified(
+  gate->whenVerified(
       seq, [ours, inner] { completeFrom(*ours, *inner); },
       [ours](std::exception_ptr err) { ours->setErrorIfNeeded(surfaced(std::move(err))); });
 }
 
-Verifier* GuardWork::gate() const {
-  return (mode_ == Mode::Future && seq_ > 0) ? state_->verifier() : nullptr;
+ReleaseGate* GuardWork::gate() const {
+  return (completion_ == Completion::Future && seq_ > 0) ? state_->gate() : nullptr;
 }
 
 bool GuardWork::released() const {
-  Verifier* v = gate();
+  ReleaseGate* v = gate();
   return v == nullptr || innerFuture_->hasError() || v->verified(seq_);
 }
 
@@ -113,14 +112,14 @@ void GuardWork::completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inn
 }
 
 GuardWork::GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq,
-                     Op op, Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
+                     Op op, Completion completion, c10::intrusive_ptr<c10::ivalue::Future> innerFuture)
     : c10d::Work(state->id().rank, toOpType(op)),
       state_(std::move(state)),
       inner_(std::move(inner)),
       id_(id),
       seq_(seq),
       op_(op),
-      mode_(mode),
+      completion_(completion),
       innerFuture_(std::move(innerFuture)) {}
 
 GuardWork::~GuardWork() {
@@ -147,7 +146,7 @@ bool GuardWork::isCompleted() {
 }
 
 bool GuardWork::completedOrThrow() {
-  if (mode_ == Mode::Future) {
+  if (completion_ == Completion::Future) {
     if (innerFuture_->completed()) {
       if (released()) return true;
       if (!inBand_) gate()->want(seq_);  // asked for: check it now (in band: its verdict is on its way)
@@ -162,14 +161,14 @@ bool GuardWork::completedOrThrow() {
     return false;
   }
   if (state_->failed()) {
-    if (mode_ == Mode::Device && seq_ > 0 && state_->verifier() != nullptr) state_->throwFailure("");
+    if (completion_ == Completion::Device && seq_ > 0 && state_->gate() != nullptr) state_->throwFailure("");
     return true;
   }
   if (!inner_->isCompleted()) return false;
-  if (Verifier* v = inBand_ && seq_ > 0 ? state_->verifier() : nullptr) {
+  if (ReleaseGate* v = inBand_ && seq_ > 0 ? state_->gate() : nullptr) {
     return v->verified(seq_);  // not done until released (a difference fails the group: raised above)
   }
-  if (Verifier* v = hostGate()) {
+  if (ReleaseGate* v = hostGate()) {
     v->want(seq_);  // asked for: check it now; not done until released
     return false;
   }
@@ -177,17 +176,17 @@ bool GuardWork::completedOrThrow() {
 }
 
 bool GuardWork::isSuccess() const {
-  if (mode_ == Mode::Future) return innerFuture_->completed() && !innerFuture_->hasError() && released();
+  if (completion_ == Completion::Future) return innerFuture_->completed() && !innerFuture_->hasError() && released();
   return !state_->failed() && !inner_->exception();
 }
 
 std::exception_ptr GuardWork::exception() const {
   if (state_->failed()) {
-    const bool failedHere =
-        mode_ == Mode::Future ? !innerFuture_->completed() || innerFuture_->hasError() : inner_->exception() != nullptr;
+    const bool failedHere = completion_ == Completion::Future ? !innerFuture_->completed() || innerFuture_->hasError()
+                                                              : inner_->exception() != nullptr;
     if (failedHere) return groupFailure();
   }
-  if (mode_ == Mode::Future) return innerFuture_->completed() ? innerFuture_->exception_ptr() : nullptr;
+  if (completion_ == Completion::Future) return innerFuture_->completed() ? innerFuture_->exception_ptr() : nullptr;
   return inner_->exception();
 }
 
@@ -211,11 +210,11 @@ void GuardWork::blockCurrentStream() {
 void GuardWork::holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
                            c10::intrusive_ptr<c10::ivalue::Future> landed, bool asked) {
   device::StreamGate* gate = state.streamGate();
-  if (seq == 0 || gate == nullptr || state.verifier()->verified(seq)) return;
+  if (seq == 0 || gate == nullptr || state.gate()->verified(seq)) return;
   try {
     // A wait asks for the verdict now, as on gloo; a future's hold (DDP's
-    // buckets) leaves the rounds to the verifier's pacing: one per step.
-    if (gate->hold(seq, outputs, std::move(landed)) && asked) state.verifier()->want(seq);
+    // buckets) leaves the rounds to the check's pacing: one per step.
+    if (gate->hold(seq, outputs, std::move(landed)) && asked) state.gate()->want(seq);
   } catch (const std::exception& e) {
     // A launch the driver refused: the result goes out unheld, as in async; said, not hidden.
     logMessage(LogLevel::Warning, "guard: the stream gate could not hold collective #" + std::to_string(seq) +
@@ -225,8 +224,9 @@ void GuardWork::holdStream(GroupState& state, uint64_t seq, const std::vector<at
 
 void GuardWork::holdOwnResult() {
   // Checked before result() and landed(), which copy the outputs and may make
-  // a future: every Device-mode wait passes here, gated or not.
-  if (mode_ != Mode::Device || seq_ == 0 || state_->streamGate() == nullptr || state_->verifier()->verified(seq_)) {
+  // a future: every Device-completion wait passes here, gated or not.
+  if (completion_ != Completion::Device || seq_ == 0 || state_->streamGate() == nullptr ||
+      state_->gate()->verified(seq_)) {
     return;
   }
   holdStream(*state_, seq_, inner_->result(), landed());
@@ -268,8 +268,8 @@ uint64_t GuardWork::getSequencenumber() const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> GuardWork::getFuture() {
-  if (mode_ == Mode::Device) return deviceFuture();
-  if (mode_ != Mode::Future) return inner_->getFuture();
+  if (completion_ == Completion::Device) return deviceFuture();
+  if (completion_ != Completion::Future) return inner_->getFuture();
   std::call_once(futureOnce_, [this] {
     // Made on first request (DDP's comm hooks ask; a plain wait() does not):
     // ours, not the inner one, so that a group failure can error it while the
@@ -326,13 +326,13 @@ void GuardWork::failFromInner(const std::string& err) {
   std::rethrow_exception(innerFailure(state_, id_, err));
 }
 
-void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeout) {
+void GuardWork::awaitVerdict(ReleaseGate* gate, std::chrono::milliseconds timeout) {
   // The collective completed, but its result is not released: the check found
   // a difference (or could not run), and the group's failure follows at once
-  // (the verifier fails it with the cross-rank report); or the caller's own
+  // (the gate fails it with the cross-rank report); or the caller's own
   // timeout expired first.
   if (state_->failed()) state_->throwFailure("");
-  if (verifier->blocked(seq_)) {
+  if (gate->blocked(seq_)) {
     constexpr auto kReportBound = std::chrono::seconds(30);
     if (!state_->waitUntil([] { return false; }, kReportBound)) {
       state_->incidents().failGroup(
@@ -349,9 +349,9 @@ void GuardWork::awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeo
   throw c10::DistBackendError(os.str());
 }
 
-Verifier* GuardWork::hostGate() {
-  if (mode_ != Mode::Device || seq_ == 0) return nullptr;
-  Verifier* v = state_->verifier();
+ReleaseGate* GuardWork::hostGate() {
+  if (completion_ != Completion::Device || seq_ == 0) return nullptr;
+  ReleaseGate* v = state_->gate();
   if (v == nullptr || v->verified(seq_) || !inner_->isCompleted()) return nullptr;
   return v;
 }
@@ -387,14 +387,14 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   // A wait without a deadline blocks this thread until the operation ends: the
   // watchdog's snapshots say so (a wait-for cycle of such waits is certain).
   BlockingWait scope(timeout == kNoTimeout ? &state_->ledger() : nullptr, id_);
-  if (mode_ == Mode::Future) {
-    Verifier* verifier = gate();
+  if (completion_ == Completion::Future) {
+    ReleaseGate* held = gate();
     // Asked for: check it now; a collective that carries its check brings its verdict itself.
-    if (verifier != nullptr && !inBand_) verifier->want(seq_);
+    if (held != nullptr && !inBand_) held->want(seq_);
     const bool done = state_->waitUntil(
-        [this, verifier] {
-          return innerFuture_->completed() && (verifier == nullptr || innerFuture_->hasError() ||
-                                               verifier->verified(seq_) || verifier->blocked(seq_));
+        [this, held] {
+          return innerFuture_->completed() &&
+                 (held == nullptr || innerFuture_->hasError() || held->verified(seq_) || held->blocked(seq_));
         },
         timeout);
     if (!innerFuture_->completed()) {
@@ -431,13 +431,13 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
   // watchdog aborts the inner work, e.g. a send/recv that will never pair). Say so,
   // rather than return as if the data had arrived.
   if (!result && state_->failed()) state_->throwFailure("");
-  if (Verifier* v = result && inBand_ && seq_ > 0 ? state_->verifier() : nullptr) {
+  if (ReleaseGate* v = result && inBand_ && seq_ > 0 ? state_->gate() : nullptr) {
     // A carried collective without a future (gloo's reduce_scatter): its
     // verdict came in the inner wait() (InBandCheck.h), a disagreement's from
     // the rounds it started.
     state_->waitUntil([this, v] { return v->verified(seq_) || v->blocked(seq_); }, timeout);
     if (!v->verified(seq_)) awaitVerdict(v, timeout);
-  } else if (Verifier* v = result ? hostGate() : nullptr) {
+  } else if (ReleaseGate* v = result ? hostGate() : nullptr) {
     // A stream backend whose wait() waited for the data (nccl_sim with
     // TORCH_EXT_NCCL_SIM_WAIT=data: on CPU the host is the compute stream):
     // released only once every rank is known to have issued the same
@@ -451,7 +451,7 @@ bool GuardWork::waitOrThrow(std::chrono::milliseconds timeout) {
     // returned: the stream waits for the verdict too (StreamGate.h).
     holdOwnResult();
   }
-  if (mode_ == Mode::Blocking) {
+  if (completion_ == Completion::Blocking) {
     state_->ledger().complete(id_, true);
     // The watchdog's poll has nothing left to learn from it; holding it until
     // then kept each reduce_scatter's tensors (FSDP2) alive for a whole tick.

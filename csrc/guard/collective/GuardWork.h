@@ -31,11 +31,9 @@
 
 namespace torch_ext {
 
-class Verifier;
-
 class GuardWork : public c10d::Work {
  public:
-  enum class Mode : uint8_t { Future, Blocking, Device };
+  enum class Completion : uint8_t { Future, Blocking, Device };
 
   // Wraps `inner` (recorded as ledger record `id`) and starts tracking
   // completion; `streamOrdered`: the inner backend completes works on a stream.
@@ -44,7 +42,7 @@ class GuardWork : public c10d::Work {
                                             bool streamOrdered, bool inBand = false);
 
   GuardWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> inner, uint64_t id, uint64_t seq, Op op,
-            Mode mode, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
+            Completion completion, c10::intrusive_ptr<c10::ivalue::Future> innerFuture);
   // Hands the inner work and our future to WorkRetirement: the inner backend's
   // worker may still hold them, and must not be the one to free them.
   ~GuardWork() override;
@@ -89,29 +87,29 @@ class GuardWork : public c10d::Work {
   // for p2p).
   static void release(GroupState& state, uint64_t seq, c10::intrusive_ptr<c10::ivalue::Future> ours,
                       const c10::intrusive_ptr<c10::ivalue::Future>& inner);
-  // The verifier that gates this work's result (null when none does).
-  Verifier* gate() const;
+  // The release gate that holds this work's result (null when none does).
+  ReleaseGate* gate() const;
   // The result may be handed out: not gated, verified, or an error.
   bool released() const;
   // The collective completed but is not released: throws the group's failure
   // once a found difference has failed it, or the caller's timeout.
-  [[noreturn]] void awaitVerdict(Verifier* verifier, std::chrono::milliseconds timeout);
-  // Device mode: the verifier that gates a result already on the host (the
+  [[noreturn]] void awaitVerdict(ReleaseGate* gate, std::chrono::milliseconds timeout);
+  // Device completion: the release gate that holds a result already on the host (the
   // inner work has completed), or null (not gated, or the data is still on
   // its way: a stream backend orders, the host does not wait).
-  Verifier* hostGate();
+  ReleaseGate* hostGate();
   static void completeFrom(c10::ivalue::Future& ours, c10::ivalue::Future& inner);
-  // Device mode, check="verify" with a stream gate: the current stream of
+  // Device completion, check="verify" with a stream gate: the current stream of
   // `outputs`' device waits for this collective's verdict (nothing if it is in).
   // `asked`: a wait, which starts the verdict's round now.
   static void holdStream(GroupState& state, uint64_t seq, const std::vector<at::Tensor>& outputs,
                          c10::intrusive_ptr<c10::ivalue::Future> landed = {}, bool asked = true);
-  // holdStream for this work's own result, after the cheap checks (Device mode).
+  // holdStream for this work's own result, after the cheap checks (Device completion).
   void holdOwnResult();
   // What completes once the inner work wrote its result (null: written, or no future).
   c10::intrusive_ptr<c10::ivalue::Future> landed() const;
   static std::vector<at::Tensor> tensorsOf(const c10::IValue& value);
-  // Device mode's getFuture(): the inner future's completion, with the
+  // Device completion's getFuture(): the inner future's completion, with the
   // group's verdict as its error.
   c10::intrusive_ptr<c10::ivalue::Future> deviceFuture();
 
@@ -120,12 +118,12 @@ class GuardWork : public c10d::Work {
   uint64_t id_;
   uint64_t seq_;
   Op op_;
-  Mode mode_;
-  c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // Mode::Future only
+  Completion completion_;
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture_;  // Completion::Future only
   std::once_flag futureOnce_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;  // ours: made by getFuture()
   // The collective carries its own check (InBandCheck.h): its verdict comes
-  // with its data, so a wait does not ask the verifier for a round.
+  // with its data, so a wait does not ask the gate for a round.
   bool inBand_ = false;
 };
 

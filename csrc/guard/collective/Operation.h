@@ -3,8 +3,8 @@
 // Operation: one user operation on its way through the guard, described once.
 //
 // GuardBackend::issue builds it (CollectiveChecks::record: the call site, the
-// label, the ledger record and what the group's check mode does with it) and
-// every later step reads it: the checks before the inner call, the inner call
+// label, the ledger record and the route the group's mode picks) and every
+// later step reads it: the checks before the inner call, the inner call
 // or the route that replaces it, the checks after it and the work the program
 // gets. Nothing is computed twice on the way.
 
@@ -20,8 +20,8 @@ namespace torch_ext {
 // How the operation reaches the inner backend.
 enum class Route : uint8_t {
   Inner,     // the inner backend's own call, as the user made it
-  InBand,    // verify: the collective carries its own check (InBandCheck.h)
-  Deferred,  // strict: a receive posted once its sender's print is there
+  InBand,    // the collective carries its own check (Mode::carry; verify's InBandCheck)
+  Deferred,  // a receive posted later (Mode::deferReceive; strict's, once its sender's print is there)
 };
 
 struct Operation {
@@ -35,20 +35,12 @@ struct Operation {
   uint64_t id = 0, seq = 0, ordinal = 0, rolling = 0;
   uint64_t hash = 0, splitSend = 0, splitRecv = 0;
 
-  // What the group's check mode does with it (CheckPolicy.h).
-  bool strict = false;     // collective: the check all_reduce before the op
-  bool strictP2P = false;  // send/recv: fingerprints through the store before the receive
-  bool audit = false;      // async all-to-all: the split audit next to the op
-  bool paired = false;     // verify send/recv: words on the helper group (P2PPairing)
+  // How it reaches the inner backend: the group's mode decides (Mode.h).
   Route route = Route::Inner;
 
-  // The fingerprint, kept past the ledger record only for the checks that
-  // need it after (strict, pairing); the ledger owns the record's own copy.
+  // The fingerprint, kept past the ledger record only where the mode needs it
+  // after (Mode::keepsFingerprint); the ledger owns the record's own copy.
   std::optional<Fingerprint> kept;
-
-  bool checksBeforeIssue() const {
-    return strict || strictP2P;
-  }
 };
 
 }  // namespace torch_ext

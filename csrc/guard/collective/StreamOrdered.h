@@ -7,7 +7,7 @@
 // at once, wait() only orders the caller's stream after it and does not block
 // the host, completion is seen by polling isCompleted(), and a stuck operation
 // is released only by the backend's abort(). The guard must then never block
-// the host where the inner backend would not (GuardWork::Mode::Device).
+// the host where the inner backend would not (GuardWork::Completion::Device).
 // Host backends (gloo, mpi, ucc on CPU, and gloo on CUDA tensors) complete a
 // work when its data is ready, and wait() blocks until then.
 //

@@ -51,7 +51,7 @@ class Deadlines {
 
  private:
   int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_;
-  bool checksP2P_;  // CheckPolicy::compares: a send/recv pending long is looked into
+  bool checksP2P_;  // Mode::compares: a send/recv pending long is looked into
   uint64_t warnedId_ = 0, abortedId_ = 0, p2pCheckedId_ = 0;
   int64_t warnedAtNs_ = 0, abortedAtNs_ = 0;
   std::optional<IncidentSubject> warnedSubject_;

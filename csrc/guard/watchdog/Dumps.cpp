@@ -154,7 +154,7 @@ GroupWait groupWait(GroupState& state) {
     if (blockedIn == 0) blockedIn = state.ledger().raisedInWait();
     w.blocked =
         blockedIn == e.id && (sendWaitsForItsReceive(state, e.fp) ||
-                              !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.policy().resultsWaitForTheCheck));
+                              !e.fp.mayFinishAlone(id.rank, e.seq != 0 && state.mode().resultsWaitForTheCheck()));
     if (e.seq == 0 && (e.fp.op == Op::Send || e.fp.op == Op::Recv) && e.fp.root >= 0) {
       w.peer = id.globalRank(e.fp.root);
       w.recv = e.fp.op == Op::Recv;

@@ -225,7 +225,7 @@ void parkAfterFailure();
 // the process is terminated as before.
 bool someGroupChecks() {
   for (const auto& st : Watchdog::instance().groupStates()) {
-    if (st->id().size > 1 && st->policy().compares) return true;
+    if (st->id().size > 1 && st->mode().compares()) return true;
   }
   return false;
 }

@@ -20,7 +20,7 @@ struct VerdictFacts {
   IncidentKind incident = IncidentKind::Hang;  // what raised it: warn_after (Hang), abort_after (Abort), ...
   bool cycle = false;                          // a hang verdict that found a wait-for cycle
   bool certain = false;                        // ... that waiting cannot resolve (WaitFinding::certain)
-  bool compares = true;                        // the group's check mode compares (CheckPolicy::compares)
+  bool compares = true;                        // the group's check mode compares (Mode::compares)
   bool endDeadlocks = true;                    // TORCH_EXT_END_DEADLOCKS
   bool rankGone = false;                       // a failure verdict that names a rank gone
   bool streamOrdered = false;                  // the group's inner backend completes on streams (NCCL)

@@ -5,7 +5,6 @@
 #include "guard/report/Messages.h"
 #include "guard/report/RankList.h"
 #include "guard/collective/CallSite.h"
-#include "guard/collective/Verifier.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/LastWords.h"
 #include "guard/store/StoreKeys.h"
@@ -86,7 +85,7 @@ Watchdog& Watchdog::instance() {
 
 Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
     : state(std::move(s)),
-      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->policy().compares),
+      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->mode().compares()),
       protocol(*state, IncidentProtocol::Hooks{
                            [&dog, st = state.get()](const Incident& inc) {
                              const size_t window =
@@ -482,11 +481,9 @@ void Watchdog::exchange(GroupCtx& ctx) {
     if (!statusKeys.empty()) {
       auto values = store.multiGet(statusKeys);
       const int64_t readAt = steadyNs();
-      // verify: only while a collective that carries its check (and so starts
-      // no round) is unverified: the rounds cover the others.
-      const Verifier* verifier = st.verifier();
-      const bool ring = (st.policy().comparesInStatusRing || (verifier != nullptr && verifier->carriedUnverified())) &&
-                        !st.failed() && p.lastSeq > 0;
+      // Whether the ring compares now is the mode's (async always; verify while
+      // a collective that carries its check, and so starts no round, is unverified).
+      const bool ring = st.mode().comparesInStatusRing() && !st.failed() && p.lastSeq > 0;
       for (size_t i = 0; values.ok() && i < values.value.size(); ++i) {
         auto ns = StatusRecord::decode(values.value[i]);
         if (!ns) continue;

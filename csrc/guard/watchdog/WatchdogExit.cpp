@@ -6,7 +6,6 @@
 // with the store (lingerForPeers).
 
 #include "guard/Errands.h"
-#include "guard/collective/Verifier.h"
 #include "guard/report/RankList.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/LastWords.h"
@@ -73,19 +72,13 @@ void Watchdog::leaveGroup(GroupCtx& ctx) {
 }
 
 std::vector<std::string> Watchdog::unraisedAtExit(const std::vector<std::shared_ptr<GroupCtx>>& groups) {
-  // check="verify": no clean exit over a pending verdict. What this rank
-  // issued is verified first (bounded by the store timeout); a difference
-  // found meanwhile fails its group, and the exit reports it.
+  // No clean exit over a pending verdict: the mode drains what this rank
+  // issued first (bounded by the store timeout); a difference found meanwhile
+  // fails its group, and the exit reports it.
   std::vector<std::string> mismatches;
   for (auto& g : groups) {
     GroupState& st = *g->state;
-    Verifier* verifier = st.verifier();
-    if (verifier != nullptr && !st.failed()) {
-      const auto bound = std::chrono::milliseconds(static_cast<int64_t>(st.config().storeTimeoutS * 1000.0));
-      if (!verifier->drain(bound) && verifier->blocked(verifier->verifiedSeq() + 1)) {
-        st.waitUntil([] { return false; }, bound);
-      }
-    }
+    st.mode().drain(std::chrono::milliseconds(static_cast<int64_t>(st.config().storeTimeoutS * 1000.0)));
     // Found at exit, or earlier on collectives nobody waited on: never raised.
     auto f = st.failure();
     if (f && f->kind == GuardErrorKind::Mismatch && !st.failureRaised()) {

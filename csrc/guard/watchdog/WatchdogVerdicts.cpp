@@ -76,7 +76,7 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
   facts.incident = inc.kind;
   facts.cycle = v.kind == Verdict::Kind::Hang && v.shape == WaitShape::Cycle;
   facts.certain = v.certain;
-  facts.compares = st.policy().compares;
+  facts.compares = st.mode().compares();
   facts.endDeadlocks = st.config().endDeadlocks;
   facts.rankGone = !v.gone.empty();
   facts.streamOrdered = st.streamOrdered();

@@ -1,4 +1,4 @@
-#include "guard/report/DifferenceWords.h"
+#include "guard/report/OpWords.h"
 
 #include <cstdint>
 #include <cstdlib>
@@ -17,9 +17,10 @@ std::string plain(std::string s) {
   return s;
 }
 
-std::string encodeWith(const DifferenceWords& w, size_t skipRuns) {
-  std::string out = plain(w.text) + kField + plain(w.where) + kName + plain(w.caller) + kField + plain(w.hint) +
-                    kField + (w.metricSync ? "1" : "0") + kField;
+std::string encodeWith(const OpWords& w, size_t skipRuns) {
+  // The hash first: a cut (a long text) never loses it.
+  std::string out = std::to_string(w.hash) + kField + plain(w.text) + kField + plain(w.where) + kName +
+                    plain(w.caller) + kField + plain(w.hint) + kField + (w.metricSync ? "1" : "0") + kField;
   for (const auto& m : w.metrics) out += plain(m) + kName;
   out += kField;
   // The op's facts, before the history (which the encoder shortens first).
@@ -48,17 +49,19 @@ std::vector<std::string> split(const std::string& s, char sep, size_t maxParts) 
 
 }  // namespace
 
-std::string DifferenceWords::encode(size_t maxBytes) const {
+std::string OpWords::encode(size_t maxBytes) const {
   for (size_t skip = 0;; ++skip) {
     std::string out = encodeWith(*this, skip);
     if (out.size() <= maxBytes || skip >= history.size()) return out.substr(0, maxBytes);
   }
 }
 
-DifferenceWords DifferenceWords::decode(const std::string& bytes) {
-  DifferenceWords w;
-  auto f = split(bytes, kField, 7);
-  f.resize(7);
+OpWords OpWords::decode(const std::string& bytes) {
+  OpWords w;
+  auto all = split(bytes, kField, 8);
+  all.resize(8);
+  w.hash = std::strtoull(all[0].c_str(), nullptr, 10);
+  const std::vector<std::string> f(all.begin() + 1, all.end());
   w.text = f[0];
   auto where = split(f[1], kName, 2);
   where.resize(2);
@@ -83,6 +86,18 @@ DifferenceWords DifferenceWords::decode(const std::string& bytes) {
   }
   w.history = decodeHistory(f[6]);
   return w;
+}
+
+RankOp OpWords::rankOp(int64_t globalRank) const {
+  RankOp op;
+  op.globalRank = globalRank;
+  op.text = text;
+  op.where = where;
+  op.caller = caller;
+  op.hint = hint;
+  op.hash = hash;
+  op.facts = facts;
+  return op;
 }
 
 }  // namespace torch_ext

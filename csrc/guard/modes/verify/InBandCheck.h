@@ -49,7 +49,8 @@
 //    does (integer types only, as the all_reduce: FSDP2's floating gradients
 //    wait for a round).
 
-#include "guard/collective/RingCarry.h"
+#include "guard/collective/InBandRequest.h"
+#include "guard/modes/verify/RingCarry.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -93,6 +94,10 @@ class InBandCheck {
   // first callback (without a future: in the wait() or isCompleted() that
   // sees it done, before it returns); an inner failure is its failure.
   using Verdict = std::function<void(bool)>;
+  // Whether the collective `r` describes carries its check, and issuing it so.
+  static bool carries(const InBandRequest& r, const c10d::Backend& inner, int worldSize);
+  static c10::intrusive_ptr<c10d::Work> issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
+                                              int worldSize, Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,
                                                   Verdict verdict);
@@ -160,23 +165,6 @@ class InBandCheck {
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);
-};
-
-// One collective that may carry its check, as GuardBackend hands it over:
-// which kind, and pointers to the caller's arguments (valid during issue).
-struct InBandRequest {
-  enum class Kind : uint8_t { AllReduce, AllGather, ReduceScatter };
-  Kind kind;
-  std::vector<at::Tensor>* tensors = nullptr;  // AllReduce
-  at::Tensor* output = nullptr;                // AllGather, ReduceScatter
-  at::Tensor* input = nullptr;
-  const c10d::AllreduceOptions* allreduce = nullptr;
-  const c10d::AllgatherOptions* allgather = nullptr;
-  const c10d::ReduceScatterOptions* reduceScatter = nullptr;
-
-  bool carries(const c10d::Backend& inner, int worldSize) const;
-  c10::intrusive_ptr<c10d::Work> issue(c10d::Backend& inner, uint64_t rolling, int worldSize,
-                                       InBandCheck::Verdict verdict) const;
 };
 
 }  // namespace torch_ext

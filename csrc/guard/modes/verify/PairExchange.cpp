@@ -1,4 +1,4 @@
-#include "guard/collective/PairExchange.h"
+#include "guard/modes/verify/PairExchange.h"
 
 #include <ATen/ATen.h>
 

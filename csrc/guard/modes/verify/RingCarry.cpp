@@ -1,4 +1,4 @@
-#include "guard/collective/RingCarry.h"
+#include "guard/modes/verify/RingCarry.h"
 
 #include <algorithm>
 #include <cstring>

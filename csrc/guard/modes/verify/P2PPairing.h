@@ -37,7 +37,8 @@ namespace torch_ext {
 
 class P2PPairing {
  public:
-  P2PPairing(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper);
+  // `state`: the group, which owns its mode and so this (held weakly).
+  P2PPairing(std::weak_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper);
 
   // After the data of send `fp` (from `callSite`) was posted: posts its words.
   void sent(const Fingerprint& fp, uint32_t callSite);
@@ -52,7 +53,7 @@ class P2PPairing {
   static constexpr std::chrono::milliseconds kWordsWithin{30'000};
 
  private:
-  std::shared_ptr<GroupState> state_;
+  std::weak_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;
   // Sends of words kept while the transport may still read their tensors:
   // the last kInFlight; an older one is waited for before it is dropped.

@@ -1,4 +1,4 @@
-#include "guard/collective/Verifier.h"
+#include "guard/modes/verify/Verifier.h"
 
 #include "guard/Clock.h"
 #include "guard/Errands.h"
@@ -6,7 +6,8 @@
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/LabelTable.h"
-#include "guard/report/DifferenceWords.h"
+#include "guard/collective/IssuedWords.h"
+#include "guard/report/OpWords.h"
 #include "guard/report/History.h"
 #include "guard/report/Messages.h"
 #include "guard/report/Incident.h"
@@ -442,53 +443,34 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   // stream gate lets those through (firstUnverifiable) and poisons from #first.
   agreedSeq_.store(first - 1, std::memory_order_release);
   if (auto* gate = st->streamGate()) gate->release(first - 1);
-  // Each rank's words for that collective (DifferenceWords), gathered so every
-  // rank writes the same report.
-  DifferenceWords words;
-  // The metrics this rank synced around it: the report compares them across ranks.
+  // Each rank's words for that collective (OpWords), gathered so every rank
+  // writes the same report.
   auto& ledger = st->ledger();
+  OpWords words;
+  if (auto e = ledger.bySeq(first)) words = issuedWords(e->fp, e->callSite, e->label, e->fp.hash);
+  // The metrics this rank synced around it: the report compares them across ranks.
   auto metricAt = [&ledger](uint64_t s) -> std::optional<std::string> {
     auto e = ledger.bySeq(s);
     return e ? LabelTable::instance().metricOf(e->label) : std::nullopt;
   };
   words.metricSync = metricAt(first).has_value();
   words.metrics = metricRunAround(first, ledger.progress().lastSeq, UINT64_MAX, metricAt);
-  uint64_t hash = 0;
-  if (auto e = ledger.bySeq(first)) {
-    words.facts = e->fp.facts();
-    words.text = words.facts.text;
-    const Label label = LabelTable::instance().get(e->label);
-    const std::vector<Frame> frames = CallSites::instance().frames(e->callSite);
-    words.where = describeCallSite(frames) + labelSuffix(label, frames);
-    words.caller = describeCaller(frames);
-    words.hint = label.hint;
-    hash = e->fp.hash;
-  }
   words.history = localHistory(ledger, first);
   std::vector<int64_t> mine = packText(words.encode(kTextBytes - 1));
-  mine.push_back(static_cast<int64_t>(hash));
   auto self = shared_from_this();
   gather(std::move(mine), [self, first, splitsOnly](const std::vector<int64_t>& texts) {
     auto state = self->state_.lock();
     if (!state) return;
-    const size_t stride = kTextBytes / sizeof(int64_t) + 1;
+    const size_t stride = kTextBytes / sizeof(int64_t);
     std::vector<RankOp> ops;
     std::vector<RankMetrics> metrics;
     std::vector<RankHistory> histories;
     bool metricSync = false;  // the op at `first` is a metric sync on some rank
     for (int r = 0; r < self->size_; ++r) {
       const int64_t* w = texts.data() + r * stride;
-      DifferenceWords words = DifferenceWords::decode(unpackText(w));
+      OpWords words = OpWords::decode(unpackText(w));
       const int64_t globalRank = state->id().globalRank(r);
-      RankOp op;
-      op.globalRank = globalRank;
-      op.text = std::move(words.text);
-      op.where = std::move(words.where);
-      op.caller = std::move(words.caller);
-      op.hint = std::move(words.hint);
-      op.hash = static_cast<uint64_t>(w[stride - 1]);
-      op.facts = std::move(words.facts);
-      ops.push_back(std::move(op));
+      ops.push_back(words.rankOp(globalRank));
       metricSync = metricSync || words.metricSync;
       metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
       histories.push_back(RankHistory{globalRank, true, std::move(words.history)});

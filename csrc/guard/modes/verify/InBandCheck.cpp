@@ -1,7 +1,7 @@
-#include "guard/collective/InBandCheck.h"
+#include "guard/modes/verify/InBandCheck.h"
 
-#include "guard/collective/PairExchange.h"
-#include "guard/collective/RingCarry.h"
+#include "guard/modes/verify/PairExchange.h"
+#include "guard/modes/verify/RingCarry.h"
 #include "guard/TorchCompat.h"
 
 #include <ATen/ATen.h>
@@ -485,31 +485,32 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::reduceScatter(c10d::Backend& inner, 
       [out, user, k, n, op, worldSize] { return readBack(out, user, k, n, op, worldSize); }, std::move(verdict));
 }
 
-bool InBandRequest::carries(const c10d::Backend& inner, int worldSize) const {
-  switch (kind) {
-    case Kind::AllReduce:
-      return InBandCheck::exchanges(*tensors, allreduce->reduceOp, worldSize, inner) ||
-             InBandCheck::compact(*tensors, allreduce->reduceOp, worldSize) ||
-             InBandCheck::ringCarry(*tensors, allreduce->reduceOp, worldSize, inner).has_value() ||
-             InBandCheck::words(*tensors, allreduce->reduceOp, worldSize) > 0;
-    case Kind::AllGather:
-      return InBandCheck::carriesAllGather(*output, *input, worldSize);
-    case Kind::ReduceScatter:
-      return InBandCheck::ringScatter(*output, *input, reduceScatter->reduceOp, worldSize, inner).has_value() ||
-             InBandCheck::carriesReduceScatter(*output, *input, reduceScatter->reduceOp, worldSize);
+bool InBandCheck::carries(const InBandRequest& r, const c10d::Backend& inner, int worldSize) {
+  switch (r.kind) {
+    case InBandRequest::Kind::AllReduce:
+      return InBandCheck::exchanges(*r.tensors, r.allreduce->reduceOp, worldSize, inner) ||
+             InBandCheck::compact(*r.tensors, r.allreduce->reduceOp, worldSize) ||
+             InBandCheck::ringCarry(*r.tensors, r.allreduce->reduceOp, worldSize, inner).has_value() ||
+             InBandCheck::words(*r.tensors, r.allreduce->reduceOp, worldSize) > 0;
+    case InBandRequest::Kind::AllGather:
+      return InBandCheck::carriesAllGather(*r.output, *r.input, worldSize);
+    case InBandRequest::Kind::ReduceScatter:
+      return InBandCheck::ringScatter(*r.output, *r.input, r.reduceScatter->reduceOp, worldSize, inner).has_value() ||
+             InBandCheck::carriesReduceScatter(*r.output, *r.input, r.reduceScatter->reduceOp, worldSize);
   }
   return false;
 }
 
-c10::intrusive_ptr<c10d::Work> InBandRequest::issue(c10d::Backend& inner, uint64_t rolling, int worldSize,
-                                                    InBandCheck::Verdict verdict) const {
-  switch (kind) {
-    case Kind::AllReduce:
-      return InBandCheck::allreduce(inner, *tensors, *allreduce, rolling, worldSize, std::move(verdict));
-    case Kind::AllGather:
-      return InBandCheck::allgather(inner, *output, *input, *allgather, rolling, worldSize, std::move(verdict));
-    case Kind::ReduceScatter:
-      return InBandCheck::reduceScatter(inner, *output, *input, *reduceScatter, rolling, worldSize, std::move(verdict));
+c10::intrusive_ptr<c10d::Work> InBandCheck::issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
+                                                  int worldSize, Verdict verdict) {
+  switch (r.kind) {
+    case InBandRequest::Kind::AllReduce:
+      return InBandCheck::allreduce(inner, *r.tensors, *r.allreduce, rolling, worldSize, std::move(verdict));
+    case InBandRequest::Kind::AllGather:
+      return InBandCheck::allgather(inner, *r.output, *r.input, *r.allgather, rolling, worldSize, std::move(verdict));
+    case InBandRequest::Kind::ReduceScatter:
+      return InBandCheck::reduceScatter(inner, *r.output, *r.input, *r.reduceScatter, rolling, worldSize,
+                                        std::move(verdict));
   }
   return {};
 }

@@ -1,10 +1,10 @@
-#include "guard/collective/P2PPairing.h"
+#include "guard/modes/verify/P2PPairing.h"
 
 #include "guard/Errors.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/LabelTable.h"
-#include "guard/collective/StrictExchange.h"
+#include "guard/collective/StoreExchange.h"
 
 #include <ATen/ATen.h>
 
@@ -122,10 +122,11 @@ class PairedReceiveWork : public c10d::Work {
       // Their line, when this process ran it too (symmetric code); else rank `src`'s own.
       auto& sites = CallSites::instance();
       const uint32_t theirSite = sites.byStableKey(static_cast<uint64_t>(w[kSite]));
-      P2PPrint theirs{send.describe(),
-                      theirSite != 0 ? sites.describe(theirSite)
-                                     : "a line only rank " + std::to_string(state_->id().globalRank(src)) + " ran",
-                      static_cast<uint64_t>(w[kPair])};
+      OpWords theirs;
+      theirs.text = send.describe();
+      theirs.where = theirSite != 0 ? sites.describe(theirSite)
+                                    : "a line only rank " + std::to_string(state_->id().globalRank(src)) + " ran";
+      theirs.hash = static_cast<uint64_t>(w[kPair]);
       const std::vector<Frame> frames = sites.frames(callSite_);
       const std::string where = describeCallSite(frames) + labelSuffix(LabelTable::instance().get(label_), frames);
       p2pPairsOrFails(state_, theirs, fp_, ordinal_, src, where, /*raise=*/true);
@@ -147,7 +148,7 @@ class PairedReceiveWork : public c10d::Work {
 
 }  // namespace
 
-P2PPairing::P2PPairing(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper)
+P2PPairing::P2PPairing(std::weak_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper)
     : state_(std::move(state)), helper_(std::move(helper)) {}
 
 void P2PPairing::sent(const Fingerprint& fp, uint32_t callSite) {
@@ -174,8 +175,9 @@ c10::intrusive_ptr<c10d::Work> P2PPairing::received(c10::intrusive_ptr<c10d::Wor
                                                     uint64_t ordinal, uint32_t callSite) {
   std::vector<at::Tensor> buffer{at::empty({static_cast<int64_t>(kWords)}, at::TensorOptions().dtype(at::kLong))};
   auto words = helper_->recv(buffer, fp.root, fp.tag);
-  return c10::make_intrusive<PairedReceiveWork>(state_, std::move(data), std::move(words), buffer[0], fp, ordinal,
-                                                callSite, LabelTable::current());
+  // The issuing backend holds the group: its state is there.
+  return c10::make_intrusive<PairedReceiveWork>(state_.lock(), std::move(data), std::move(words), buffer[0], fp,
+                                                ordinal, callSite, LabelTable::current());
 }
 
 }  // namespace torch_ext

@@ -1,4 +1,4 @@
-#include "guard/collective/BurstPacing.h"
+#include "guard/modes/verify/BurstPacing.h"
 
 #include <algorithm>
 

@@ -37,8 +37,9 @@
 //    same CollectiveMismatchError text everywhere: no store involved, so it
 //    holds when the store (rank 0's process) is going away.
 
-#include "guard/collective/BurstPacing.h"
 #include "guard/collective/GroupState.h"
+#include "guard/collective/ReleaseGate.h"
+#include "guard/modes/verify/BurstPacing.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -57,7 +58,7 @@
 
 namespace torch_ext {
 
-class Verifier : public std::enable_shared_from_this<Verifier> {
+class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifier> {
  public:
   // `nowNs`: the steady clock the pacing reads (a test's made-up one; steadyNs by default).
   using NowNs = std::function<int64_t()>;
@@ -65,7 +66,7 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
 
   Verifier(const Verifier&) = delete;
   Verifier& operator=(const Verifier&) = delete;
-  ~Verifier();
+  ~Verifier() override;
 
   // Issue side: collective #seq was recorded (any order between threads).
   // Starts a round unless one is in flight or bursts are predicted (Pacing).
@@ -87,12 +88,12 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   // A collective completed on this rank (the inner backend's callback):
   // start a round over what is issued, unless one is in flight or bursts are
   // predicted.
-  void kick();
+  void kick() override;
   // Someone needs #seq's verdict now (wait(), is_completed(), the exit drain):
   // a round starts at once, or right after the one in flight.
-  void want(uint64_t seq);
+  void want(uint64_t seq) override;
 
-  bool verified(uint64_t seq) const {
+  bool verified(uint64_t seq) const override {
     return verifiedSeq_.load(std::memory_order_acquire) >= seq;
   }
   uint64_t verifiedSeq() const {
@@ -106,11 +107,12 @@ class Verifier : public std::enable_shared_from_this<Verifier> {
   }
   // The check cannot release `seq` any more: a difference was found, or the
   // helper backend failed (a peer is gone); the group's failure follows.
-  bool blocked(uint64_t seq) const;
+  bool blocked(uint64_t seq) const override;
 
   // Runs `release` once `seq` is verified (at once if it is). Dropped if the
   // check is blocked: the group fails, and `onFailure` is told instead.
-  void whenVerified(uint64_t seq, std::function<void()> release, std::function<void(std::exception_ptr)> onFailure);
+  void whenVerified(uint64_t seq, std::function<void()> release,
+                    std::function<void(std::exception_ptr)> onFailure) override;
   // The group failed: every parked release gets the failure instead.
   void failParked(std::exception_ptr err);
 
