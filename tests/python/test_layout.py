@@ -196,6 +196,20 @@ def test_groups_fail_in_one_place():
     assert callers == {"watchdog/FailureDesk.cpp", "collective/GroupState.cpp"}, callers
 
 
+def test_differences_are_handed_as_values_and_rendered_at_the_desk():
+    # A check mode hands a Difference (report/Difference.h) to the desk, which renders it:
+    # renderDifference is called by the desk (and a detached group's sink) only, and the
+    # collective renderer underneath it only inside report/ (the watchdog's own analysis).
+    render = re.compile(r"\brenderDifference\(")
+    callers = {str(src.relative_to(GUARD)) for src in _sources(GUARD) if render.search(src.read_text())}
+    assert callers == {"watchdog/FailureDesk.cpp", "collective/GroupState.cpp", "report/Difference.cpp",
+                       "report/Difference.h"}, callers
+    collective = re.compile(r"\bdifferenceVerdict\(")
+    outside = {str(src.relative_to(GUARD)) for src in _sources(GUARD)
+               if collective.search(src.read_text()) and src.relative_to(GUARD).parts[0] != "report"}
+    assert not outside, outside
+
+
 def test_the_check_mode_is_decided_in_one_file():
     # Which object does a group's `check` is the registry's answer (modes/Modes.cpp, one line
     # per mode); everything else asks the group's mode (collective/Mode.h), never which it is

@@ -195,7 +195,10 @@ class DetachedSink final : public IncidentSink {
     return std::string();
   }
   bool failGroup(GroupState& state, const GroupFailure& failure) override {
-    return state.fail(failure.kind, failure.report, failure.facts);
+    if (!failure.difference) return state.fail(failure.kind, failure.report, failure.facts);
+    Verdict facts = renderDifference(*failure.difference);
+    const std::string report = facts.text;
+    return state.fail(failure.kind, report, std::move(facts));
   }
 };
 

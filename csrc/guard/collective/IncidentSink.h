@@ -21,6 +21,7 @@
 
 #include "guard/Errors.h"
 #include "guard/Runtime.h"
+#include "guard/report/Difference.h"
 #include "guard/report/Incident.h"
 #include "guard/report/Verdict.h"
 
@@ -50,17 +51,26 @@ struct Telling {
 // A group failure found on the per-collective path, as it is told.
 struct GroupFailure {
   GuardErrorKind kind = GuardErrorKind::Failure;
-  std::string report;
-  // A difference this rank found with every rank's words in hand (verify's
-  // gather): every rank dumps under the incident of this collective (with
-  // dump_dir set) while its ledger still shows it, and group rank 0 logs the
-  // report, as an incident's verdict is told.
-  std::optional<uint64_t> differenceAt;
+  std::string report;  // "" where `difference` is set: the desk renders it
+  // A difference a check mode found, as a value (report/Difference.h): the
+  // desk renders it (its report and facts), publishes one found by this rank
+  // alone for every rank, has every rank dump a collective's under its
+  // incident (with dump_dir set) while the ledgers still show it, and fails
+  // the group, as an incident's verdict is told.
+  std::optional<Difference> difference;
   // The report's facts, where it has them (kind None: the group's failure
   // then carries its kind, group and text alone). GuardError.report in Python.
   Verdict facts;
   // Who logs it (a difference found with every rank's words: the group's rank 0).
   Telling tell;
+
+  static GroupFailure of(Difference d, Telling tell = Telling{}) {
+    GroupFailure f;
+    f.kind = GuardErrorKind::Mismatch;
+    f.difference = std::move(d);
+    f.tell = std::move(tell);
+    return f;
+  }
 };
 
 class IncidentSink {

@@ -75,8 +75,7 @@ class Mode {
   // change the route.
   virtual void beforeInner(Operation& /*op*/) {}
   // Route::InBand: the collective, carrying this rank's check.
-  virtual c10::intrusive_ptr<c10d::Work> carry(const Operation& op, c10d::Backend& inner,
-                                               const InBandRequest& inBand);
+  virtual c10::intrusive_ptr<c10d::Work> carry(const Operation& op, c10d::Backend& inner, const InBandRequest& inBand);
   // Route::Deferred: queues the receive, `post` posts it later; returns the
   // work that stands for it.
   virtual c10::intrusive_ptr<c10d::Work> deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,

@@ -68,19 +68,15 @@ OpWords awaitP2PPrint(GroupState& st, const std::string& key, const std::string&
 bool p2pPairsOrFails(const std::shared_ptr<GroupState>& state, const OpWords& theirs, const Fingerprint& fp,
                      uint64_t ordinal, int src, const std::string& where, bool raise) {
   if (theirs.hash == fp.p2pPairHash()) return true;
-  const int me = state->id().rank;
-  std::ostringstream os;
-  os << messages::p2pDoNotPair(state->label()) << "\n  "
-     << messages::p2pUnpaired({state->id().globalRank(src), theirs.text, ordinal, theirs.where},
-                              {state->id().globalRank(me), fp.describe(), ordinal, where});
-  // Tell the sender and the others before raising here: they act on the
-  // published verdict even if this process exits right after.
-  Verdict v;
-  v.kind = Verdict::Kind::Mismatch;
-  v.text = os.str();
-  v.reporter = state->id().globalRank(me);
-  state->incidents().publishVerdict(state, Incident{IncidentKind::Mismatch, IncidentSubject::any(), me, ""}, v);
-  state->incidents().failGroup(*state, GroupFailure{GuardErrorKind::Mismatch, v.text, std::nullopt, v});
+  // Found here alone: the desk publishes it for the sender and the others
+  // before the group fails (and this rank raises it).
+  Difference d;
+  d.kind = Difference::Kind::SendRecv;
+  d.group = state->label();
+  d.groupSize = state->id().size;
+  d.sender = {state->id().globalRank(src), theirs.text, ordinal, theirs.where};
+  d.receiver = {state->id().globalRank(state->id().rank), fp.describe(), ordinal, where};
+  state->incidents().failGroup(*state, GroupFailure::of(std::move(d)));
   if (raise) state->throwFailure("");
   return false;
 }

@@ -2,8 +2,10 @@
 
 // FailureDesk: where a group's failure is filed, and what this process tells.
 //
-// The one code that fails a group (GroupState::fail): it writes the dumps a
-// difference needs first (every rank, while its ledger still shows the
+// The one code that fails a group (GroupState::fail), and the one that
+// renders a difference a check mode hands it as a value (report/Difference.h):
+// it publishes a difference found by this rank alone for every rank, writes
+// the dumps a difference needs (every rank, while its ledger still shows the
 // collective), sets the failure (the first wins), and tells it as the failure
 // says (GroupFailure::tell: nobody, the group's rank 0, or this rank at a
 // level). The watchdog's verdicts are logged through it too (tell), so it
@@ -29,10 +31,13 @@ class FailureDesk {
  public:
   // Writes this process's dump for a difference at collective `seq` of `st`'s group.
   using DifferenceDump = std::function<void(GroupState& st, uint64_t seq)>;
-  explicit FailureDesk(DifferenceDump dump) : dump_(std::move(dump)) {}
+  // Publishes a verdict this rank reached alone for every rank of `st`'s group.
+  using Publish = std::function<void(GroupState& st, const Verdict& verdict)>;
+  FailureDesk(DifferenceDump dump, Publish publish) : dump_(std::move(dump)), publish_(std::move(publish)) {}
 
-  // Dumps (a difference), fails the group, tells it; false when the group had
-  // failed already (its first failure stands, and is the one told).
+  // Renders a difference (publishing one found alone, dumping a collective's),
+  // fails the group, tells it; false when the group had failed already (its
+  // first failure stands, and is the one told).
   bool file(GroupState& st, const GroupFailure& f);
   // Logs `text` at `level`; `failsGroup`: it is the report of `st`'s failure.
   void tell(const GroupState& st, LogLevel level, const std::string& text, bool failsGroup);
@@ -42,7 +47,10 @@ class FailureDesk {
   bool toldHere(const GroupState& st) const;
 
  private:
+  bool failAndTell(GroupState& st, const GroupFailure& f, const std::string& report, Verdict facts);
+
   DifferenceDump dump_;
+  Publish publish_;
   mutable std::mutex mu_;
   std::set<std::string> texts_;             // firstTelling
   std::set<const GroupState*> toldGroups_;  // toldHere; never dereferenced

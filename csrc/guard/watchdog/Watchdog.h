@@ -242,10 +242,16 @@ class Watchdog final : public IncidentSink {
   // finds the same mismatch first). It is logged once.
   // Where groups fail, and what this process tells of it.
   FailureDesk desk_{[this](GroupState& st, uint64_t seq) {
-    if (st.config().dumpDir.empty()) return;
-    writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(), st.config().dumpDir,
-              &st);
-  }};
+                      if (st.config().dumpDir.empty()) return;
+                      writeDump(Incident{IncidentKind::Mismatch, IncidentSubject::collective(seq), -1, ""}.id(),
+                                st.config().dumpDir, &st);
+                    },
+                    [this](GroupState& st, const Verdict& v) {
+                      if (auto ctx = find(&st)) {
+                        publishVerdict(ctx->state,
+                                       Incident{IncidentKind::Mismatch, IncidentSubject::any(), st.id().rank, ""}, v);
+                      }
+                    }};
   // The certain deadlocks (by the groups on the cycle) this process logged.
   std::set<std::vector<std::string>> loggedDeadlocks_;
   std::thread thread_;

@@ -83,7 +83,6 @@ class DeferredReceiveWork : public c10d::Work {
   bool cancelled_ = false;
 };
 
-
 namespace {
 
 // How often the poster looks for the print of the oldest deferred receive.
@@ -163,8 +162,8 @@ void DeferredReceives::postAll(const std::shared_ptr<GroupState>& state) {
       // The group failed (a mismatch, a lost store) or the inner receive
       // could not be posted: nothing behind it will be posted either.
       if (!st.failed())
-        st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Failure,
-                                                  std::string("guard: a deferred receive failed: ") + e.what()});
+        st.incidents().failGroup(
+            st, GroupFailure{GuardErrorKind::Failure, std::string("guard: a deferred receive failed: ") + e.what()});
       cancelAll();
       return;
     }

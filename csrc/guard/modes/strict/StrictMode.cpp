@@ -102,7 +102,6 @@ void StrictMode::check(const Fingerprint& fp, uint64_t seq, uint32_t callSite) {
   if (same && paired) return;
   // Slow path, taken by every rank since all saw the same reduction: fetch the
   // full fingerprints through the store and raise the same report everywhere.
-  const int size = st_.id().size;
   // This rank's metric syncs around #seq (the op at hand carries the current label).
   const LabelTable& labels = LabelTable::instance();
   const Ledger& ledger = st_.ledger();
@@ -114,20 +113,21 @@ void StrictMode::check(const Fingerprint& fp, uint64_t seq, uint32_t callSite) {
   OpWords mine = issuedWords(fp, callSite, LabelTable::current(), fp.hash);
   mine.metricSync = metricAt(seq).has_value();
   mine.metrics = metricRunAround(seq, seq, seq, metricAt);
-  std::vector<RankMetrics> metrics;
-  std::vector<RankOp> ops = exchangeStrictFingerprints(st_, mine, seq, &metrics);
+  Difference d;
+  d.group = st_.label();
+  d.groupSize = st_.id().size;
+  d.seq = seq;
+  d.ops = exchangeStrictFingerprints(st_, mine, seq, &d.metrics);
+  d.note = same ? messages::kSplitsDoNotPair : "";
   // Shown when the op is a metric sync on some rank; every rank's list is known.
   bool metricSync = false;
-  for (auto& m : metrics) {
+  for (auto& m : d.metrics) {
     metricSync = metricSync || m.known;
     m.known = true;
   }
-  Verdict verdict =
-      differenceVerdict(st_.label(), size, seq, std::move(ops), same ? messages::kSplitsDoNotPair : "",
-                        metricSync ? formatMetricSyncs(metrics) : std::string());
-  // As verify's: the watchdog dumps (TORCH_EXT_DUMP_DIR), group rank 0 logs, the group fails.
-  st_.incidents().failGroup(st_, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict),
-                                                      Telling{Telling::Who::GroupRankZero}});
+  if (!metricSync) d.metrics.clear();
+  // As verify's: the desk renders it, every rank dumps (TORCH_EXT_DUMP_DIR), group rank 0 logs, the group fails.
+  st_.incidents().failGroup(st_, GroupFailure::of(std::move(d), Telling{Telling::Who::GroupRankZero}));
   st_.throwFailure("");
 }
 

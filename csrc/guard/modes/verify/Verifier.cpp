@@ -428,15 +428,13 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
   }
   if (first == 0) {
     // Beyond the scanned range: say what is known.
-    std::ostringstream os;
-    os << "collectives #" << from << "..#" << last << "+ on group \"" << st->label() << "\" (" << size_
-       << " ranks) differ across ranks: the check before their results were released found different histories";
-    Verdict v;
-    v.kind = Verdict::Kind::Mismatch;
-    v.group = st->label();
-    v.seq = from;
-    v.text = os.str();
-    failWithReport(*st, first, std::move(v));
+    Difference d;
+    d.kind = Difference::Kind::Range;
+    d.group = st->label();
+    d.groupSize = size_;
+    d.seq = from;
+    d.last = last;
+    failWithReport(*st, std::move(d));
     return;
   }
   // Every rank read the same hashes: all agree up to #first - 1, so the
@@ -462,32 +460,29 @@ void Verifier::reportDifference(uint64_t from, uint64_t last, const std::vector<
     auto state = self->state_.lock();
     if (!state) return;
     const size_t stride = kTextBytes / sizeof(int64_t);
-    std::vector<RankOp> ops;
-    std::vector<RankMetrics> metrics;
-    std::vector<RankHistory> histories;
+    Difference d;
+    d.group = state->label();
+    d.groupSize = self->size_;
+    d.seq = first;
+    d.note = splitsOnly ? messages::kSplitsDoNotPair : "";
     bool metricSync = false;  // the op at `first` is a metric sync on some rank
     for (int r = 0; r < self->size_; ++r) {
       const int64_t* w = texts.data() + r * stride;
       OpWords words = OpWords::decode(unpackText(w));
       const int64_t globalRank = state->id().globalRank(r);
-      ops.push_back(words.rankOp(globalRank));
+      d.ops.push_back(words.rankOp(globalRank));
       metricSync = metricSync || words.metricSync;
-      metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
-      histories.push_back(RankHistory{globalRank, true, std::move(words.history)});
+      d.metrics.push_back(RankMetrics{globalRank, true, std::move(words.metrics), -1});
+      d.histories.push_back(RankHistory{globalRank, true, std::move(words.history)});
     }
-    const bool lookAlike = std::all_of(ops.begin(), ops.end(), [&](const RankOp& o) { return o.text == ops[0].text; });
-    const std::string more =
-        (metricSync ? formatMetricSyncs(metrics) : std::string()) + formatHistories(histories, first, lookAlike);
-    self->failWithReport(*state, first,
-                         differenceVerdict(state->label(), self->size_, first, std::move(ops),
-                                           splitsOnly ? messages::kSplitsDoNotPair : "", more));
+    if (!metricSync) d.metrics.clear();
+    self->failWithReport(*state, std::move(d));
   });
 }
 
-void Verifier::failWithReport(GroupState& st, uint64_t seq, Verdict verdict) {
+void Verifier::failWithReport(GroupState& st, Difference difference) {
   // Told as an incident's verdict is (dumps, rank 0's log line, then the failure).
-  st.incidents().failGroup(st, GroupFailure{GuardErrorKind::Mismatch, verdict.text, seq, std::move(verdict),
-                                            Telling{Telling::Who::GroupRankZero}});
+  st.incidents().failGroup(st, GroupFailure::of(std::move(difference), Telling{Telling::Who::GroupRankZero}));
 }
 
 void Verifier::helperFailed(const std::string& what) {

@@ -161,8 +161,8 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   void differs(uint64_t seq, uint64_t from);
   void reportDifference(uint64_t from, uint64_t upTo, const std::vector<int64_t>& perSeq);
   void helperFailed(const std::string& what);
-  // A difference was found at `seq`: dumps, the report logged once, the group failed.
-  void failWithReport(GroupState& st, uint64_t seq, Verdict verdict);
+  // A difference was found: the desk renders and dumps it, the report is logged once, the group fails.
+  void failWithReport(GroupState& st, Difference difference);
 
   std::weak_ptr<GroupState> state_;
   c10::intrusive_ptr<c10d::Backend> helper_;

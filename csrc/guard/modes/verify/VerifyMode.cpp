@@ -100,9 +100,14 @@ void VerifyMode::groupFailed(std::exception_ptr err) {
 std::vector<std::pair<std::string, uint64_t>> VerifyMode::counters() const {
   if (verifier_ == nullptr) return {};
   const Verifier::Stats s = verifier_->stats();
-  return {{"rounds", s.rounds},           {"gather_us", s.gatherMicros},   {"burst", s.burst},
-          {"quiet_us", s.quietMicros},    {"mispredictions", s.mispredictions},
-          {"verified_seq", s.verifiedSeq}, {"issued_seq", s.issuedSeq},     {"in_band", s.inBand}};
+  return {{"rounds", s.rounds},
+          {"gather_us", s.gatherMicros},
+          {"burst", s.burst},
+          {"quiet_us", s.quietMicros},
+          {"mispredictions", s.mispredictions},
+          {"verified_seq", s.verifiedSeq},
+          {"issued_seq", s.issuedSeq},
+          {"in_band", s.inBand}};
 }
 
 }  // namespace torch_ext

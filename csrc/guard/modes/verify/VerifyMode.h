@@ -43,8 +43,7 @@ class VerifyMode : public Mode {
 
   bool keepsFingerprint(const Operation& op) const override;
   void recorded(Operation& op, const c10d::Backend& inner, const InBandRequest* inBand, bool coalescing) override;
-  c10::intrusive_ptr<c10d::Work> carry(const Operation& op, c10d::Backend& inner,
-                                       const InBandRequest& inBand) override;
+  c10::intrusive_ptr<c10d::Work> carry(const Operation& op, c10d::Backend& inner, const InBandRequest& inBand) override;
   void afterInner(const Operation& op, bool issued) override;
   c10::intrusive_ptr<c10d::Work> release(const Operation& op, c10::intrusive_ptr<c10d::Work> work) override;
 
