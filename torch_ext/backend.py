@@ -29,6 +29,7 @@ from torch_ext._core import _C
 from torch_ext._ddp import explain
 from torch_ext._groups import group_state
 from torch_ext._groups import guard_backend as _guard_backend
+from torch_ext.errors import GroupJoinError
 
 __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "describe", "inner_backend", "failure",
            "explain", "store_health", "monitored_barrier"]
@@ -277,6 +278,30 @@ def _store_host(store: dist.Store, global_ranks: list[int]) -> tuple[str, int]:
     return ("the process that created the TCPStore server (is_master=True)", -1)
 
 
+# How long the guard ranks that refuse a group wait for each other in the rendezvous that
+# releases a plain gloo rank (_release_plain_gloo_ranks).
+_RELEASE_TIMEOUT = timedelta(seconds=10)
+
+
+def _release_plain_gloo_ranks(store: Any, rank: int, size: int) -> None:
+    """Ends the wait of a rank that created plain gloo where the others created the guard (issue 68).
+
+    Such a rank waits in gloo's own rendezvous for the others' addresses, to gloo's timeout (30
+    minutes by default) wherever the store outlives the guard ranks (torchrun's agent, or that
+    rank's own process hosting it). The guard ranks that refuse the group complete that
+    rendezvous at the group's prefix and close it at once: the rank's init returns and its first
+    collective fails in gloo's words, seconds after the guard ranks named it.
+    """
+    if not dist.is_gloo_available() or not _C._plain_gloo_ranks(store, size):
+        return
+    try:
+        released = dist.ProcessGroupGloo(store, rank, size, _RELEASE_TIMEOUT)
+    except Exception as e:  # noqa: BLE001 - a guard rank that did not come (gone): the rank waits, as before
+        _logger.debug("guard: the plain gloo rank's rendezvous was not completed: %s", e)
+        return
+    del released  # its connections close: the plain rank's first collective fails
+
+
 def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     """Creator registered with ``Backend.register_backend(extended_api=True)``."""
     global _default_overrides
@@ -306,8 +331,12 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # This process's rank in the job, and the members it asked for: two processes that asked for
     # different lists get one group name from torch (a counter) and meet here (issue 67).
     global_rank = dist.get_rank() if dist_opts.global_ranks_in_group else rank
-    config, adopt, notes = _C._join(store, rank, size, shown, config, _version(), torch.__version__,
-                                    socket.gethostname(), os.getpid(), global_rank, global_ranks)
+    try:
+        config, adopt, notes = _C._join(store, rank, size, shown, config, _version(), torch.__version__,
+                                        socket.gethostname(), os.getpid(), global_rank, global_ranks)
+    except GroupJoinError:
+        _release_plain_gloo_ranks(store, rank, size)
+        raise
     if adopt:
         for note in notes:
             _logger.warning("%s", note)

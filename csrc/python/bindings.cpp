@@ -145,6 +145,13 @@ void bindJoin(py::module& m) {
       "The join handshake of a guard group being created (store/JoinHandshake.h): blocks until the ranks agree; "
       "returns (the settings this rank runs: its own with rank 0's job-wide values, those values, one line to log "
       "per value taken); raises GroupJoinError when the group cannot start.");
+  m.def(
+      "_plain_gloo_ranks",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int size) {
+        py::gil_scoped_release release;
+        return torch_ext::JoinHandshake::plainGlooRanks(*store, size);
+      },
+      "The group ranks that created a plain gloo group at this store prefix instead of joining the guard.");
 }
 
 // Settings, and the creation of a guard group (torch_ext/backend.py).

@@ -106,12 +106,13 @@ def test_per_rank_settings_may_differ_and_nothing_is_said(tmp_path, store):
 def test_a_plain_gloo_rank_fails_every_guard_rank_typed_within_seconds(tmp_path, store, gloo_rank):
     """One launcher script edited, the other not: the guard ranks end with GroupJoinError naming the gloo rank.
 
-    The gloo rank itself is outside the guard: it waits in gloo's own rendezvous
-    until the store is gone (rank 0's process ended) or the launcher ends it.
+    The gloo rank itself is outside the guard: it waited in gloo's own rendezvous to gloo's
+    timeout (30 minutes) wherever the store outlived the guard ranks. The refusing guard ranks
+    now complete that rendezvous and close it: the gloo rank ends by itself at its first
+    collective, with gloo's error, seconds later (issue 68).
     """
     guard_ranks = [r for r in range(3) if r != gloo_rank]
-    results, records, text = _launch(tmp_path, 3, store, timeout=60, wait_for=guard_ranks,
-                                     **{f"BACKEND_{gloo_rank}": "gloo"})
+    results, records, text = _launch(tmp_path, 3, store, timeout=60, **{f"BACKEND_{gloo_rank}": "gloo"})
     for r in guard_ranks:
         assert results[r].returncode == 3, text  # each ended by itself, with the error
         rec = records[r]
@@ -119,6 +120,10 @@ def test_a_plain_gloo_rank_fails_every_guard_rank_typed_within_seconds(tmp_path,
         assert rec["after_s"] < 15, text  # found at once, not at join_timeout (300 s)
         assert f"rank {gloo_rank}: created a plain gloo group here" in rec["message"], rec["message"]
         assert "joined: ranks " + ",".join(map(str, guard_ranks)) in rec["message"], rec["message"]
+    # The gloo rank: ended by itself (not by the launcher's timeout), with an error, no sums read.
+    plain = results[gloo_rank]
+    assert plain.returncode == 3, text
+    assert "sums" not in records[gloo_rank] and records[gloo_rank]["after_s"] < 30, text
 
 
 @pytest.mark.timeout(150)

@@ -328,6 +328,14 @@ JoinResult JoinHandshake::apply(const JoinContext& ctx, const JoinRecord& mine, 
   return out;
 }
 
+std::vector<int> JoinHandshake::plainGlooRanks(c10d::Store& store, int size) {
+  std::vector<int> out;
+  for (const Missing& m : findMissing(store, size)) {
+    if (m.known == "gloo") out.push_back(m.rank);
+  }
+  return out;
+}
+
 std::string JoinHandshake::missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS) {
   std::vector<int64_t> absent;
   std::vector<int64_t> joined;

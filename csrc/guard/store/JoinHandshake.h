@@ -128,6 +128,12 @@ class JoinHandshake {
     std::string known;
   };
   static std::string missingText(const JoinContext& ctx, const std::vector<Missing>& missing, double waitedS);
+  // The ranks of a group being created (`size` ranks, `store` at its prefix)
+  // that created a plain gloo group there instead of joining: their gloo
+  // rendezvous key is present, their join record is not (issue 68: the guard
+  // ranks that refuse the group complete that rendezvous, so such a rank ends
+  // at its first collective instead of waiting out gloo's timeout).
+  static std::vector<int> plainGlooRanks(c10d::Store& store, int size);
   // Why the group cannot start when its processes asked for different member
   // lists: one line per list with the processes that asked for it. `claimed`:
   // the group rank two processes claimed (-1: none known).
