@@ -19,6 +19,13 @@ void WorkRetirement::retire(c10::intrusive_ptr<c10::intrusive_ptr_target> ref) {
   kept_.store(refs_.size(), std::memory_order_relaxed);
 }
 
+void WorkRetirement::keep(c10::intrusive_ptr<c10::intrusive_ptr_target> ref) {
+  if (!ref) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  refs_.push_back(std::move(ref));
+  kept_.store(refs_.size(), std::memory_order_relaxed);
+}
+
 void WorkRetirement::sweepSlow() {
   // Freeing a Work can make its future's reference ours alone (a Work holds
   // its future), so scan again while a scan freed something: otherwise the

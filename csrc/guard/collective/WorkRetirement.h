@@ -38,6 +38,11 @@ class WorkRetirement {
   // Drops `ref` now if nobody else holds it, else keeps it until sweep()
   // finds ours to be the last reference.
   void retire(c10::intrusive_ptr<c10::intrusive_ptr_target> ref);
+  // Keeps `ref` until a sweep, even if it is the last reference: for a
+  // reference dropped on a thread that must not run its destructor (a check
+  // mode's helper backend, let go on one of that backend's own worker threads,
+  // whose destructor would join the thread it runs on).
+  void keep(c10::intrusive_ptr<c10::intrusive_ptr_target> ref);
 
   // Frees what only this holds any more; cheap when nothing is kept.
   void sweep() {

@@ -1,5 +1,7 @@
 #include "guard/modes/async/AsyncMode.h"
 
+#include "guard/collective/WorkRetirement.h"
+
 #include "guard/Runtime.h"
 
 #include <ATen/ATen.h>
@@ -19,6 +21,10 @@ AsyncMode::AsyncMode(const std::shared_ptr<GroupState>& state, c10::intrusive_pt
 
 void AsyncMode::afterInner(const Operation& op, bool /*issued*/) {
   if (helper_ && isAllToAll(op.op)) auditSplits(op.splitSend, op.splitRecv);
+}
+
+AsyncMode::~AsyncMode() {
+  WorkRetirement::instance().keep(std::move(helper_));
 }
 
 void AsyncMode::dropBackends() {

@@ -21,6 +21,9 @@ class AsyncMode : public Mode {
   // `helper` may be null (no split audit then).
   static std::shared_ptr<Mode> make(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
   AsyncMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
+  // Its helper goes to a later sweep: the mode may be destroyed with its group
+  // on a worker thread of that helper (WorkRetirement::keep).
+  ~AsyncMode() override;
 
   bool compares() const override {
     return true;

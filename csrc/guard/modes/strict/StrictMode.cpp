@@ -1,5 +1,7 @@
 #include "guard/modes/strict/StrictMode.h"
 
+#include "guard/collective/WorkRetirement.h"
+
 #include "guard/Errors.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/IssuedWords.h"
@@ -52,6 +54,10 @@ void StrictMode::beforeInner(Operation& op) {
 c10::intrusive_ptr<c10d::Work> StrictMode::deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,
                                                         const Operation& op) {
   return deferred_->defer(weak_.lock(), *op.kept, op.ordinal, describeSite(op.site), std::move(post));
+}
+
+StrictMode::~StrictMode() {
+  WorkRetirement::instance().keep(std::move(helper_));
 }
 
 void StrictMode::dropBackends() {

@@ -27,6 +27,9 @@ class StrictMode : public Mode {
   // Throws when `helper` is null: the check collective needs it.
   static std::shared_ptr<Mode> make(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
   StrictMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
+  // Its helper goes to a later sweep: the mode may be destroyed with its group
+  // on a worker thread of that helper (WorkRetirement::keep).
+  ~StrictMode() override;
 
   bool compares() const override {
     return true;

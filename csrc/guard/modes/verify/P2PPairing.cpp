@@ -1,5 +1,7 @@
 #include "guard/modes/verify/P2PPairing.h"
 
+#include "guard/collective/WorkRetirement.h"
+
 #include "guard/Errors.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/Fingerprint.h"
@@ -150,6 +152,17 @@ class PairedReceiveWork : public c10d::Work {
 
 P2PPairing::P2PPairing(std::weak_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper)
     : state_(std::move(state)), helper_(std::move(helper)) {}
+
+void P2PPairing::release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  sending_.clear();
+  helper_.reset();
+}
+
+P2PPairing::~P2PPairing() {
+  for (auto& w : sending_) WorkRetirement::instance().keep(std::move(w));
+  WorkRetirement::instance().keep(std::move(helper_));
+}
 
 void P2PPairing::sent(const Fingerprint& fp, uint32_t callSite) {
   std::vector<at::Tensor> words{wordsOf(fp, callSite)};

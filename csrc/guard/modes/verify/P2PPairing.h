@@ -39,6 +39,12 @@ class P2PPairing {
  public:
   // `state`: the group, which owns its mode and so this (held weakly).
   P2PPairing(std::weak_ptr<GroupState> state, c10::intrusive_ptr<c10d::Backend> helper);
+  // What it still holds of its helper goes to a later sweep: this may be
+  // destroyed with its group on a worker thread of that helper
+  // (WorkRetirement::keep).
+  ~P2PPairing();
+  // The group was shut down cleanly: lets go of the helper and its sends now.
+  void release();
 
   // After the data of send `fp` (from `callSite`) was posted: posts its words.
   void sent(const Fingerprint& fp, uint32_t callSite);

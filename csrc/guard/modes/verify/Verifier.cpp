@@ -1,5 +1,7 @@
 #include "guard/modes/verify/Verifier.h"
 
+#include "guard/collective/WorkRetirement.h"
+
 #include "guard/Clock.h"
 #include "guard/Errands.h"
 #include "guard/Errors.h"
@@ -80,7 +82,17 @@ Verifier::Verifier(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<
 }
 
 Verifier::~Verifier() {
+  // Still held (never stopped, or a round was in flight at stop()): this may
+  // run on one of the helper's own worker threads (a round's callback held the
+  // last reference), where the helper's destructor would join the thread it
+  // runs on; it is freed by a later sweep instead (WorkRetirement::keep).
+  c10::intrusive_ptr<c10d::Backend> helper;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    helper = std::move(helper_);
+  }
   stop();
+  WorkRetirement::instance().keep(std::move(helper));
 }
 
 void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t splitSend, uint64_t splitRecv,

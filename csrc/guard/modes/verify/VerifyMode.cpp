@@ -85,7 +85,8 @@ void VerifyMode::shutdown(std::chrono::milliseconds bound) {
 }
 
 void VerifyMode::dropBackends() {
-  pairing_.reset();  // holds the helper, and the words of sends still in flight
+  if (pairing_) pairing_->release();  // the helper, and the words of sends still in flight
+  pairing_.reset();
 }
 
 void VerifyMode::groupFailed(std::exception_ptr err) {
