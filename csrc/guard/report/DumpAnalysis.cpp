@@ -87,6 +87,7 @@ RankSnapshot withOnly(const RankSnapshot& s, const GroupView& g) {
   t.incident = s.incident;
   t.config = s.config;
   t.main = s.main;
+  t.progress = s.progress;
   t.groups.push_back(g);
   return t;
 }

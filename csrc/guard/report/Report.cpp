@@ -326,9 +326,7 @@ std::string streamStartLines(const std::vector<RankInput>& ranks, uint64_t seq) 
 
 void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, const std::string& what) {
   const GroupView* g = r.group();
-  os << "\n  rank " << r.globalRank << " has not arrived";
-  if (!what.empty()) os << " " << what;
-  os << ": ";
+  os << "\n  rank " << r.globalRank << " has not arrived" << (what.empty() ? "" : " " + what) << ": ";
   // It may be waiting in a collective of another of its groups: say so first
   // (its main thread's stack below shows the same wait from Python's side).
   const GroupWait* elsewhere = nullptr;
@@ -360,6 +358,7 @@ void notArrivedLines(std::ostringstream& os, const RankInput& r, int64_t nowNs, 
       os << " at " << p->where();
     }
   }
+  if (const std::string busy = describeProgress(r.snapshot.progress); !busy.empty()) os << "; " << busy;  // issue 68
   os << "; main thread now at\n    " << stackText(r.snapshot.main);
 }
 

@@ -216,6 +216,32 @@ std::optional<LastWordsWhy> LastWordsWhy::decode(const std::string& incident) {
   return w;
 }
 
+namespace {
+
+Json progressJson(const ProgressFacts& p) {
+  Json j = Json::object();
+  j.set("window_ns", p.windowNs);
+  j.set("cpu_ns", p.cpuNs);
+  j.set("io_bytes", p.ioBytes);
+  j.set("quiet_ns", p.quietNs);
+  j.set("busy", p.busy);
+  return j;
+}
+
+ProgressFacts progressFrom(const Json& j) {
+  ProgressFacts p;
+  p.known = true;
+  p.windowNs = j.intOr("window_ns");
+  p.cpuNs = j.intOr("cpu_ns");
+  p.ioBytes = j.intOr("io_bytes", -1);
+  p.quietNs = j.intOr("quiet_ns");
+  const Json* busy = j.get("busy");
+  p.busy = busy != nullptr && busy->asBool("progress.busy");
+  return p;
+}
+
+}  // namespace
+
 Json toJson(const RankSnapshot& s) {
   Json j = Json::object();
   j.set("version", s.version);
@@ -236,6 +262,7 @@ Json toJson(const RankSnapshot& s) {
   main.set("note", s.main.note);
   main.set("frames", framesJson(s.main.frames));
   j.set("main_thread", main);
+  if (s.progress.known) j.set("progress", progressJson(s.progress));
   if (!s.threads.empty()) {
     Json threads = Json::array();
     for (const auto& t : s.threads) {
@@ -407,6 +434,7 @@ RankSnapshot snapshotFromJson(const Json& j) {
   s.main.available = main.at("available").asBool("main_thread.available");
   s.main.note = main.stringOr("note");
   s.main.frames = framesFrom(main.at("frames"), "main_thread.frames");
+  if (const Json* progress = j.get("progress")) s.progress = progressFrom(*progress);
   if (const Json* threads = j.get("threads")) {
     for (const auto& tj : threads->asArray("threads")) {
       ThreadStack t;

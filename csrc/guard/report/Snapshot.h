@@ -11,6 +11,7 @@
 // that read those can read these.
 
 #include "guard/report/Frame.h"
+#include "guard/report/Progress.h"
 #include "guard/report/Json.h"
 #include "guard/report/StoreHealth.h"
 #include "guard/report/Label.h"
@@ -189,6 +190,8 @@ struct RankSnapshot {
   std::string storeLost;
   int64_t storeHostRank = -1;  // global rank whose process hosts the store (-1: none / unknown)
   MainThreadStack main;
+  // What the process did over its last seconds (busy or not progressing).
+  ProgressFacts progress;
   std::vector<GroupView> groups;
   // Where this rank stands in every one of its groups (also those `groups`
   // leaves out: an incident's snapshot holds one group's window), so that a

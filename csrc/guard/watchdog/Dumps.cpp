@@ -4,6 +4,7 @@
 #include "guard/Runtime.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/LabelTable.h"
+#include "guard/watchdog/ProgressSampler.h"
 
 #include <cerrno>
 #include <cstdio>
@@ -187,6 +188,7 @@ RankSnapshot takeSnapshot(const std::string& reason, const std::vector<std::shar
     if (s.storeHealth != StoreHealth::Healthy) s.storeLost = channel.describeLoss();
   }
   s.main = Runtime::instance().mainThreadStack(std::chrono::milliseconds(300));
+  s.progress = ProgressSampler::instance().now(steadyNs());
   return s;
 }
 

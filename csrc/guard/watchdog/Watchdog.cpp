@@ -7,6 +7,7 @@
 #include "guard/collective/CallSite.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/LastWords.h"
+#include "guard/watchdog/ProgressSampler.h"
 #include "guard/store/StoreKeys.h"
 #include "guard/Runtime.h"
 
@@ -132,6 +133,7 @@ void Watchdog::publishLiveDirectory(const std::shared_ptr<GroupState>& state) {
 void Watchdog::add(const std::shared_ptr<GroupState>& state) {
   state->attachIncidentSink(*this);
   installLiveSignal(state->config().liveSignal);
+  ProgressSampler::instance().sample(steadyNs());  // a first sample, so the first snapshot has a window
   auto ctx = std::make_shared<GroupCtx>(*this, state);
   std::lock_guard<std::mutex> lock(mu_);
   groups_.push_back(ctx);
@@ -248,6 +250,7 @@ void Watchdog::loop() {
       groups = groups_;
     }
     ++ticks_;
+    ProgressSampler::instance().sample(steadyNs());  // what a snapshot says of this process's progress
     for (auto& g : groups) {
       if (g->removed) continue;
       try {
