@@ -457,7 +457,7 @@ void Watchdog::exchange(GroupCtx& ctx) {
   // Exiting: the exit's own record ("exited") is written after any exchange
   // already queued; a later one must not turn it back into "running".
   const bool publishes = !mine.sameProgress(ctx.lastPublished) || now - ctx.lastPublishNs > kHeartbeatNs;
-  if (publishes && !exiting()) {
+  if (publishes && !exiting() && !ctx.exitSaid.load()) {
     if (store.set(keys::status(rank), mine.encode())) {
       ctx.lastPublished = mine;
       ctx.lastPublishNs = now;

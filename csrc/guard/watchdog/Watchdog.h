@@ -165,6 +165,7 @@ class Watchdog final : public IncidentSink {
     std::atomic<bool> removed{false};
     std::atomic<bool> open{false};            // an incident is in progress (tick faster)
     std::atomic<bool> exchangeQueued{false};  // a job is queued or running on the I/O thread
+    std::atomic<bool> exitSaid{false};        // "exited" is written: no exchange publishes "running" again
     int64_t nextExchangeNs = 0;               // watchdog thread: not before (steady clock)
     // Between two exchanges: the exchange interval, or 50 ms while an incident
     // is open, either stretched to the store budget for a large group.
@@ -211,6 +212,8 @@ class Watchdog final : public IncidentSink {
   std::vector<std::string> unraisedAtExit(const std::vector<std::shared_ptr<GroupCtx>>& groups);
   // At exit: "exited" (and last words) where the store answers.
   void sayExited(const std::vector<std::shared_ptr<GroupCtx>>& groups, const std::string& uncaught);
+  // The groups whose store this process hosts (lingerForPeers waits on them).
+  static bool hostsStore(const GroupState& st);
   // Some group of this process has failed (sticky: a failed group destroyed
   // before the others still counts when they are left).
   std::atomic<bool> groupFailed_{false};

@@ -109,6 +109,7 @@ void Watchdog::sayExited(const std::vector<std::shared_ptr<GroupCtx>>& groups, c
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) break;
+    g->exitSaid.store(true);
     // A failed group: what this rank issued stays for the ranks still
     // analysing (a verdict this rank raised may not have reached them). An
     // uncaught exception: what it raised, for the peers it leaves waiting.
@@ -131,6 +132,14 @@ std::vector<std::string> Watchdog::atExit(const std::string& uncaught) {
   }
   std::vector<std::string> mismatches = unraisedAtExit(groups);
   for (auto& g : groups) groupFailed_.store(groupFailed_.load() || g->state->failed());
+  // The store's host says "exited" before it lingers: its peers read it while
+  // the store is still there (said after, it was lost with the store in a race
+  // its peers mostly lost, and they reported "no heartbeat" instead).
+  std::vector<std::shared_ptr<GroupCtx>> hosted;
+  for (auto& g : groups) {
+    if (hostsStore(*g->state)) hosted.push_back(g);
+  }
+  sayExited(hosted, uncaught);
   for (auto& g : groups) lingerForPeers(*g, groupFailed_.load());
   // A clean exit (no group failed) finishes a dump that recovered.
   dumpFile_.update();
@@ -174,6 +183,11 @@ void Watchdog::holdStoreForPeers(const std::shared_ptr<GroupState>& state) {
   if (auto ctx = find(state.get())) lingerForPeers(*ctx, true);
 }
 
+bool Watchdog::hostsStore(const GroupState& st) {
+  return st.store().health() == StoreHealth::Healthy &&
+         st.store().channel().address().hostRank == st.id().globalRank(st.id().rank);
+}
+
 void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   // Under plain env:// this process hosts the store. Leaving a failed group at
   // once would take the verdict's keys with it, and peers that have not read
@@ -186,8 +200,7 @@ void Watchdog::lingerForPeers(GroupCtx& ctx, bool afterFailure) {
   // store goes would print torch's TCPStore warning and a C++ stack over a
   // successful run.
   GroupState& st = *ctx.state;
-  if (st.store().health() != StoreHealth::Healthy) return;
-  if (st.store().channel().address().hostRank != st.id().globalRank(st.id().rank)) return;
+  if (!hostsStore(st)) return;
   const int size = st.id().size;
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) {
