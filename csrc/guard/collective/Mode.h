@@ -35,25 +35,33 @@ namespace torch_ext {
 
 class Mode {
  public:
+  // What a mode answers once and for all, set by its constructor.
+  struct Answers {
+    // The ranks' collectives are compared: a difference fails the group (a
+    // mode that compares nothing only warns of a verdict); a send or receive
+    // left unmatched is looked into; gloo's transport thread is parked, not
+    // let terminate the process, when it finds two ranks' byte counts differ.
+    bool compares = false;
+    // A collective's result reaches the program only once every rank is
+    // known to have issued the same collective.
+    bool resultsWaitForTheCheck = false;
+    // Each collective's call path is part of what the ranks compare
+    // (Config.h, CallPathMode).
+    bool comparesCallPaths = false;
+  };
+  Mode() = default;
+  explicit Mode(Answers answers) : answers_(answers) {}
   virtual ~Mode() = default;
 
   // --- What the rest of the guard asks ---------------------------------------
-  // The ranks' collectives are compared: a difference fails the group (a mode
-  // that compares nothing only warns of a verdict); a send or receive left
-  // unmatched is looked into; gloo's transport thread is parked, not let
-  // terminate the process, when it finds two ranks' byte counts differ.
-  virtual bool compares() const {
-    return false;
+  bool compares() const {
+    return answers_.compares;
   }
-  // A collective's result reaches the program only once every rank is known
-  // to have issued the same collective.
-  virtual bool resultsWaitForTheCheck() const {
-    return false;
+  bool resultsWaitForTheCheck() const {
+    return answers_.resultsWaitForTheCheck;
   }
-  // Each collective's call path is part of what the ranks compare (Config.h,
-  // CallPathMode).
-  virtual bool comparesCallPaths() const {
-    return false;
+  bool comparesCallPaths() const {
+    return answers_.comparesCallPaths;
   }
   // The watchdog compares the rolling fingerprints each rank's status carries
   // with its ring neighbours' now (Watchdog::exchange).
@@ -107,6 +115,9 @@ class Mode {
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const {
     return {};
   }
+
+ private:
+  const Answers answers_;
 };
 
 }  // namespace torch_ext

@@ -14,10 +14,10 @@ std::shared_ptr<Mode> AsyncMode::make(const std::shared_ptr<GroupState>& state,
 }
 
 AsyncMode::AsyncMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
-    : st_(*state),
+    : Mode(Answers{true, false, state->config().callPaths == CallPathMode::On}),
+      st_(*state),
       weak_(state),
-      helper_(std::move(helper)),
-      comparesCallPaths_(state->config().callPaths == CallPathMode::On) {}
+      helper_(std::move(helper)) {}
 
 void AsyncMode::afterInner(const Operation& op, bool /*issued*/) {
   if (helper_ && isAllToAll(op.op)) auditSplits(op.splitSend, op.splitRecv);

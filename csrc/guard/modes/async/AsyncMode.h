@@ -25,12 +25,6 @@ class AsyncMode : public Mode {
   // on a worker thread of that helper (WorkRetirement::keep).
   ~AsyncMode() override;
 
-  bool compares() const override {
-    return true;
-  }
-  bool comparesCallPaths() const override {
-    return comparesCallPaths_;
-  }
   bool comparesInStatusRing() const override {
     return true;
   }
@@ -44,7 +38,6 @@ class AsyncMode : public Mode {
   GroupState& st_;  // the group, which owns this mode
   std::weak_ptr<GroupState> weak_;
   c10::intrusive_ptr<c10d::Backend> helper_;
-  const bool comparesCallPaths_;
 };
 
 }  // namespace torch_ext

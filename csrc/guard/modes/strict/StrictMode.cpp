@@ -34,10 +34,10 @@ std::shared_ptr<Mode> StrictMode::make(const std::shared_ptr<GroupState>& state,
 }
 
 StrictMode::StrictMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
-    : st_(*state),
+    : Mode(Answers{true, true, state->config().callPaths != CallPathMode::Off}),
+      st_(*state),
       weak_(state),
-      helper_(std::move(helper)),
-      comparesCallPaths_(state->config().callPaths != CallPathMode::Off) {}
+      helper_(std::move(helper)) {}
 
 bool StrictMode::keepsFingerprint(const Operation& op) const {
   return op.op != Op::RecvAnySource;  // its source is known only once it completes

@@ -31,15 +31,6 @@ class StrictMode : public Mode {
   // on a worker thread of that helper (WorkRetirement::keep).
   ~StrictMode() override;
 
-  bool compares() const override {
-    return true;
-  }
-  bool resultsWaitForTheCheck() const override {
-    return true;
-  }
-  bool comparesCallPaths() const override {
-    return comparesCallPaths_;
-  }
   bool keepsFingerprint(const Operation& op) const override;
   void beforeInner(Operation& op) override;
   c10::intrusive_ptr<c10d::Work> deferReceive(std::function<c10::intrusive_ptr<c10d::Work>()> post,
@@ -59,7 +50,6 @@ class StrictMode : public Mode {
   GroupState& st_;  // the group, which owns this mode
   std::weak_ptr<GroupState> weak_;
   c10::intrusive_ptr<c10d::Backend> helper_;
-  const bool comparesCallPaths_;
   std::shared_ptr<DeferredReceives> deferred_ = std::make_shared<DeferredReceives>();
 };
 

@@ -12,7 +12,7 @@ std::shared_ptr<Mode> VerifyMode::make(const std::shared_ptr<GroupState>& state,
 }
 
 VerifyMode::VerifyMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
-    : st_(*state), comparesCallPaths_(state->config().callPaths == CallPathMode::On) {
+    : Mode(Answers{true, true, state->config().callPaths == CallPathMode::On}), st_(*state) {
   if (!helper || state->id().size <= 1) return;
   verifier_ = std::make_shared<Verifier>(state, helper);
   pairing_ = std::make_unique<P2PPairing>(state, helper);

@@ -28,15 +28,6 @@ class VerifyMode : public Mode {
   VerifyMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper);
   ~VerifyMode() override;
 
-  bool compares() const override {
-    return true;
-  }
-  bool resultsWaitForTheCheck() const override {
-    return true;
-  }
-  bool comparesCallPaths() const override {
-    return comparesCallPaths_;
-  }
   // Only while a collective that carries its check (and so starts no round)
   // is unverified: the rounds cover the others.
   bool comparesInStatusRing() const override;
@@ -58,8 +49,7 @@ class VerifyMode : public Mode {
   // A send or receive whose words go on the helper group (CPU transports).
   bool paired(const Operation& op) const;
 
-  GroupState& st_;  // the group, which owns this mode
-  const bool comparesCallPaths_;
+  GroupState& st_;                      // the group, which owns this mode
   std::shared_ptr<Verifier> verifier_;  // null: nothing to check (world size 1, no helper)
   std::unique_ptr<P2PPairing> pairing_;
 };
