@@ -125,6 +125,28 @@ def test_a_rank_writing_a_checkpoint_is_reported_busy_not_hung(tmp_path):
     assert "not progressing" not in text, text
 
 
+def _busy_ddp(rank: int, world: int, seconds: float, path: str) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cap = _capture()
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Linear(8, 1))
+    for step in range(3):
+        if step == 2 and rank == 0:
+            save_checkpoint(path, seconds)  # rank 1 waits in step 2's gradient all_reduce meanwhile
+        ddp(torch.ones(4, 8)).sum().backward()
+    return {"records": cap.records, "grad": ddp.module.weight.grad.tolist()}
+
+
+@pytest.mark.timeout(120)
+def test_under_ddp_a_rank_writing_a_checkpoint_is_reported_busy_and_training_goes_on(tmp_path):
+    env = dict(FAST, TORCH_EXT_DUMP_DIR=str(tmp_path / "dumps"))
+    values = assert_all_ok(run_ranks(_busy_ddp, 2, 4.0, str(tmp_path / "ckpt.bin"), env=env, timeout=90))
+    assert values[0]["grad"] == values[1]["grad"]  # the same averaged gradients
+    text = "\n".join(m for _, _, m in _reports(values[1]["records"]))
+    assert "rank 0 has not arrived" in text and "busy, not hung" in text and "in save_checkpoint" in text, text
+
+
 # --- a rank blocked in C code while holding the GIL -----------------------------
 
 def _hold_gil(seconds: int) -> None:
