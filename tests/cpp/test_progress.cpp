@@ -53,6 +53,11 @@ TEST(Progress, StorageIoCountsAsProgressAndTheWindowKeepsThirtySeconds) {
   EXPECT_EQ(f.ioBytes, f.windowNs / kSec * 50'000'000);
   EXPECT_NE(describeProgress(f).find("and the process moved 1.5 GB to and from storage"), std::string::npos)
       << describeProgress(f);
+  // A sample read before the last one (another thread sampled meanwhile) is dropped.
+  ProgressSampler order;
+  order.add({2 * kSec, kSec, 0});
+  order.add({kSec, 0, 0});
+  EXPECT_FALSE(order.facts(2 * kSec).known);
   // Nothing ran in a short sampled span: not progressing, however short.
   ProgressSampler idle;
   idle.add({0, 0, 0});

@@ -81,6 +81,8 @@ void ProgressSampler::take(int64_t nowNs, int64_t minAgeNs) {
 
 void ProgressSampler::add(const Sample& s) {
   std::lock_guard<std::mutex> lock(mu_);
+  // Two threads may sample at once (the watchdog's tick, a snapshot): the later-read one wins.
+  if (!samples_.empty() && s.atNs <= samples_.back().atNs) return;
   if (!samples_.empty()) {
     const Sample& prev = samples_.back();
     const int64_t span = s.atNs - prev.atNs;
