@@ -194,6 +194,7 @@ SOURCES: dict[str, Callable[[str], str]] = {
     "crossed_groups": _crossed_groups,
     "pipeline_deadlock": _pipeline_deadlock,
     "looks_stuck": _example("examples/bugs/looks_stuck.py"),
+    "long_checkpoint": _example("examples/bugs/long_checkpoint.py"),
     "straggler": _straggler,
     "straggler_ddp": _example("examples/straggler_ddp.py", "step"),
     "report_facts": _example("examples/report_facts.py"),
@@ -233,6 +234,9 @@ _MASKS = [
     (re.compile(r"\b\d+(?:\.\d+)? (s|min|h|days)\b"), r"<n> \1"),
     (re.compile(r"\b\d+(?:\.\d+)? ms\b"), "<n> ms"),  # a straggler's extra wait per collective
     (re.compile(r"\b\d+%"), "<n>%"),  # ... and the ranks' shares of the time waiting
+    (re.compile(r"\b\d+(?:\.\d+)? [kMG]B to and from storage"), "<bytes> to and from storage"),  # a busy rank's I/O
+    # Where a busy rank's main thread is in a loop of work (a paced checkpoint write) is a race.
+    (re.compile(r"(long_checkpoint\.py:)\d+( in save_checkpoint)"), r"\1<n>\2"),
     (re.compile(r"\d+ h \d+ min"), "<n> h"),
     (re.compile(r"(127\.0\.0\.1\]?:|MASTER_PORT=)\d+"), r"\1<port>"),
     (re.compile(r"\[\.\.\./gloo/[^\]]*\][^)\n]*"), "<gloo error>"),
@@ -319,6 +323,12 @@ def _logged(rank: int, first: int | None = None, level: str = "") -> Callable[[s
                  if re.match(rf"\[rank{rank}\] \d\d:\d\d:\d\d torch_ext {level}", line)]
         return "\n".join(lines[:first])
     return cut
+
+
+def _printed_by_ranks(out: str) -> str:
+    """The lines the ranks' own code printed ("[rankN] ..." with no log label), in rank order (they race)."""
+    return "\n".join(sorted(line for line in out.splitlines()
+                            if re.match(r"\[rank\d+\] (?!\d\d:\d\d:\d\d torch_ext)(?!raised )", line)))
 
 
 def _warned(rank: int) -> Callable[[str], str]:
@@ -478,6 +488,7 @@ SAMPLES: dict[str, Sample] = {
     "post-mortem-diagnose": Sample("post_mortem", _command("python -m torch_ext.diagnose")),
     "post-mortem-torchfrtrace": Sample("post_mortem", _command("torchfrtrace")),
     "post-mortem-fr-entry": Sample("post_mortem", _after("python -c \"import pickle")),
+    "long-checkpoint": Sample("long_checkpoint", _both(_logged(1), _printed_by_ranks)),
     "looks-stuck-live": Sample("looks_stuck", _live()),
     "looks-stuck-live-short": Sample("looks_stuck", _live(ranks=(2,))),
     "straggler-diagnose": Sample("straggler", _command("python -m torch_ext.diagnose")),

@@ -35,10 +35,6 @@ __all__ = ["GuardOptions", "BACKEND_NAME", "ledger", "group_state", "dump", "des
            "explain", "store_health", "monitored_barrier"]
 
 BACKEND_NAME = "guard"
-# The inner backend's own timeout is the group's plus this grace, so the guard's
-# diagnostics (abort_after defaults to the group's timeout) always fire first.
-_INNER_GRACE = timedelta(seconds=10)
-
 # Options of the default group, inherited by subgroups created without options.
 _default_overrides: dict[str, str] = {}
 
@@ -67,6 +63,11 @@ class GuardOptions:
             ``"async"`` (off the hot path) or ``"off"`` (TORCH_EXT_CHECK).
         warn_after: seconds before a hang report (TORCH_EXT_WARN_AFTER).
         abort_after: seconds before a stuck collective fails (TORCH_EXT_ABORT_AFTER).
+        busy_cap: seconds a collective may wait while every rank it waits for
+            is busy (its main thread runs, its process moves storage bytes):
+            past ``abort_after`` the wait goes on until such a rank stops
+            progressing or this cap passes; ``"auto"`` (default: 4 x
+            abort_after), ``0`` for none (TORCH_EXT_BUSY_CAP).
         end_deadlocks: end a certain deadlock (a wait-for cycle whose ranks all
             block in their waits) when ``warn_after`` finds it, with
             ``DeadlockError``; ``False`` waits for ``abort_after`` (TORCH_EXT_END_DEADLOCKS).
@@ -111,6 +112,7 @@ class GuardOptions:
     check: str | None = None
     warn_after: float | None = None
     abort_after: float | None = None
+    busy_cap: float | str | None = None
     end_deadlocks: bool | None = None
     stream_gate: bool | str | None = None
     epoch_check: bool | None = None
@@ -348,7 +350,9 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     # Announce before the inner backends rendezvous, so the watchdog's first
     # reads of its neighbours find their keys.
     _C._announce(store, rank)
-    inner_timeout = timeout + max(_INNER_GRACE, timeout / 10)
+    # The inner backends' own timeout lies beyond the guard's deadlines (abort_after, busy_cap),
+    # so the guard's report always comes first (Config::innerTimeout).
+    inner_timeout = timedelta(seconds=config.inner_timeout(timeout.total_seconds()))
     where = _inner_value(cfg)
     created: dict[str, Any] = {}
     inner: dict[str, tuple[str, Any]] = {}

@@ -277,6 +277,20 @@ const std::vector<Setting>& settings() {
        },
        [](const Config& c) -> SettingValue { return c.abortAfterS ? SettingValue(*c.abortAfterS) : SettingValue(); },
        [](const Config& c) { return c.abortAfterS ? number(*c.abortAfterS) + "s" : std::string("timeout"); }},
+      {"busy_cap", "TORCH_EXT_BUSY_CAP", "auto", SettingScope::Job,
+       "Seconds a collective may wait while every rank it waits for is busy (its main thread runs or its process "
+       "moves storage bytes: a checkpoint write, a cold torch.compile): past abort_after the wait goes on until "
+       "such a rank stops progressing or this cap passes, then fails as at abort_after. auto: 4 x abort_after; "
+       "0: no wait past abort_after. The inner backends' own timeouts are set beyond it.",
+       [](Config& c, const std::string& v, const std::string& what) {
+         if (lower(trim(v)) == "auto") {
+           c.busyCapS.reset();
+         } else {
+           c.busyCapS = detail::parseSeconds(v, what, 0.0, 1e7);
+         }
+       },
+       [](const Config& c) -> SettingValue { return c.busyCapS ? SettingValue(*c.busyCapS) : SettingValue(); },
+       [](const Config& c) { return c.busyCapS ? number(*c.busyCapS) + "s" : std::string("auto"); }},
       {"end_deadlocks", "TORCH_EXT_END_DEADLOCKS", "1", SettingScope::Job,
        "End a certain deadlock when warn_after's look finds it: a wait-for cycle across groups or send/recv whose "
        "ranks all block in their waits fails every live rank of its groups with DeadlockError (0: wait for "
@@ -439,6 +453,17 @@ std::chrono::milliseconds Config::abortAfter(std::chrono::milliseconds pgTimeout
     return std::chrono::milliseconds(static_cast<int64_t>(*abortAfterS * 1000.0));
   }
   return pgTimeout;
+}
+
+std::chrono::milliseconds Config::busyCap(std::chrono::milliseconds pgTimeout) const {
+  const auto abort = abortAfter(pgTimeout);
+  if (busyCapS) return std::max(abort, std::chrono::milliseconds(static_cast<int64_t>(*busyCapS * 1000.0)));
+  return abort * kBusyCapTimes;
+}
+
+std::chrono::milliseconds Config::innerTimeout(std::chrono::milliseconds pgTimeout) const {
+  const auto last = std::max({pgTimeout, abortAfter(pgTimeout), busyCap(pgTimeout)});
+  return last + std::max<std::chrono::milliseconds>(kInnerGrace, last / 10);
 }
 
 std::string Config::describe() const {

@@ -96,6 +96,11 @@ struct Config {
   double warnAfterS = 10.0;
   // Unset means "the process group's timeout".
   std::optional<double> abortAfterS;
+  // How long a collective may wait while every rank it waits for is busy
+  // (issue 68: busy is not hung). Unset: kBusyCapTimes x abort_after; at or
+  // below abort_after: no wait past abort_after.
+  std::optional<double> busyCapS;
+  static constexpr int kBusyCapTimes = 4;
   // A certain deadlock (a wait-for cycle whose ranks all block in it) fails
   // its groups when found, not at abort_after.
   bool endDeadlocks = true;
@@ -145,6 +150,14 @@ struct Config {
 
   // The abort deadline for a group whose timeout is `pgTimeout`.
   std::chrono::milliseconds abortAfter(std::chrono::milliseconds pgTimeout) const;
+
+  // The longest a collective waits while the ranks it waits for are busy.
+  std::chrono::milliseconds busyCap(std::chrono::milliseconds pgTimeout) const;
+  // The inner backends' own timeout: beyond every deadline of the guard's (the
+  // group's timeout, abort_after, busy_cap) by a tenth, at least kInnerGrace,
+  // so the guard's report always comes first.
+  std::chrono::milliseconds innerTimeout(std::chrono::milliseconds pgTimeout) const;
+  static constexpr std::chrono::milliseconds kInnerGrace{10'000};
 
   // One line per setting, for logs and `repr(GuardOptions)`.
   std::string describe() const;

@@ -174,6 +174,15 @@ void bindSetup(py::module& m) {
   // as they are to the join handshake and the backend.
   py::class_<torch_ext::Config>(m, "_Config")
       .def("as_dict", &configDict, "The settings as resolve_config gives them.")
+      .def(
+          "inner_timeout",
+          [](const torch_ext::Config& c, double timeoutS) {
+            const auto ms = std::chrono::milliseconds(static_cast<int64_t>(timeoutS * 1000.0));
+            return std::chrono::duration<double>(c.innerTimeout(ms)).count();
+          },
+          py::arg("timeout"),
+          "Seconds the inner backends of a group with this timeout wait before failing an operation themselves: "
+          "beyond abort_after and busy_cap, so the guard's report always comes first.")
       .def("__repr__", [](const torch_ext::Config& c) { return "_Config(" + c.describe() + ")"; });
   m.def("_resolve", &resolve, py::arg("overrides") = std::map<std::string, std::string>{},
         "Validated settings from TORCH_EXT_* and the given overrides, as one _Config (raises ValueError naming "

@@ -284,6 +284,19 @@ def test_slow_rank_example_reports_aborts_and_dumps_for_diagnose(tmp_path):
     _replays(tmp_path, run)
 
 
+def test_long_checkpoint_example_waits_for_the_busy_rank_past_abort_after(tmp_path):
+    # python examples/bugs/long_checkpoint.py: rank 0 writes for 7 s, abort_after is 4 s (issue 68)
+    out = _source("long_checkpoint", tmp_path)
+    assert "rank 0 has not arrived" in out and "busy, not hung" in out and "in save_checkpoint" in out, out
+    assert "rank 0, which it waits for, is busy, not hung: the wait goes on past abort_after=4 s" in out, out
+    assert sorted(re.findall(r"\[rank(\d)\] the step after the checkpoint: all_reduce gave \[3\.0, 3\.0, 3\.0, 3\.0\]",
+                             out)) == ["0", "1"], out
+    assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", out)) == [("0", "0"), ("1", "0")], out
+    assert "Error" not in out, out
+    assert not list(tmp_path.glob("checkpoint_rank*.bin"))  # the example cleans up after itself
+    doc_samples.check_source("long_checkpoint", out)
+
+
 def test_crossed_groups_example_names_the_deadlock_live_and_post_mortem(tmp_path):
     # python examples/bugs/crossed_groups.py, then python -m torch_ext.diagnose torch_ext_dumps
     out = _source("crossed_groups", tmp_path)

@@ -147,6 +147,114 @@ def test_under_ddp_a_rank_writing_a_checkpoint_is_reported_busy_and_training_goe
     assert "rank 0 has not arrived" in text and "busy, not hung" in text and "in save_checkpoint" in text, text
 
 
+# --- past the group's timeout: a busy rank is waited for, a stuck one is not (issue 68) ---
+
+# The guard's defaults (abort_after: the group's timeout), not the test harness's short deadlines.
+DEFAULTS = {"TORCH_EXT_ABORT_AFTER": "timeout"}
+
+
+def paced_checkpoint(path: str, seconds: float) -> None:
+    # A long checkpoint write that leaves the machine to the other tests: each 0.1 s,
+    # 20 ms of serialising on the main thread and 256 kB written.
+    end = time.monotonic() + seconds
+    chunk = bytes(range(256)) * 1024
+    with open(path, "wb") as f:
+        while time.monotonic() < end:
+            spin = time.monotonic() + 0.02
+            while time.monotonic() < spin:
+                pass
+            f.write(chunk)
+            f.flush()
+            time.sleep(0.08)
+
+
+def _past_timeout(rank: int, world: int, kind: str, path: str) -> dict:
+    cap = _capture()
+    pids = [None] * world
+    dist.all_gather_object(pids, os.getpid())
+    start = time.monotonic()
+    if rank == 0:
+        if kind == "checkpoint":
+            paced_checkpoint(path, 30.0)  # past the group's 20 s timeout
+        elif kind == "c-call":
+            _hold_gil(26)  # a C call that returns only after the timeout
+        elif kind == "sigstop":
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen until rank 1 lets it go
+    t = torch.ones(4)
+    out = {"records": cap.records, "start": start}
+    try:
+        dist.all_reduce(t)  # rank 1 waits here
+        out["value"] = t.tolist()
+    except Exception as e:
+        out["error"] = (type(e).__name__, str(e))
+    out["after_s"] = time.monotonic() - start
+    if rank == 1 and kind == "sigstop":
+        os.kill(pids[0], signal.SIGCONT)
+    return out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("store", ["parent", "rank0"])
+def test_a_checkpoint_longer_than_the_groups_timeout_is_waited_for_and_both_ranks_finish(tmp_path, store):
+    # Issue 68's job: 2 ranks, a 20 s group timeout, rank 0 writing a checkpoint for 30 s, every
+    # guard setting at its default. Before, rank 1 failed at 20.7 s with a hung rank's words.
+    values = assert_all_ok(run_ranks(_past_timeout, 2, "checkpoint", str(tmp_path / "ckpt.bin"), env=DEFAULTS,
+                                     pg_timeout=20.0, store=store, timeout=120))
+    assert [v.get("value") for v in values] == [[2.0] * 4] * 2, values
+    assert values[1]["after_s"] >= 29.0, values[1]["after_s"]
+    said = _reports(values[1]["records"])  # warn_after's (10 s) report, then the wait past abort_after
+    assert len(said) == 2, said
+    start = values[1]["start"]
+    assert 9.5 <= said[0][0] - start < 16 and said[0][1] == "WARNING", said
+    assert "rank 0 has not arrived" in said[0][2] and "busy, not hung" in said[0][2], said[0][2]
+    assert "in save_checkpoint" in said[0][2] or "in paced_checkpoint" in said[0][2], said[0][2]
+    assert 19.5 <= said[1][0] - start < 26 and said[1][1] == "WARNING", said
+    assert ("rank 0, which it waits for, is busy, not hung: the wait goes on past abort_after=20 s while it keeps "
+            "progressing, up to busy_cap=80 s (TORCH_EXT_BUSY_CAP)") in said[1][2], said[1][2]
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind", ["c-call", "sigstop"])
+def test_a_rank_stuck_past_the_groups_timeout_still_ends_the_wait_at_it(tmp_path, kind):
+    # The same job with rank 0 blocked in a C call that holds the GIL, or stopped (SIGSTOP): it does
+    # not progress, so the wait ends at the 20 s timeout as before, typed on both ranks.
+    results = run_ranks(_past_timeout, 2, kind, str(tmp_path / "ckpt.bin"), env=DEFAULTS, pg_timeout=20.0,
+                        timeout=120)
+    values = assert_all_ok(results)
+    for v in values:
+        assert v.get("error", ("none",))[0] == "CollectiveTimeoutError", v
+    text = values[1]["error"][1]
+    assert 19.5 <= values[1]["after_s"] < 26, values[1]["after_s"]
+    assert "timeout after abort_after=20 s" in text and "busy_cap" not in text, text
+    if kind == "c-call":
+        assert "rank 0 has not arrived" in text and "not progressing for" in text, text
+    else:
+        assert "rank 0: no heartbeat for" in text and "(process gone or frozen)" in text, text
+    assert not [m for _, _, m in values[1]["records"] if "the wait goes on" in m]
+
+
+def _busy_ddp_past_timeout(rank: int, world: int, path: str) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cap = _capture()
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Linear(8, 1))
+    for step in range(3):
+        if step == 2 and rank == 0:
+            paced_checkpoint(path, 10.0)  # past the group's 6 s timeout; rank 1 waits in the gradient all_reduce
+        ddp(torch.ones(4, 8)).sum().backward()
+    return {"records": cap.records, "grad": ddp.module.weight.grad.tolist()}
+
+
+@pytest.mark.timeout(120)
+def test_under_ddp_a_checkpoint_longer_than_the_timeout_is_waited_for(tmp_path):
+    values = assert_all_ok(run_ranks(_busy_ddp_past_timeout, 2, str(tmp_path / "ckpt.bin"), env=DEFAULTS,
+                                     pg_timeout=6.0, timeout=90))
+    assert values[0]["grad"] == values[1]["grad"]
+    said = "\n".join(m for _, _, m in values[1]["records"])
+    assert "rank 0, which it waits for, is busy, not hung: the wait goes on past abort_after=6 s" in said, said
+
+
 # --- a rank blocked in C code while holding the GIL -----------------------------
 
 def _hold_gil(seconds: int) -> None:

@@ -188,9 +188,14 @@ def test_a_multi_line_report_gets_a_summary_line_without_a_dangling_colon():
 def test_guard_deadlines_follow_the_timeout_unless_set(monkeypatch):
     monkeypatch.delenv("TORCH_EXT_WARN_AFTER", raising=False)
     monkeypatch.delenv("TORCH_EXT_ABORT_AFTER", raising=False)
-    assert guard_deadlines(60, {}) == {"TORCH_EXT_WARN_AFTER": "5", "TORCH_EXT_ABORT_AFTER": "10"}
-    assert guard_deadlines(12, {}) == {"TORCH_EXT_WARN_AFTER": "1.5", "TORCH_EXT_ABORT_AFTER": "3"}
+    monkeypatch.delenv("TORCH_EXT_BUSY_CAP", raising=False)
+    # A wait for a rank that keeps busy goes on to twice abort_after: still within the run's timeout.
+    assert guard_deadlines(60, {}) == {"TORCH_EXT_WARN_AFTER": "5", "TORCH_EXT_ABORT_AFTER": "10",
+                                       "TORCH_EXT_BUSY_CAP": "20"}
+    assert guard_deadlines(12, {}) == {"TORCH_EXT_WARN_AFTER": "1.5", "TORCH_EXT_ABORT_AFTER": "3",
+                                       "TORCH_EXT_BUSY_CAP": "6"}
     assert guard_deadlines(60, {"TORCH_EXT_WARN_AFTER": "8"}) == {}  # the caller chose: the guard's config applies
+    assert guard_deadlines(60, {"TORCH_EXT_BUSY_CAP": "0"}) == {}
 
 
 @contextlib.contextmanager

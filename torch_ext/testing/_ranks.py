@@ -195,20 +195,22 @@ def rank_env(rank: int, world_size: int, port: int, store: str) -> dict[str, str
 
 
 def guard_deadlines(timeout: float, env: dict[str, str] | None = None) -> dict[str, str]:
-    """``TORCH_EXT_WARN_AFTER`` / ``TORCH_EXT_ABORT_AFTER`` for a run with this ``timeout``.
+    """``TORCH_EXT_WARN_AFTER`` / ``TORCH_EXT_ABORT_AFTER`` / ``TORCH_EXT_BUSY_CAP`` for a run with this ``timeout``.
 
     A collective waiting a quarter of the run's budget (at least 2 s, at most
     10 s) is a hang in a test: the guard aborts it there, on every live rank, with
     its report, well before the ranks would be killed at ``timeout``; the report
-    is logged at half that. Returns nothing when either variable is already in
-    ``env`` or this process's environment: then the caller has chosen, and the
-    guard's own configuration (the one place they are parsed) applies as usual.
+    is logged at half that. A wait for a rank that keeps busy goes on to twice
+    that (busy_cap), still within the budget. Returns nothing when any of the
+    variables is already in ``env`` or this process's environment: then the
+    caller has chosen, and the guard's own configuration (the one place they are
+    parsed) applies as usual.
     """
-    names = ("TORCH_EXT_WARN_AFTER", "TORCH_EXT_ABORT_AFTER")
+    names = ("TORCH_EXT_WARN_AFTER", "TORCH_EXT_ABORT_AFTER", "TORCH_EXT_BUSY_CAP")
     if any(name in (env or {}) or name in os.environ for name in names):
         return {}
     abort = min(max(timeout / 4, 2.0), 10.0)
-    return {names[0]: f"{abort / 2:g}", names[1]: f"{abort:g}"}
+    return {names[0]: f"{abort / 2:g}", names[1]: f"{abort:g}", names[2]: f"{2 * abort:g}"}
 
 
 def _child(fn: Callable[..., Any], rank: int, world_size: int, port: int, store_host: str, backend: str | None,

@@ -81,6 +81,10 @@ std::chrono::milliseconds GroupState::abortAfter() const {
   return cfg_.abortAfter(timeout_);
 }
 
+std::chrono::milliseconds GroupState::busyCap() const {
+  return cfg_.busyCap(timeout_);
+}
+
 std::string GroupState::label() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!desc_.empty() && desc_ != "undefined") return desc_;

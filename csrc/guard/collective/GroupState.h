@@ -101,6 +101,7 @@ class GroupState {
   }
   std::chrono::milliseconds warnAfter() const;
   std::chrono::milliseconds abortAfter() const;
+  std::chrono::milliseconds busyCap() const;
 
   // "default_pg" (the description torch gives) or the group name.
   std::string label() const;

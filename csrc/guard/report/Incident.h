@@ -37,6 +37,20 @@ inline std::optional<IncidentKind> parseIncidentKind(std::string_view name) {
   return enumFromName<IncidentKind>(name);
 }
 
+// An abort's body: how its collective had waited on past abort_after while
+// the ranks it waited for were busy (watchdog/BusyWait.h), so every rank's
+// error says it, not only the poster's.
+enum class BusyWaitEnd : uint8_t {
+  None,        // it did not wait on
+  Stopped,     // a rank it waited for stopped progressing
+  CapReached,  // busy to the end: busy_cap passed
+};
+template <>
+struct EnumTable<BusyWaitEnd> {
+  static constexpr NamedValue<BusyWaitEnd> kEntries[] = {
+      {BusyWaitEnd::None, ""}, {BusyWaitEnd::Stopped, "busy-stopped"}, {BusyWaitEnd::CapReached, "busy-cap"}};
+};
+
 // What an incident is about: one collective (by seq), one point-to-point op
 // (by the rank that posted it and its record id there), or the group as a
 // whole ("any": a mismatch found by comparing histories).
@@ -75,7 +89,7 @@ struct Incident {
   IncidentKind kind = IncidentKind::Hang;
   IncidentSubject subject;
   int64_t poster = -1;  // group rank that raised it
-  std::string error;    // Failure: the inner backend's error
+  std::string error;    // Failure: the inner backend's error; Abort: a BusyWaitEnd's name
 
   std::string id() const {
     return std::string(incidentKindName(kind)) + ":" + subject.encode();

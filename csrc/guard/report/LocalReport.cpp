@@ -1,6 +1,7 @@
 #include "guard/report/LocalReport.h"
 
 #include "guard/report/Messages.h"
+#include "guard/report/Progress.h"
 #include "guard/report/RankList.h"
 
 #include <cstdio>
@@ -127,6 +128,18 @@ std::string formatStandingAtStop(const LocalFacts& f) {
   os << "\n  group \"" << f.groupLabel << "\" (" << f.groupSize << " ranks):";
   pendingLine(os, f);
   peerLines(os, f);
+  return os.str();
+}
+
+std::string formatBusyWait(const LocalFacts& f, const std::vector<int64_t>& busy, double abortAfterS, double busyCapS) {
+  const bool one = busy.size() == 1;
+  const std::string who = formatRanks(busy);
+  std::ostringstream os;
+  os << waitedHeader(f) << ": " << who << (one ? ", which it waits for, is" : ", which it waits for, are")
+     << " busy, not hung: the wait goes on past abort_after=" << abortAfterS << " s while "
+     << (one ? "it keeps" : "they keep") << " progressing, up to busy_cap=" << busyCapS
+     << " s (TORCH_EXT_BUSY_CAP); it fails as a hang if " << (one ? "it stops" : "one of them stops")
+     << " progressing for " << static_cast<double>(ProgressFacts::kStoppedAfterNs) / 1e9 << " s";
   return os.str();
 }
 

@@ -54,6 +54,12 @@ std::string formatLocalTimeout(const LocalFacts& f, double abortAfterS, const st
 // The hang report did not come: a warning from this rank's view.
 std::string formatLocalHang(const LocalFacts& f, const std::string& why);
 
+// Past abort_after, every rank the collective waits for is busy (issue 68):
+// "<header>: the ranks it waits for are busy, so it waits on past
+// abort_after=20 s: rank 0 (...); it fails once one of them stops progressing
+// or at busy_cap=80 s (TORCH_EXT_BUSY_CAP)". `busy`: global ranks.
+std::string formatBusyWait(const LocalFacts& f, const std::vector<int64_t>& busy, double abortAfterS, double busyCapS);
+
 // Where this rank stands in the group when its launcher stops it before any
 // verdict: "\n  group "g" (N ranks):", its pending (or failed) operation and
 // one line per peer (torchrun's summary, the stopped rank's own stderr).

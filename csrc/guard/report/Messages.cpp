@@ -37,4 +37,18 @@ std::string abortReason(double abortAfterS, AbortScope scope) {
          (scope == AbortScope::EveryLiveRank ? "every live rank" : "this rank");
 }
 
+std::string abortReason(double abortAfterS, AbortScope scope, const BusyWaitEnd& busy) {
+  char abort[64], cap[64];
+  std::snprintf(abort, sizeof(abort), "%g", abortAfterS);
+  std::snprintf(cap, sizeof(cap), "%g", busy.busyCapS);
+  const std::string where = scope == AbortScope::EveryLiveRank ? "every live rank" : "this rank";
+  if (busy.capReached) {
+    return std::string("timeout after busy_cap=") + cap +
+           " s (TORCH_EXT_BUSY_CAP): the ranks it waited for were busy " + "past abort_after=" + abort +
+           " s, the collective fails on " + where;
+  }
+  return std::string("timeout after abort_after=") + abort + " s (TORCH_EXT_ABORT_AFTER) and a wait on while the " +
+         "ranks it waited for were busy, until one stopped progressing, the collective fails on " + where;
+}
+
 }  // namespace torch_ext::messages

@@ -38,5 +38,17 @@ enum class AbortScope : uint8_t { EveryLiveRank, ThisRank };
 // on every live rank": the first line says "timeout" in so many words, since
 // retry logic (and torch's own tests) grep for it in gloo's and NCCL's errors.
 std::string abortReason(double abortAfterS, AbortScope scope);
+// How a wait that went on past abort_after while the awaited ranks were busy
+// ended (watchdog/BusyWait.h): at busy_cap, or when one stopped progressing.
+struct BusyWaitEnd {
+  double busyCapS = 0;
+  bool capReached = false;
+};
+// abortReason, for a wait that went on past abort_after: "timeout after
+// busy_cap=80 s (TORCH_EXT_BUSY_CAP): the ranks it waited for were busy past
+// abort_after=20 s, the collective fails on every live rank", or "timeout after
+// abort_after=20 s (TORCH_EXT_ABORT_AFTER) and a wait on while the ranks it
+// waited for were busy, until one stopped progressing, ...".
+std::string abortReason(double abortAfterS, AbortScope scope, const BusyWaitEnd& busy);
 
 }  // namespace torch_ext::messages

@@ -32,6 +32,10 @@ struct ProgressFacts {
   static constexpr int64_t kWindowNs = 30'000'000'000;
   static constexpr double kCpuShare = 0.05;
   static constexpr int64_t kIoBytes = 256 * 1024;
+  // Quiet this long, a rank a collective waits for past abort_after has
+  // stopped progressing (watchdog/BusyWait.h): above the pauses of a busy
+  // rank's own work (a checkpoint's flush), far below a stuck rank's silence.
+  static constexpr int64_t kStoppedAfterNs = 5'000'000'000;
 };
 
 // "busy, not hung: in the last 10.0 s its main thread ran 9.8 s of CPU and the

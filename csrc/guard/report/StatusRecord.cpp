@@ -31,6 +31,7 @@ std::string StatusRecord::encode() const {
   std::ostringstream os;
   os << "v2 " << nameIn(kPhaseTags, phase) << " " << heartbeatNs << " " << lastSeq << " " << hex64(rolling) << " "
      << lastCompletedSeq;
+  if (quietMs >= 0) os << " q " << quietMs;
   if (!waits.empty()) os << " w " << waits;
   return os.str();
 }
@@ -42,7 +43,11 @@ std::optional<StatusRecord> StatusRecord::decode(const std::string& text) {
   is >> version >> phase >> s.heartbeatNs >> s.lastSeq >> rolling >> s.lastCompletedSeq;
   if (!is || version != "v2") return std::nullopt;
   std::string rest;
-  if (is >> rest) {
+  if (is >> rest && rest == "q") {
+    if (!(is >> s.quietMs) || s.quietMs < 0) return std::nullopt;
+    if (!(is >> rest)) rest.clear();
+  }
+  if (!rest.empty()) {
     if (rest != "w") return std::nullopt;  // trailing garbage
     std::getline(is >> std::ws, s.waits);
     if (s.waits.empty()) return std::nullopt;

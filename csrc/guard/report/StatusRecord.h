@@ -48,13 +48,18 @@ struct StatusRecord {
   uint64_t lastSeq = 0;     // last collective issued
   uint64_t rolling = 0;     // rolling hash at lastSeq
   uint64_t lastCompletedSeq = 0;
+  // Milliseconds since the rank's process last showed progress (its main
+  // thread ran or it moved storage bytes: report/Progress.h); 0 while it
+  // does, -1 when not known. What a collective waiting for it past
+  // abort_after reads (watchdog/BusyWait.h).
+  int64_t quietMs = -1;
   // The rank's collective waits (RankWaits::encode), for the straggler
   // analysis; empty when it has none to say.
   std::string waits;
 
   static StatusRecord of(RankPhase phase, int64_t nowNs, const SeqProgress& p);
   // "v2 run <heartbeat ns> <last seq> <rolling hex> <last completed seq>", then
-  // " w <waits>" when it has waits.
+  // " q <quiet ms>" when known, then " w <waits>" when it has waits.
   std::string encode() const;
   // nullopt for anything that is not a v2 record.
   static std::optional<StatusRecord> decode(const std::string& text);

@@ -13,7 +13,7 @@ int64_t ns(std::chrono::milliseconds d) {
 }  // namespace
 
 Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
-                     bool checksP2P)
+                     bool checksP2P, std::chrono::milliseconds busyCap)
     : warnNs_(ns(warnAfter)),
       abortNs_(ns(abortAfter)),
       // A send/recv pending this long is worth a pairing check.
@@ -22,6 +22,7 @@ Deadlines::Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseco
       // replaced after 3 s or 12 ticks), so this fires only when the store
       // itself is too slow for the protocol.
       fallbackNs_(std::max<int64_t>(5'000'000'000, static_cast<int64_t>(25 * intervalS * 1e9))),
+      busyCapNs_(ns(busyCap)),
       checksP2P_(checksP2P) {}
 
 int64_t Deadlines::warnAfterNs(uint32_t site) const {
@@ -29,7 +30,7 @@ int64_t Deadlines::warnAfterNs(uint32_t site) const {
   return it == siteLongestNs_.end() ? warnNs_ : std::max(warnNs_, it->second + it->second / 4);
 }
 
-DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) {
+DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now, const AwaitedBusy& awaitedBusy) {
   DeadlineActions out;
   if (warnedOpen_ && !(p.hasPending && p.oldestPending.id == warnedId_)) {
     // The op warned about is done. Unless it was aborted, it ended by itself:
@@ -48,10 +49,21 @@ DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now) 
   if (warnedOpen_) warnedWaitNs_ = out.waitedNs;
   const IncidentSubject subject = e.seq ? IncidentSubject::collective(e.seq) : IncidentSubject::p2p(groupRank, e.id);
   if (out.waitedNs > abortNs_ && abortedId_ != e.id) {
+    // Busy is not hung: a collective (not a send/recv: its peer is one rank,
+    // looked at by the p2p check) whose awaited ranks all progress waits on.
+    if (e.seq != 0 && out.waitedNs < busyCapNs_ && awaitedBusy && awaitedBusy(e)) {
+      out.busyWaitBegins = busySeq_ != e.seq;
+      busySeq_ = e.seq;
+      return out;
+    }
+    BusyWaitEnd busy = BusyWaitEnd::None;
+    if (busySeq_ == e.seq && e.seq != 0) {
+      busy = out.waitedNs >= busyCapNs_ ? BusyWaitEnd::CapReached : BusyWaitEnd::Stopped;
+    }
     abortedId_ = e.id;
     abortedAtNs_ = now;
     localAborted_ = false;
-    out.raise = Incident{IncidentKind::Abort, subject, groupRank, ""};
+    out.raise = Incident{IncidentKind::Abort, subject, groupRank, enumName(busy)};
     return out;
   }
   if (warnedId_ != e.id && abortedId_ != e.id && out.waitedNs > warnAfterNs(e.callSite)) {

@@ -14,7 +14,9 @@
 #include "guard/collective/Ledger.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 
@@ -24,17 +26,32 @@ struct DeadlineActions {
   std::optional<Incident> raise;  // hang, abort or p2p incident to raise through the store
   bool localWarn = false;         // the hang report did not come: log one from this rank's view
   bool localAbort = false;        // the abort verdict did not come: fail the group from this rank's view
+  bool busyWaitBegins = false;    // past abort_after, the awaited ranks are busy: the wait goes on (say so once)
   Entry entry;                    // the op concerned (valid when any of the above is set)
   int64_t waitedNs = 0;           // how long it has waited
 };
 
 class Deadlines {
  public:
-  Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS,
-            bool checksP2P);
+  Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS, bool checksP2P,
+            std::chrono::milliseconds busyCap = std::chrono::milliseconds(0));
 
-  // `p` is the group's progress, `groupRank` this rank's rank in it.
-  DeadlineActions check(const Progress& p, int groupRank, int64_t nowSteadyNs);
+  // Whether every rank the collective `e` waits for is busy now
+  // (watchdog/BusyWait.h); asked only past abort_after.
+  using AwaitedBusy = std::function<bool(const Entry& e)>;
+
+  // `p` is the group's progress, `groupRank` this rank's rank in it. A
+  // collective past abort_after whose awaited ranks are all busy
+  // (`awaitedBusy`) waits on, up to busy_cap.
+  DeadlineActions check(const Progress& p, int groupRank, int64_t nowSteadyNs, const AwaitedBusy& awaitedBusy = {});
+  // When the ranks a collective waits for may be looked at (busy_cap above
+  // abort_after: a little before abort_after, so the look is there in time).
+  int64_t busyLookAfterNs() const {
+    return busyCapNs_ > abortNs_ ? abortNs_ - std::min<int64_t>(abortNs_ / 2, kBusyLookAheadNs) : INT64_MAX;
+  }
+  int64_t busyCapNs() const {
+    return busyCapNs_;
+  }
   // The cross-rank hang report for incident subject `subject` arrived (no
   // local one needed).
   void reported(const IncidentSubject& subject);
@@ -50,8 +67,10 @@ class Deadlines {
   int64_t warnAfterNs(uint32_t site) const;
 
  private:
-  int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_;
-  bool checksP2P_;  // Mode::compares: a send/recv pending long is looked into
+  int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_, busyCapNs_;
+  static constexpr int64_t kBusyLookAheadNs = 3'000'000'000;
+  uint64_t busySeq_ = 0;  // the collective that waited past abort_after last
+  bool checksP2P_;        // Mode::compares: a send/recv pending long is looked into
   uint64_t warnedId_ = 0, abortedId_ = 0, p2pCheckedId_ = 0;
   int64_t warnedAtNs_ = 0, abortedAtNs_ = 0;
   std::optional<IncidentSubject> warnedSubject_;

@@ -23,6 +23,12 @@ namespace {
 constexpr size_t kHangWindow = 64;
 // A status is republished at least this often (the heartbeat).
 constexpr int64_t kHeartbeatNs = 500'000'000;
+// The awaited ranks' records past abort_after: read once a second, trusted for
+// three, and a heartbeat unchanged for kBusyStaleNs (or four exchange periods)
+// is a frozen rank's.
+constexpr int64_t kBusyLookEveryNs = 1'000'000'000;
+constexpr int64_t kBusyLookFreshNs = 3'000'000'000;
+constexpr int64_t kBusyStaleNs = 3'000'000'000;
 // While an incident is open, the watchdog ticks (and exchanges) this often.
 constexpr double kOpenIntervalS = 0.05;
 // An exchange comes due this much before its period ends, so that one due at
@@ -86,7 +92,9 @@ Watchdog& Watchdog::instance() {
 
 Watchdog::GroupCtx::GroupCtx(Watchdog& dog, std::shared_ptr<GroupState> s)
     : state(std::move(s)),
-      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->mode().compares()),
+      deadlines(state->warnAfter(), state->abortAfter(), state->exchangeIntervalS(), state->mode().compares(),
+                state->busyCap()),
+      busyWait(std::max<int64_t>(kBusyStaleNs, static_cast<int64_t>(4e9 * state->exchangeIntervalS()))),
       protocol(*state, IncidentProtocol::Hooks{
                            [&dog, st = state.get()](const Incident& inc) {
                              const size_t window =
@@ -414,12 +422,17 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
   DeadlineActions a;
   {
     std::lock_guard<std::mutex> lock(ctx.localMu);
-    a = ctx.deadlines.check(p, st.id().rank, steadyNs());
+    const auto awaitedBusy = [&ctx](const Entry& e) {
+      const int64_t now = steadyNs();
+      return ctx.busyLook.seq == e.seq && ctx.busyLook.waitOn && now - ctx.busyLook.atSteadyNs < kBusyLookFreshNs;
+    };
+    a = ctx.deadlines.check(p, st.id().rank, steadyNs(), awaitedBusy);
   }
   if (a.raise) {
     std::lock_guard<std::mutex> lock(mu_);
     ctx.requests.push_back(*a.raise);
   }
+  if (a.busyWaitBegins) sayBusyWait(ctx, p, a.entry);
   if (a.localAbort || a.localWarn) {
     const std::string why = st.store().health() == StoreHealth::Healthy
                                 ? "no verdict came through the store within " +
@@ -453,6 +466,9 @@ void Watchdog::exchange(GroupCtx& ctx) {
 
   // Status / heartbeat, with this rank's collective waits.
   StatusRecord mine = StatusRecord::of(RankPhase::Running, now, p);
+  if (const ProgressFacts pf = ProgressSampler::instance().facts(steadyNs()); pf.known) {
+    mine.quietMs = pf.busy ? 0 : pf.quietNs / 1'000'000;  // what a collective waiting for this rank reads
+  }
   if (st.config().stragglerThreshold > 0 && size > 1) mine.waits = publishedWaits(st);
   // Exiting: the exit's own record ("exited") is written after any exchange
   // already queued; a later one must not turn it back into "running".
@@ -505,10 +521,50 @@ void Watchdog::exchange(GroupCtx& ctx) {
   }
 
   ctx.stragglers.afterExchange(st);
+  lookAtAwaited(ctx, p, mine);
 
   // Incidents.
   ctx.protocol.progress(now);
   ctx.open = ctx.protocol.open();
+}
+
+void Watchdog::lookAtAwaited(GroupCtx& ctx, const Progress& p, const StatusRecord& mine) {
+  // Past abort_after a collective waits on while every rank it waits for is
+  // busy (BusyWait.h): from a little before, their records are read (once a
+  // second at most: a large group's store is not flooded by its waiters).
+  GroupState& st = *ctx.state;
+  const int size = st.id().size;
+  const int64_t now = steadyNs();
+  if (!p.hasPending || p.oldestPending.seq == 0 || size < 2 || st.failed()) return;
+  if (now - p.oldestPending.startSteadyNs < ctx.deadlines.busyLookAfterNs() || now < ctx.nextBusyLookNs) return;
+  ctx.nextBusyLookNs = now + kBusyLookEveryNs;
+  std::vector<std::string> statusKeys;
+  for (int r = 0; r < size; ++r) statusKeys.push_back(keys::status(r));
+  auto there = st.store().check(statusKeys);  // multi_get waits for a missing key
+  if (!there.ok() || !there.value) return;
+  auto values = st.store().multiGet(statusKeys);
+  if (!values.ok() || values.value.size() != statusKeys.size()) return;
+  std::vector<std::optional<StatusRecord>> records(size);
+  for (int r = 0; r < size; ++r) records[r] = StatusRecord::decode(values.value[r]);
+  records[st.id().rank] = mine;  // this rank's own, as it is now
+  BusyLook look = ctx.busyWait.look(records, p.oldestPending.seq, steadyNs(), wallNs());
+  std::lock_guard<std::mutex> lock(ctx.localMu);
+  ctx.busyLook = std::move(look);
+}
+
+void Watchdog::sayBusyWait(GroupCtx& ctx, const Progress& p, const Entry& e) {
+  BusyLook look;
+  {
+    std::lock_guard<std::mutex> lock(ctx.localMu);
+    look = ctx.busyLook;
+  }
+  GroupState& st = *ctx.state;
+  if (look.seq != e.seq || look.lowestArrived != st.id().rank) return;  // said once, by the lowest waiting rank
+  std::vector<int64_t> busy;
+  for (int r : look.busy) busy.push_back(st.id().globalRank(r));
+  logMessage(LogLevel::Warning,
+             formatBusyWait(localFacts(ctx, p), busy, std::chrono::duration<double>(st.abortAfter()).count(),
+                            std::chrono::duration<double>(st.busyCap()).count()));
 }
 
 RankSnapshot Watchdog::snapshot(const std::string& reason, const GroupState* only, size_t maxEntries,

@@ -30,6 +30,7 @@
 // alive (their teardown could block on a dead peer).
 
 #include "guard/Runtime.h"
+#include "guard/watchdog/BusyWait.h"
 #include "guard/watchdog/Deadlines.h"
 #include "guard/watchdog/Dumps.h"
 #include "guard/watchdog/FailureDesk.h"
@@ -174,6 +175,9 @@ class Watchdog final : public IncidentSink {
     std::mutex localMu;
     Deadlines deadlines;
     bool storeLossHandled = false;
+    // What the ranks the oldest collective waits for do (BusyWait.h): looked at
+    // by the I/O thread from a little before abort_after, read under localMu.
+    BusyLook busyLook;
     // A stream-ordered work's failure was raised as an incident: the later
     // works of the group fail after it ("in error after an earlier failure")
     // and tell its story, so they raise none (the report names the first).
@@ -181,6 +185,8 @@ class Watchdog final : public IncidentSink {
     // I/O thread only.
     IncidentProtocol protocol;
     std::set<int> seenNeighbours;
+    BusyWait busyWait;
+    int64_t nextBusyLookNs = 0;
     StatusRecord lastPublished;
     // The groups of the deadlock that the last hang verdict found, and its
     // subject: the abort of the same collective says it even when a rank of
@@ -224,6 +230,11 @@ class Watchdog final : public IncidentSink {
   bool checkStore(GroupCtx& ctx, const Progress& p);
   // Deadlines of the oldest pending op: incidents to raise, local fallbacks.
   void checkDeadlines(GroupCtx& ctx, const Progress& p);
+  // I/O thread: past (nearly) abort_after, reads the awaited ranks' records
+  // into ctx.busyLook. `mine`: this rank's record as just built.
+  void lookAtAwaited(GroupCtx& ctx, const Progress& p, const StatusRecord& mine);
+  // The wait goes on past abort_after: said once, by the lowest waiting rank.
+  void sayBusyWait(GroupCtx& ctx, const Progress& p, const Entry& e);
   // I/O thread: status, neighbours (ring check), incidents.
   void exchange(GroupCtx& ctx);
   void post(GroupCtx& ctx, const Incident& inc);

@@ -16,11 +16,15 @@ namespace torch_ext {
 
 namespace {
 
-std::string abortText(const GroupState& st, const std::string& body) {
+std::string abortText(const GroupState& st, const std::string& body, BusyWaitEnd busy) {
   // The first line says "timeout" in so many words: retry logic (and torch's
   // own tests) grep for it in gloo's and NCCL's messages.
-  const std::string why = messages::abortReason(std::chrono::duration<double>(st.abortAfter()).count(),
-                                                messages::AbortScope::EveryLiveRank);
+  const double abortS = std::chrono::duration<double>(st.abortAfter()).count();
+  const std::string why = busy != BusyWaitEnd::None
+                              ? messages::abortReason(abortS, messages::AbortScope::EveryLiveRank,
+                                                      {std::chrono::duration<double>(st.busyCap()).count(),
+                                                       busy == BusyWaitEnd::CapReached})
+                              : messages::abortReason(abortS, messages::AbortScope::EveryLiveRank);
   const auto nl = body.find('\n');
   std::string first = body.substr(0, nl);
   const std::string rest = nl == std::string::npos ? "" : body.substr(nl);
@@ -82,7 +86,10 @@ void Watchdog::applyVerdict(GroupCtx& ctx, const Incident& inc, const Verdict& v
   facts.streamOrdered = st.streamOrdered();
   const VerdictActions act = decideVerdict(facts);
   if (act.remembersCycle) ctx.deadlock.emplace(inc.subject, v.cycleGroups);
-  if (act.wording == VerdictWording::Abort) text = abortText(st, text);
+  if (act.wording == VerdictWording::Abort) {
+    const auto busy = inc.kind == IncidentKind::Abort ? enumFromName<BusyWaitEnd>(inc.error) : std::nullopt;
+    text = abortText(st, text, busy.value_or(BusyWaitEnd::None));
+  }
   if (act.wording == VerdictWording::Deadlock) text = deadlockText(text);
   bool logs = false;
   switch (act.logger) {
