@@ -72,10 +72,15 @@ TEST(BusyWait, WaitsOnOnlyWhileEveryAwaitedRankProgresses) {
   look = w.look(recs, 4, 12 * kSec, kWall + 2 * kSec);
   EXPECT_FALSE(look.waitOn);
   EXPECT_EQ(look.stopped, std::vector<int>{0});
-  // A rank quiet for more than a second does not start a wait on.
+  // A rank quiet for more than a second does not start a wait on...
   BusyWait fresh(3 * kSec);
   recs[0] = record(3, 1500, kWall);
   EXPECT_FALSE(fresh.look(recs, 4, 10 * kSec, kWall).waitOn);
+  // ... nor one whose "busy" record is 1.2 s old: it was not renewed since (it stopped, or its exchange is held up).
+  BusyWait aged(3 * kSec);
+  recs[0] = record(3, 0, kWall);
+  EXPECT_FALSE(aged.look(recs, 4, 10 * kSec, kWall + 1'200'000'000).waitOn);
+  EXPECT_TRUE(BusyWait(3 * kSec).look(recs, 4, 10 * kSec, kWall + 500'000'000).waitOn);
 }
 
 TEST(BusyWait, AFrozenGoneOrSilentRankEndsTheWait) {

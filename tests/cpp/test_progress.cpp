@@ -51,7 +51,7 @@ TEST(Progress, StorageIoCountsAsProgressAndTheWindowKeepsThirtySeconds) {
   EXPECT_GE(f.windowNs, ProgressFacts::kWindowNs);
   EXPECT_LE(f.windowNs, ProgressFacts::kWindowNs + kSec);
   EXPECT_EQ(f.ioBytes, f.windowNs / kSec * 50'000'000);
-  EXPECT_NE(describeProgress(f).find("and the process moved 1.5 GB to and from storage"), std::string::npos)
+  EXPECT_NE(describeProgress(f).find("of CPU and moved 1.5 GB to and from storage"), std::string::npos)
       << describeProgress(f);
   // A sample read before the last one (another thread sampled meanwhile) is dropped.
   ProgressSampler order;

@@ -29,7 +29,7 @@ std::string describeProgress(const ProgressFacts& p) {
   if (p.busy) {
     std::string out = "busy, not hung: in the last " + messages::seconds(p.windowNs) + " its main thread ran " +
                       messages::seconds(p.cpuNs) + " of CPU";
-    if (io) out += " and the process moved " + bytesText(p.ioBytes) + " to and from storage";
+    if (io) out += " and moved " + bytesText(p.ioBytes) + " to and from storage";
     return out;
   }
   return "not progressing for " + messages::seconds(p.quietNs) + ": its main thread idle" +

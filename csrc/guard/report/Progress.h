@@ -10,7 +10,8 @@
 //
 // Its limits: a main thread in a busy loop looks busy; work done only by other
 // threads or child processes while the main thread waits for them (a data
-// pipeline, a pool) shows only as the I/O it causes here.
+// pipeline, a pool, an asynchronous checkpoint's writer) does not count: the
+// figures are the main thread's own.
 
 #include <cstdint>
 #include <string>
@@ -25,7 +26,7 @@ struct ProgressFacts {
   int64_t quietNs = 0;   // since the last sample that showed progress (the whole sampled span if none did)
   // Progressing now: the latest sample interval, which ends when the facts
   // are read, showed progress. A sample interval shows progress when the
-  // main thread ran at least kCpuShare of it, or the process moved at least
+  // main thread ran at least kCpuShare of it, or it moved at least
   // kIoBytes of storage.
   bool busy = false;
 
@@ -39,7 +40,7 @@ struct ProgressFacts {
 };
 
 // "busy, not hung: in the last 10.0 s its main thread ran 9.8 s of CPU and the
-// process moved 1.2 GB to and from storage" or "not progressing for 12.0 s: its main thread idle, no
+// moved 1.2 GB to and from storage" or "not progressing for 12.0 s: its main thread idle, no
 // storage I/O"; "" when not known.
 std::string describeProgress(const ProgressFacts& p);
 

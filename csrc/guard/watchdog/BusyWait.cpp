@@ -1,5 +1,7 @@
 #include "guard/watchdog/BusyWait.h"
 
+#include <algorithm>
+
 namespace torch_ext {
 
 bool BusyWait::fresh(int rank, const StatusRecord& r, int64_t nowSteadyNs, int64_t nowWallNs) {
@@ -24,11 +26,15 @@ BusyLook BusyWait::look(const std::vector<std::optional<StatusRecord>>& records,
       continue;
     }
     const int64_t quietLimit = seq == seq_ && wasBusy_.count(r) ? kQuietMs : kBeginQuietMs;
-    const bool busy = rec && rec->phase == RankPhase::Running && rec->quietMs >= 0 && rec->quietMs < quietLimit &&
+    // Quiet as of the record's heartbeat, plus the record's age: a record that
+    // said "busy" and was not renewed since (an exchange held up, a rank that
+    // just stopped) grows quiet as it ages.
+    const int64_t quiet = rec ? rec->quietMs + std::max<int64_t>(0, nowWallNs - rec->heartbeatNs) / 1'000'000 : -1;
+    const bool busy = rec && rec->phase == RankPhase::Running && rec->quietMs >= 0 && quiet < quietLimit &&
                       fresh(r, *rec, nowSteadyNs, nowWallNs);
     if (busy) {
       out.busy.push_back(r);
-      out.quietMs.push_back(rec->quietMs);
+      out.quietMs.push_back(quiet);
     } else {
       out.stopped.push_back(r);
     }

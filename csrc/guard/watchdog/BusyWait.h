@@ -10,7 +10,9 @@
 // heartbeat, how far it has got on the group, and how long its process has
 // been quiet (ProgressSampler: the main thread's CPU time, storage bytes). A
 // rank the collective waits for (it has not issued the collective's seq) is
-// busy when its record is fresh and it showed progress within kQuietNs. The
+// busy when its record is fresh and it showed progress recently: its record's
+// quiet time plus the record's age under kBeginQuietMs when the wait begins,
+// under kQuietMs since. The
 // wait goes on only while every such rank is busy, up to busy_cap; a rank that
 // goes quiet, freezes (SIGSTOP: its heartbeat stops), leaves or exits ends it
 // as at abort_after.

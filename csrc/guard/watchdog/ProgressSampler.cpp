@@ -32,9 +32,11 @@ int64_t mainThreadCpuNs() {
   return (utime + stime) * (1'000'000'000LL / ticks);
 }
 
-// Storage bytes read and written by the process so far; -1 where /proc does not say.
+// Storage bytes the main thread read and wrote so far; -1 where /proc does not say. Its
+// own, not the process's: other threads' I/O (the guard's dump writes, code pages a
+// thread faults in from a shared library) is not what the main thread does.
 int64_t storageBytes() {
-  std::ifstream in("/proc/self/io");
+  std::ifstream in("/proc/self/task/" + std::to_string(getpid()) + "/io");
   std::string name;
   long long value = 0, total = 0;
   int found = 0;

@@ -4,7 +4,8 @@
 // busy is not hung), sampled by the watchdog thread on its ticks: the CPU
 // time of the main thread (Linux: /proc/self/task/<pid>/stat, the thread whose
 // id is the process's) and the storage bytes the process read and wrote
-// (/proc/self/io). A snapshot carries what it says (report/Progress.h), so a
+// (/proc/self/task/<pid>/io: the main thread's own, so the guard's dump writes
+// and code pages other threads fault in are not counted). A snapshot carries what it says (report/Progress.h), so a
 // report tells a rank that has not arrived because it works from one that
 // waits on nothing. Elsewhere (no /proc) nothing is known and nothing is said.
 
