@@ -210,8 +210,6 @@ def _make_inner(
     global_ranks: list[int],
     where: tuple[str, str],
 ) -> dist.ProcessGroup:
-    source, value = where
-    accepted = ", ".join(_accepted_backends())
     if name == "gloo" and dist.is_gloo_available():
         pg = dist.ProcessGroupGloo(store, rank, size, timeout)
         _compat.set_sequence_number(pg)
@@ -246,9 +244,23 @@ def _make_inner(
         opts.group_id = group_name
         opts.global_ranks_in_group = global_ranks
         return plugin.creator_fn(opts, None)
-    raise ValueError(
+    raise _not_offered(name, device, where)
+
+
+def _offered(name: str) -> bool:
+    """Whether ``_make_inner`` can create an inner backend named ``name`` here."""
+    built_in = {"gloo": dist.is_gloo_available, "nccl": dist.is_nccl_available, "ucc": dist.is_ucc_available}
+    if name in built_in and built_in[name]():
+        return True
+    return name != BACKEND_NAME and (
+        _compat.backend_plugins().get(name.upper()) is not None or name in _on_demand_backends())
+
+
+def _not_offered(name: str, device: str, where: tuple[str, str]) -> ValueError:
+    source, value = where
+    return ValueError(
         f"{source}='{value}' names inner backend '{name}' for device '{device}', which is not available "
-        f"here: accepted values are {accepted} (any backend registered with "
+        f"here: accepted values are {', '.join(_accepted_backends())} (any backend registered with "
         "torch.distributed.Backend.register_backend)"
     )
 
@@ -347,13 +359,19 @@ def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     if not dist_opts.global_ranks_in_group:
         _default_overrides = dict(overrides)
 
+    # An inner backend nobody offers is refused on every rank before any more store traffic: the
+    # settings are the job's since the join, so each rank refuses alike, and none is left reading
+    # a store whose host (rank 0 under plain env://) has already raised and ended.
+    where = _inner_value(cfg)
+    for device, name in sorted(cfg["inner"].items()):
+        if _device_available(device) and not _offered(name):
+            raise _not_offered(name, device, where)
     # Announce before the inner backends rendezvous, so the watchdog's first
     # reads of its neighbours find their keys.
     _C._announce(store, rank)
     # The inner backends' own timeout lies beyond the guard's deadlines (abort_after, busy_cap),
     # so the guard's report always comes first (Config::innerTimeout).
     inner_timeout = timedelta(seconds=config.inner_timeout(timeout.total_seconds()))
-    where = _inner_value(cfg)
     created: dict[str, Any] = {}
     inner: dict[str, tuple[str, Any]] = {}
     for device, name in sorted(cfg["inner"].items()):
