@@ -1,15 +1,13 @@
 // Busy is not hung (issue 68): a collective past abort_after waits on while
 // every rank it waits for progresses (watchdog/BusyWait.h reading status
-// records; watchdog/Deadlines.h holding the abort), up to busy_cap.
+// records; Deadlines holding the abort: test_deadlines_status.cpp), up to busy_cap.
 #include "guard/watchdog/BusyWait.h"
-#include "guard/watchdog/Deadlines.h"
 #include "guard/report/LocalReport.h"
 #include "guard/report/Messages.h"
 
 #include <gtest/gtest.h>
 
 using namespace torch_ext;
-using std::chrono::milliseconds;
 
 namespace test_busy_wait {
 
@@ -25,16 +23,6 @@ StatusRecord record(uint64_t lastSeq, int64_t quietMs, int64_t heartbeatNs, Rank
   r.quietMs = quietMs;
   r.heartbeatNs = heartbeatNs;
   return r;
-}
-
-Progress pendingAt(uint64_t id, uint64_t seq, int64_t startNs) {
-  Progress p;
-  p.lastSeq = seq;
-  p.hasPending = true;
-  p.oldestPending.id = id;
-  p.oldestPending.seq = seq;
-  p.oldestPending.startSteadyNs = startNs;
-  return p;
 }
 
 }  // namespace
@@ -104,50 +92,6 @@ TEST(BusyWait, AFrozenGoneOrSilentRankEndsTheWait) {
   BusyWait none(3 * kSec);
   std::vector<std::optional<StatusRecord>> all{record(4, 0, kWall), record(4, 0, kWall)};
   EXPECT_FALSE(none.look(all, 4, 10 * kSec, kWall).waitOn);
-}
-
-TEST(Deadlines, ABusyWaitGoesOnPastAbortAfterUpToTheCapAndSaysHowItEnded) {
-  Deadlines d(milliseconds(1000), milliseconds(4000), 0.2, /*compares=*/true, milliseconds(16000));
-  EXPECT_EQ(d.busyLookAfterNs(), 2 * kSec);  // a little before abort_after: the look is there in time
-  const Progress p = pendingAt(1, 9, 0);
-  bool busy = true;
-  int asked = 0;
-  const auto awaited = [&](const Entry& e) {
-    ++asked;
-    EXPECT_EQ(e.seq, 9u);
-    return busy;
-  };
-  ASSERT_TRUE(d.check(p, 1, kSec + 1, awaited).raise);  // warn_after's look
-  EXPECT_EQ(asked, 0);                                  // asked only past abort_after
-  auto a = d.check(p, 1, 4 * kSec + 1, awaited);
-  EXPECT_FALSE(a.raise);
-  EXPECT_TRUE(a.busyWaitBegins);
-  a = d.check(p, 1, 5 * kSec, awaited);
-  EXPECT_FALSE(a.raise);
-  EXPECT_FALSE(a.busyWaitBegins);  // said once
-  busy = false;                    // it stopped progressing
-  a = d.check(p, 1, 6 * kSec, awaited);
-  ASSERT_TRUE(a.raise);
-  EXPECT_EQ(a.raise->id(), "abort:9");
-  EXPECT_EQ(a.raise->error, "busy-stopped");
-
-  // Busy to the end: busy_cap.
-  Deadlines c(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(16000));
-  const auto always = [](const Entry&) { return true; };
-  EXPECT_FALSE(c.check(p, 1, 15 * kSec, always).raise);
-  auto end = c.check(p, 1, 16 * kSec + 1, always);
-  ASSERT_TRUE(end.raise);
-  EXPECT_EQ(end.raise->error, "busy-cap");
-
-  // No cap above abort_after (busy_cap=0), a send/recv, or nothing busy: aborts at abort_after as before.
-  Deadlines off(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(0));
-  EXPECT_EQ(off.busyLookAfterNs(), INT64_MAX);
-  auto now = off.check(p, 1, 4 * kSec + 1, always);
-  ASSERT_TRUE(now.raise);
-  EXPECT_EQ(now.raise->kind, IncidentKind::Abort);
-  EXPECT_EQ(now.raise->error, "");
-  Deadlines p2p(milliseconds(100000), milliseconds(4000), 0.2, false, milliseconds(16000));
-  EXPECT_TRUE(p2p.check(pendingAt(2, 0, 0), 1, 4 * kSec + 1, always).raise);
 }
 
 TEST(BusyWait, TheWordsOfTheWaitAndOfItsEnd) {

@@ -45,21 +45,27 @@ def test_survivors_stopped_by_torchrun_put_the_guards_report_in_its_summary(tmp_
     entries = _summary(out)
     assert sorted(entries) == [0, 1, 2], out[-6000:]
     assert "Root Cause (first observed failure)" in out and "exitcode  : -9" in entries[2], out[-6000:]
+    stopped = 0
     for r in (0, 1):
         e = entries[r]
         assert "exitcode  : -15" in e, e  # ended as torchrun asked
         assert "error_file: <N/A>" not in e, e
-        assert f"rank {r} (pid " in e, e
-        assert 'was stopped by its launcher (SIGTERM) after group "default_pg" failed' in e, e
+        if f"rank {r} (pid " in e:  # stopped by torchrun while the verdict came: the guard's stop entry
+            assert 'was stopped by its launcher (SIGTERM) after group "default_pg" failed' in e, e
+            # The log has it too, before the summary: once (the full report, or a line pointing to it).
+            assert out.count(f"torch_ext: rank {r} (pid ") == 1, out[-6000:]
+            stopped += 1
+        else:
+            # It raised the guard's error before torchrun's SIGTERM came (torchrun's monitor runs late on
+            # a loaded machine: seen once in CI): the entry is its own error, which is the guard's report.
+            assert "torch_ext.errors.CollectiveFailureError: " in e, e
         assert 'collective #4 all_reduce(float32[16], SUM) on group "default_pg" failed in the inner backend' in e, e
         assert re.search(r"rank 2: (no heartbeat|exited)", e), e  # names the rank that went
-        # The log has it too, before the summary: once per survivor (the full report, or a line pointing
-        # to the report this rank logged).
-        assert out.count(f"torch_ext: rank {r} (pid ") == 1, out[-6000:]
     # Each survivor's dump holds the verdict's moment.
     dumps = sorted(n for n in os.listdir(tmp_path / "torch_ext_dumps") if n.endswith(".json"))
     assert dumps == ["rank0.json", "rank1.json"], out[-3000:]
-    doc_samples.check_source("killed_rank_torchrun", out)
+    if stopped == 2:  # the README's sample shows the usual order: both survivors stopped by torchrun
+        doc_samples.check_source("killed_rank_torchrun", out)
 
 
 def test_a_mismatch_under_torchrun_is_the_root_cause_in_its_summary(tmp_path):
