@@ -259,24 +259,32 @@ def test_the_inner_backends_own_timeout_lies_beyond_busy_cap(tmp_path, inner):
     assert [v["value"] for v in values] == [[2.0] * 4] * 2
 
 
-def _busy_ddp_past_timeout(rank: int, world: int, path: str) -> dict:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
+def _busy_model_past_timeout(rank: int, world: int, path: str, wrap: str) -> dict:
     cap = _capture()
     torch.manual_seed(0)
-    ddp = DDP(torch.nn.Linear(8, 1))
+    if wrap == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(torch.nn.Linear(8, 1))
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        model = fully_shard(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)))
     for step in range(3):
         if step == 2 and rank == 0:
-            paced_checkpoint(path, 10.0)  # past the group's 6 s timeout; rank 1 waits in the gradient all_reduce
-        ddp(torch.ones(4, 8)).sum().backward()
-    return {"records": cap.records, "grad": ddp.module.weight.grad.tolist()}
+            # Past the group's 6 s timeout; rank 1 waits in DDP's gradient all_reduce or FSDP2's all_gather.
+            paced_checkpoint(path, 10.0)
+        model(torch.ones(4, 8)).sum().backward()
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    return {"records": cap.records, "grads": [g.tolist() for g in grads]}
 
 
 @pytest.mark.timeout(120)
-def test_under_ddp_a_checkpoint_longer_than_the_timeout_is_waited_for(tmp_path):
-    values = assert_all_ok(run_ranks(_busy_ddp_past_timeout, 2, str(tmp_path / "ckpt.bin"), env=DEFAULTS,
+@pytest.mark.parametrize("wrap", ["ddp", "fsdp2"])
+def test_under_ddp_and_fsdp2_a_checkpoint_longer_than_the_timeout_is_waited_for(tmp_path, wrap):
+    values = assert_all_ok(run_ranks(_busy_model_past_timeout, 2, str(tmp_path / "ckpt.bin"), wrap, env=DEFAULTS,
                                      pg_timeout=6.0, timeout=90))
-    assert values[0]["grad"] == values[1]["grad"]
+    assert values[0]["grads"] == values[1]["grads"]  # the same averaged gradients on both ranks
     said = "\n".join(m for _, _, m in values[1]["records"])
     assert "rank 0, which it waits for, is busy, not hung: the wait goes on past abort_after=6 s" in said, said
 
