@@ -47,51 +47,57 @@ TEST(BusyWait, WaitsOnOnlyWhileEveryAwaitedRankProgresses) {
   BusyWait w(3 * kSec);
   // Rank 1 waits in #4; rank 0 has not issued it and works; rank 2 has.
   std::vector<std::optional<StatusRecord>> recs{record(3, 0, kWall), record(4, 0, kWall), record(4, 9000, kWall)};
-  BusyLook look = w.look(recs, 4, 10 * kSec, kWall);
+  BusyLook look = w.look(recs, 4, 10 * kSec, kWall, false);
   EXPECT_TRUE(look.waitOn);
   EXPECT_EQ(look.busy, std::vector<int>{0});
   EXPECT_TRUE(look.stopped.empty());
   EXPECT_EQ(look.lowestArrived, 1);
   // Once waiting on, a pause of its own work (a flush) is not an end...
   recs[0] = record(3, 3000, kWall + kSec);
-  EXPECT_TRUE(w.look(recs, 4, 11 * kSec, kWall + kSec).waitOn);
+  EXPECT_TRUE(w.look(recs, 4, 11 * kSec, kWall + kSec, true).waitOn);
+  // (before the wait began, the same pause ends it: a look before abort_after primes nothing)
+  BusyWait early(3 * kSec);
+  recs[0] = record(3, 0, kWall);
+  ASSERT_TRUE(early.look(recs, 4, 10 * kSec, kWall, false).waitOn);
+  recs[0] = record(3, 3000, kWall + kSec);
+  EXPECT_FALSE(early.look(recs, 4, 11 * kSec, kWall + kSec, false).waitOn);
   // ... quiet for kStoppedAfterNs is.
   recs[0] = record(3, 5000, kWall + 2 * kSec);
-  look = w.look(recs, 4, 12 * kSec, kWall + 2 * kSec);
+  look = w.look(recs, 4, 12 * kSec, kWall + 2 * kSec, true);
   EXPECT_FALSE(look.waitOn);
   EXPECT_EQ(look.stopped, std::vector<int>{0});
   // A rank quiet for more than a second does not start a wait on...
   BusyWait fresh(3 * kSec);
   recs[0] = record(3, 1500, kWall);
-  EXPECT_FALSE(fresh.look(recs, 4, 10 * kSec, kWall).waitOn);
-  // ... nor one whose "busy" record is 1.2 s old: it was not renewed since (it stopped, or its exchange is held up).
+  EXPECT_FALSE(fresh.look(recs, 4, 10 * kSec, kWall, false).waitOn);
+  // ... nor one whose "busy" record is 1.6 s old: it was not renewed since (it stopped, or its exchange is held up).
   BusyWait aged(3 * kSec);
   recs[0] = record(3, 0, kWall);
-  EXPECT_FALSE(aged.look(recs, 4, 10 * kSec, kWall + 1'200'000'000).waitOn);
-  EXPECT_TRUE(BusyWait(3 * kSec).look(recs, 4, 10 * kSec, kWall + 500'000'000).waitOn);
+  EXPECT_FALSE(aged.look(recs, 4, 10 * kSec, kWall + 1'600'000'000, false).waitOn);
+  EXPECT_TRUE(BusyWait(3 * kSec).look(recs, 4, 10 * kSec, kWall + 500'000'000, false).waitOn);
 }
 
 TEST(BusyWait, AFrozenGoneOrSilentRankEndsTheWait) {
   BusyWait w(3 * kSec);
   std::vector<std::optional<StatusRecord>> recs{record(3, 0, kWall), record(4, 0, kWall)};
-  ASSERT_TRUE(w.look(recs, 4, 10 * kSec, kWall).waitOn);
+  ASSERT_TRUE(w.look(recs, 4, 10 * kSec, kWall, false).waitOn);
   // SIGSTOP: its record stays as it was, busy; its heartbeat no longer moves.
-  EXPECT_TRUE(w.look(recs, 4, 12 * kSec, kWall + 2 * kSec).waitOn);
-  EXPECT_FALSE(w.look(recs, 4, 13 * kSec + 1, kWall + 3 * kSec).waitOn);
+  EXPECT_TRUE(w.look(recs, 4, 12 * kSec, kWall + 2 * kSec, true).waitOn);
+  EXPECT_FALSE(w.look(recs, 4, 13 * kSec + 1, kWall + 3 * kSec, true).waitOn);
   // Frozen before the first look: its heartbeat is old by the wall clock.
   BusyWait first(3 * kSec);
-  EXPECT_FALSE(first.look(recs, 4, 100 * kSec, kWall + 11 * kSec).waitOn);
+  EXPECT_FALSE(first.look(recs, 4, 100 * kSec, kWall + 11 * kSec, false).waitOn);
   // Exited, no record, or progress not known (no /proc): no wait on.
   for (auto rec : {std::optional<StatusRecord>(record(3, 0, kWall, RankPhase::Exited)), std::optional<StatusRecord>(),
                    std::optional<StatusRecord>(record(3, -1, kWall))}) {
     BusyWait b(3 * kSec);
     recs[0] = rec;
-    EXPECT_FALSE(b.look(recs, 4, 10 * kSec, kWall).waitOn);
+    EXPECT_FALSE(b.look(recs, 4, 10 * kSec, kWall, false).waitOn);
   }
   // Every rank has issued it (the collective is slow in the inner backend): nothing to wait on for.
   BusyWait none(3 * kSec);
   std::vector<std::optional<StatusRecord>> all{record(4, 0, kWall), record(4, 0, kWall)};
-  EXPECT_FALSE(none.look(all, 4, 10 * kSec, kWall).waitOn);
+  EXPECT_FALSE(none.look(all, 4, 10 * kSec, kWall, false).waitOn);
 }
 
 TEST(BusyWait, TheWordsOfTheWaitAndOfItsEnd) {

@@ -266,25 +266,30 @@ TEST(LocalReport, AStoppedRankSaysWhereItStoodAndWhatTheStoreHasOfEachPeer) {
 }
 
 TEST(Deadlines, ABusyWaitGoesOnPastAbortAfterUpToTheCapAndSaysHowItEnded) {
+  using Awaited = Deadlines::Awaited;
   Deadlines d(milliseconds(1000), milliseconds(4000), 0.2, /*compares=*/true, milliseconds(16000));
-  EXPECT_EQ(d.busyLookAfterNs(), 2 * kSec);  // a little before abort_after: the look is there in time
+  EXPECT_EQ(d.busyLookAfterNs(), 4 * kSec);  // looked at from abort_after on
   const Progress p = pendingAt(1, 9, 0);
-  bool busy = true;
+  Awaited now = Awaited::Unknown;
   int asked = 0;
   const auto awaited = [&](const Entry& e) {
     ++asked;
     EXPECT_EQ(e.seq, 9u);
-    return busy;
+    return now;
   };
   ASSERT_TRUE(d.check(p, 1, kSec + 1, awaited).raise);  // warn_after's look
   EXPECT_EQ(asked, 0);                                  // asked only past abort_after
-  auto a = d.check(p, 1, 4 * kSec + 1, awaited);
+  auto a = d.check(p, 1, 4 * kSec + 1, awaited);        // the first look is on its way: the abort waits for it
+  EXPECT_FALSE(a.raise);
+  EXPECT_FALSE(a.busyWaitBegins);
+  now = Awaited::Busy;
+  a = d.check(p, 1, 4 * kSec + 300'000'000, awaited);
   EXPECT_FALSE(a.raise);
   EXPECT_TRUE(a.busyWaitBegins);
   a = d.check(p, 1, 5 * kSec, awaited);
   EXPECT_FALSE(a.raise);
   EXPECT_FALSE(a.busyWaitBegins);  // said once
-  busy = false;                    // it stopped progressing
+  now = Awaited::NotBusy;          // it stopped progressing
   a = d.check(p, 1, 6 * kSec, awaited);
   ASSERT_TRUE(a.raise);
   EXPECT_EQ(a.raise->id(), "abort:9");
@@ -292,21 +297,31 @@ TEST(Deadlines, ABusyWaitGoesOnPastAbortAfterUpToTheCapAndSaysHowItEnded) {
 
   // Busy to the end: busy_cap.
   Deadlines c(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(16000));
-  const auto always = [](const Entry&) { return true; };
+  const auto always = [](const Entry&) { return Awaited::Busy; };
   EXPECT_FALSE(c.check(p, 1, 15 * kSec, always).raise);
   auto end = c.check(p, 1, 16 * kSec + 1, always);
   ASSERT_TRUE(end.raise);
   EXPECT_EQ(end.raise->error, "busy-cap");
 
+  // No look comes (the store is slow): the abort waits 2 s for one, then fires as before.
+  Deadlines slow(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(16000));
+  const auto unknown = [](const Entry&) { return Awaited::Unknown; };
+  EXPECT_FALSE(slow.check(p, 1, 5 * kSec, unknown).raise);
+  auto late = slow.check(p, 1, 6 * kSec + 1, unknown);
+  ASSERT_TRUE(late.raise);
+  EXPECT_EQ(late.raise->error, "");
+
   // No cap above abort_after (busy_cap=0), a send/recv, or nothing busy: aborts at abort_after as before.
   Deadlines off(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(0));
   EXPECT_EQ(off.busyLookAfterNs(), INT64_MAX);
-  auto now = off.check(p, 1, 4 * kSec + 1, always);
-  ASSERT_TRUE(now.raise);
-  EXPECT_EQ(now.raise->kind, IncidentKind::Abort);
-  EXPECT_EQ(now.raise->error, "");
+  auto at = off.check(p, 1, 4 * kSec + 1, always);
+  ASSERT_TRUE(at.raise);
+  EXPECT_EQ(at.raise->kind, IncidentKind::Abort);
+  EXPECT_EQ(at.raise->error, "");
   Deadlines p2p(milliseconds(100000), milliseconds(4000), 0.2, false, milliseconds(16000));
   EXPECT_TRUE(p2p.check(pendingAt(2, 0, 0), 1, 4 * kSec + 1, always).raise);
+  Deadlines idle(milliseconds(1000), milliseconds(4000), 0.2, true, milliseconds(16000));
+  EXPECT_TRUE(idle.check(p, 1, 4 * kSec + 1, [](const Entry&) { return Awaited::NotBusy; }).raise);
 }
 
 }  // namespace test_deadlines_status

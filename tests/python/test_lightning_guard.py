@@ -183,3 +183,56 @@ def test_ddp_guard_with_one_ranks_check_mode_differing_trains_on_rank_zeros():
             assert torch.equal(a, b), report(results)  # the same training as plain DDP on gloo
         notes = [line for line in r.log.splitlines() if 'group "default_pg": check=strict here' in line]
         assert len(notes) == (1 if rank == 1 else 0), r.log[-3000:]
+
+
+def _fit_with_a_long_checkpoint(rank: int, world: int, path: str) -> dict:
+    """Lightning's checkpoint pattern: rank 0 writes, then every rank meets in the strategy's barrier; here the
+    write outlasts the group's 6 s timeout (issue 68: a 35-minute checkpoint ended by a 30-minute barrier)."""
+    import os
+    import sys
+    from datetime import timedelta
+
+    import lightning.pytorch as pl
+
+    from harness import ROOT, capture_logs
+    from torch_ext.lightning import GuardDDPStrategy
+
+    sys.path.insert(0, os.path.join(ROOT, "examples", "bugs"))
+    from long_checkpoint import save_checkpoint  # the example's paced write
+
+    cap = capture_logs()
+
+    class Model(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    class SlowSave(pl.Callback):
+        def on_train_epoch_end(self, trainer, module):
+            if trainer.global_rank == 0 and trainer.current_epoch == 0:
+                save_checkpoint(path, 10.0)
+            trainer.strategy.barrier("checkpoint")
+
+    torch.manual_seed(0)
+    model = Model()
+    data = torch.utils.data.TensorDataset(torch.arange(16.0).reshape(8, 2))
+    trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=GuardDDPStrategy(timeout=timedelta(seconds=6)),
+                         max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[SlowSave()])
+    trainer.fit(model, torch.utils.data.DataLoader(data, batch_size=2))
+    return {"weight": model.layer.weight.tolist(), "said": [m for _, _, m in cap.records]}
+
+
+@pytest.mark.timeout(180)
+def test_under_lightning_a_checkpoint_longer_than_the_timeout_is_waited_for_in_the_barrier(tmp_path):
+    values = assert_all_ok(run_ranks(_fit_with_a_long_checkpoint, 2, str(tmp_path / "ckpt.bin"), backend=None,
+                                     env={"TORCH_EXT_ABORT_AFTER": "timeout"}, timeout=150))
+    assert values[0]["weight"] == values[1]["weight"]  # both trained the second epoch, in step
+    said = "\n".join(values[1]["said"])
+    assert "rank 0, which it waits for, is busy, not hung: the wait goes on past abort_after=6 s" in said, said

@@ -15,7 +15,7 @@ bool BusyWait::fresh(int rank, const StatusRecord& r, int64_t nowSteadyNs, int64
 }
 
 BusyLook BusyWait::look(const std::vector<std::optional<StatusRecord>>& records, uint64_t seq, int64_t nowSteadyNs,
-                        int64_t nowWallNs) {
+                        int64_t nowWallNs, bool begun) {
   BusyLook out;
   out.seq = seq;
   out.atSteadyNs = nowSteadyNs;
@@ -25,7 +25,7 @@ BusyLook BusyWait::look(const std::vector<std::optional<StatusRecord>>& records,
       if (out.lowestArrived < 0) out.lowestArrived = r;
       continue;
     }
-    const int64_t quietLimit = seq == seq_ && wasBusy_.count(r) ? kQuietMs : kBeginQuietMs;
+    const int64_t quietLimit = begun && seq == seq_ && wasBusy_.count(r) ? kQuietMs : kBeginQuietMs;
     // Quiet as of the record's heartbeat, plus the record's age: a record that
     // said "busy" and was not renewed since (an exchange held up, a rank that
     // just stopped) grows quiet as it ages.

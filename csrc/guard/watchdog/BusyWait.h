@@ -48,15 +48,17 @@ class BusyWait {
   explicit BusyWait(int64_t staleNs) : staleNs_(staleNs) {}
 
   // `records[r]`: group rank r's status as read at `nowSteadyNs` (nullopt:
-  // none); `seq`: the collective that waits. `nowWallNs` dates a heartbeat
-  // seen for the first time (a rank frozen before the first look).
+  // none); `seq`: the collective that waits; `begun`: its wait past
+  // abort_after has begun (a rank busy at the last look then keeps kQuietMs).
+  // `nowWallNs` dates a heartbeat seen for the first time (a rank frozen
+  // before the first look).
   BusyLook look(const std::vector<std::optional<StatusRecord>>& records, uint64_t seq, int64_t nowSteadyNs,
-                int64_t nowWallNs);
+                int64_t nowWallNs, bool begun);
 
-  // A wait goes on only for ranks that progress now (their latest sample
-  // interval, or the one before: quiet under a second); once it goes on, a
-  // rank is busy until quiet this long (report/Progress.h).
-  static constexpr int64_t kBeginQuietMs = 1'000;
+  // A wait goes on only for ranks that progress now (quiet, with the record's
+  // age, under 1.5 s: three sample intervals); once it goes on, a rank is busy
+  // until quiet this long (report/Progress.h).
+  static constexpr int64_t kBeginQuietMs = 1'500;
   static constexpr int64_t kQuietMs = ProgressFacts::kStoppedAfterNs / 1'000'000;
   // A first-seen heartbeat older than this by the wall clock is stale (clocks
   // across hosts may differ by some: a wrong guess here only ends the wait).

@@ -51,11 +51,14 @@ DeadlineActions Deadlines::check(const Progress& p, int groupRank, int64_t now, 
   if (out.waitedNs > abortNs_ && abortedId_ != e.id) {
     // Busy is not hung: a collective (not a send/recv: its peer is one rank,
     // looked at by the p2p check) whose awaited ranks all progress waits on.
-    if (e.seq != 0 && out.waitedNs < busyCapNs_ && awaitedBusy && awaitedBusy(e)) {
+    const Awaited awaited = e.seq != 0 && out.waitedNs < busyCapNs_ && awaitedBusy ? awaitedBusy(e) : Awaited::NotBusy;
+    if (awaited == Awaited::Busy) {
       out.busyWaitBegins = busySeq_ != e.seq;
       busySeq_ = e.seq;
       return out;
     }
+    // The first look since abort_after is on its way (the I/O thread reads the records).
+    if (awaited == Awaited::Unknown && busySeq_ != e.seq && out.waitedNs < abortNs_ + kBusyLookWaitNs) return out;
     BusyWaitEnd busy = BusyWaitEnd::None;
     if (busySeq_ == e.seq && e.seq != 0) {
       busy = out.waitedNs >= busyCapNs_ ? BusyWaitEnd::CapReached : BusyWaitEnd::Stopped;

@@ -36,18 +36,22 @@ class Deadlines {
   Deadlines(std::chrono::milliseconds warnAfter, std::chrono::milliseconds abortAfter, double intervalS, bool checksP2P,
             std::chrono::milliseconds busyCap = std::chrono::milliseconds(0));
 
-  // Whether every rank the collective `e` waits for is busy now
-  // (watchdog/BusyWait.h); asked only past abort_after.
-  using AwaitedBusy = std::function<bool(const Entry& e)>;
+  // What the ranks the collective `e` waits for do (watchdog/BusyWait.h),
+  // asked only past abort_after: all busy, not all busy, or not known yet (no
+  // look at them since abort_after: the abort waits for one, kBusyLookWaitNs
+  // at most).
+  enum class Awaited : uint8_t { Busy, NotBusy, Unknown };
+  using AwaitedBusy = std::function<Awaited(const Entry& e)>;
 
   // `p` is the group's progress, `groupRank` this rank's rank in it. A
   // collective past abort_after whose awaited ranks are all busy
   // (`awaitedBusy`) waits on, up to busy_cap.
   DeadlineActions check(const Progress& p, int groupRank, int64_t nowSteadyNs, const AwaitedBusy& awaitedBusy = {});
-  // When the ranks a collective waits for may be looked at (busy_cap above
-  // abort_after: a little before abort_after, so the look is there in time).
+  // When the ranks a collective waits for are looked at: from abort_after on,
+  // when busy_cap lies beyond it (a look before would see a rank that stopped
+  // a moment ago still busy).
   int64_t busyLookAfterNs() const {
-    return busyCapNs_ > abortNs_ ? abortNs_ - std::min<int64_t>(abortNs_ / 2, kBusyLookAheadNs) : INT64_MAX;
+    return busyCapNs_ > abortNs_ ? abortNs_ : INT64_MAX;
   }
   int64_t busyCapNs() const {
     return busyCapNs_;
@@ -68,7 +72,7 @@ class Deadlines {
 
  private:
   int64_t warnNs_, abortNs_, p2pCheckNs_, fallbackNs_, busyCapNs_;
-  static constexpr int64_t kBusyLookAheadNs = 3'000'000'000;
+  static constexpr int64_t kBusyLookWaitNs = 2'000'000'000;
   uint64_t busySeq_ = 0;  // the collective that waited past abort_after last
   bool checksP2P_;        // Mode::compares: a send/recv pending long is looked into
   uint64_t warnedId_ = 0, abortedId_ = 0, p2pCheckedId_ = 0;

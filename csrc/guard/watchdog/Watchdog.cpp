@@ -23,10 +23,10 @@ namespace {
 constexpr size_t kHangWindow = 64;
 // A status is republished at least this often (the heartbeat).
 constexpr int64_t kHeartbeatNs = 500'000'000;
-// The awaited ranks' records past abort_after: read once a second, trusted for
-// three, and a heartbeat unchanged for kBusyStaleNs (or four exchange periods)
-// is a frozen rank's.
-constexpr int64_t kBusyLookEveryNs = 1'000'000'000;
+// The awaited ranks' records past abort_after: read every half second, trusted
+// for three, and a heartbeat unchanged for kBusyStaleNs (or four exchange
+// periods) is a frozen rank's.
+constexpr int64_t kBusyLookEveryNs = 500'000'000;
 constexpr int64_t kBusyLookFreshNs = 3'000'000'000;
 constexpr int64_t kBusyStaleNs = 3'000'000'000;
 // While an incident is open, the watchdog ticks (and exchanges) this often.
@@ -422,9 +422,13 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
   DeadlineActions a;
   {
     std::lock_guard<std::mutex> lock(ctx.localMu);
-    const auto awaitedBusy = [&ctx](const Entry& e) {
-      const int64_t now = steadyNs();
-      return ctx.busyLook.seq == e.seq && ctx.busyLook.waitOn && now - ctx.busyLook.atSteadyNs < kBusyLookFreshNs;
+    const int64_t abortNs = std::chrono::duration_cast<std::chrono::nanoseconds>(st.abortAfter()).count();
+    const auto awaitedBusy = [&ctx, abortNs](const Entry& e) {
+      using Awaited = Deadlines::Awaited;
+      const BusyLook& look = ctx.busyLook;
+      if (look.seq != e.seq || look.atSteadyNs < e.startSteadyNs + abortNs) return Awaited::Unknown;
+      if (steadyNs() - look.atSteadyNs >= kBusyLookFreshNs) return Awaited::NotBusy;  // the looks stopped coming
+      return look.waitOn ? Awaited::Busy : Awaited::NotBusy;
     };
     a = ctx.deadlines.check(p, st.id().rank, steadyNs(), awaitedBusy);
   }
@@ -432,7 +436,10 @@ void Watchdog::checkDeadlines(GroupCtx& ctx, const Progress& p) {
     std::lock_guard<std::mutex> lock(mu_);
     ctx.requests.push_back(*a.raise);
   }
-  if (a.busyWaitBegins) sayBusyWait(ctx, p, a.entry);
+  if (a.busyWaitBegins) {
+    ctx.busySeq = a.entry.seq;  // the next looks keep a busy rank busy until kQuietMs
+    sayBusyWait(ctx, p, a.entry);
+  }
   if (a.localAbort || a.localWarn) {
     const std::string why = st.store().health() == StoreHealth::Healthy
                                 ? "no verdict came through the store within " +
@@ -530,7 +537,7 @@ void Watchdog::exchange(GroupCtx& ctx) {
 
 void Watchdog::lookAtAwaited(GroupCtx& ctx, const Progress& p, const StatusRecord& mine) {
   // Past abort_after a collective waits on while every rank it waits for is
-  // busy (BusyWait.h): from a little before, their records are read (once a
+  // busy (BusyWait.h): from abort_after on, their records are read (twice a
   // second at most: a large group's store is not flooded by its waiters).
   GroupState& st = *ctx.state;
   const int size = st.id().size;
@@ -547,7 +554,8 @@ void Watchdog::lookAtAwaited(GroupCtx& ctx, const Progress& p, const StatusRecor
   std::vector<std::optional<StatusRecord>> records(size);
   for (int r = 0; r < size; ++r) records[r] = StatusRecord::decode(values.value[r]);
   records[st.id().rank] = mine;  // this rank's own, as it is now
-  BusyLook look = ctx.busyWait.look(records, p.oldestPending.seq, steadyNs(), wallNs());
+  BusyLook look =
+      ctx.busyWait.look(records, p.oldestPending.seq, steadyNs(), wallNs(), ctx.busySeq.load() == p.oldestPending.seq);
   std::lock_guard<std::mutex> lock(ctx.localMu);
   ctx.busyLook = std::move(look);
 }

@@ -178,6 +178,9 @@ class Watchdog final : public IncidentSink {
     // What the ranks the oldest collective waits for do (BusyWait.h): looked at
     // by the I/O thread from a little before abort_after, read under localMu.
     BusyLook busyLook;
+    // The collective whose wait past abort_after has begun (watchdog thread
+    // writes, the I/O thread's looks read).
+    std::atomic<uint64_t> busySeq{0};
     // A stream-ordered work's failure was raised as an incident: the later
     // works of the group fail after it ("in error after an earlier failure")
     // and tell its story, so they raise none (the report names the first).
