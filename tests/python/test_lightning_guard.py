@@ -130,11 +130,9 @@ def test_ddp_guard_is_registered_and_rejects_other_backends():
         GuardDDPStrategy(guard_options={"check": "strict"})
 
 
-def _fit_with_options(rank: int, world: int) -> dict:
+def _one_layer_module():
+    """A LightningModule of one Linear(2, 1) layer, its loss the sum of its outputs, trained by SGD."""
     import lightning.pytorch as pl
-
-    import torch_ext
-    from torch_ext.lightning import GuardDDPStrategy
 
     class Model(pl.LightningModule):
         def __init__(self):
@@ -147,11 +145,20 @@ def _fit_with_options(rank: int, world: int) -> dict:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    return Model()
+
+
+def _fit_with_options(rank: int, world: int) -> dict:
+    import lightning.pytorch as pl
+
+    import torch_ext
+    from torch_ext.lightning import GuardDDPStrategy
+
     data = torch.utils.data.TensorDataset(torch.ones(8, 2))
     strategy = GuardDDPStrategy(guard_options=torch_ext.GuardOptions(check="strict", ledger_size=32))
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=strategy, max_steps=2, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Model(), torch.utils.data.DataLoader(data, batch_size=2))
+    trainer.fit(_one_layer_module(), torch.utils.data.DataLoader(data, batch_size=2))
     cfg = torch_ext._C._config(torch.distributed.group.WORLD._get_backend(torch.device("cpu")))
     return {"check": cfg["check"], "ledger_size": cfg["ledger_size"]}
 
@@ -202,17 +209,6 @@ def _fit_with_a_long_checkpoint(rank: int, world: int, path: str) -> dict:
 
     cap = capture_logs()
 
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.layer(batch[0]).sum()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.01)
-
     class SlowSave(pl.Callback):
         def on_train_epoch_end(self, trainer, module):
             if trainer.global_rank == 0 and trainer.current_epoch == 0:
@@ -220,7 +216,7 @@ def _fit_with_a_long_checkpoint(rank: int, world: int, path: str) -> dict:
             trainer.strategy.barrier("checkpoint")
 
     torch.manual_seed(0)
-    model = Model()
+    model = _one_layer_module()
     data = torch.utils.data.TensorDataset(torch.arange(16.0).reshape(8, 2))
     trainer = pl.Trainer(accelerator="cpu", devices=world, strategy=GuardDDPStrategy(timeout=timedelta(seconds=6)),
                          max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
