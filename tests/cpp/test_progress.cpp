@@ -94,7 +94,9 @@ TEST(Progress, ThisProcesssMainThreadIsSeenRunning) {
   const ProgressFacts asleep = p.now(steadyNs());
   EXPECT_FALSE(asleep.busy);
   EXPECT_GE(asleep.quietNs, 300'000'000);
-  EXPECT_GT(f.cpuNs, f.windowNs / 2);
+  // It ran a good share of the window, far above the 5% that counts as busy; not most of it: CI runs
+  // this suite at idle priority beside the Python tests, where the spin got half a core (0.50 s of 1.00 s).
+  EXPECT_GT(f.cpuNs, f.windowNs / 10);
 }
 
 }  // namespace test_progress
