@@ -295,6 +295,7 @@ def _store_host(store: dist.Store, global_ranks: list[int]) -> tuple[str, int]:
 # How long the guard ranks that refuse a group wait for each other in the rendezvous that
 # releases a plain gloo rank (_release_plain_gloo_ranks).
 _RELEASE_TIMEOUT = timedelta(seconds=10)
+_RELEASED_KEY = "torch_ext/plain_gloo_released"
 
 
 def _release_plain_gloo_ranks(store: Any, rank: int, size: int) -> None:
@@ -306,10 +307,16 @@ def _release_plain_gloo_ranks(store: Any, rank: int, size: int) -> None:
     rendezvous at the group's prefix and close it at once: the rank's init returns and its first
     collective fails in gloo's words, seconds after the guard ranks named it.
     """
-    if not dist.is_gloo_available() or not _C._plain_gloo_ranks(store, size):
+    plain = _C._plain_gloo_ranks(store, size) if dist.is_gloo_available() else []
+    if not plain:
         return
     try:
         released = dist.ProcessGroupGloo(store, rank, size, _RELEASE_TIMEOUT)
+        # Close only once every guard rank has connected its pairs: a guard rank that closed
+        # first could end a plain rank before a slower guard rank reached it, and that guard
+        # rank would then retry the connection to the gone rank to gloo's connect timeout.
+        store.set(f"{_RELEASED_KEY}/{rank}", "1")
+        store.wait([f"{_RELEASED_KEY}/{r}" for r in range(size) if r not in plain], _RELEASE_TIMEOUT)
     except Exception as e:  # noqa: BLE001 - a guard rank that did not come (gone): the rank waits, as before
         _logger.debug("guard: the plain gloo rank's rendezvous was not completed: %s", e)
         return
