@@ -1,4 +1,5 @@
 #include "python/PyRuntime.h"
+#include "python/PyFrames.h"
 #include "guard/Clock.h"
 
 #include "guard/collective/CallSite.h"
@@ -8,13 +9,6 @@
 
 #include <Python.h>
 #include <frameobject.h>
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-// 3.11's interpreter frame records, read by the call-site capture (see
-// siteOfThisThread). Their layout is fixed within a minor version.
-#define Py_BUILD_CORE
-#include <internal/pycore_frame.h>
-#undef Py_BUILD_CORE
-#endif
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -43,281 +37,8 @@ namespace {
 constexpr size_t kMaxStackFrames = 96;
 constexpr size_t kMaxUserStackFrames = 8;
 
-// A library named by its folder: frames under `prefix` belong to `name`.
-struct LibraryRoot {
-  std::string prefix;
-  std::string name;
-};
-
-std::vector<LibraryRoot> g_internal;  // torch, torch_ext
-std::vector<LibraryRoot> g_listed;    // TORCH_EXT_LIBRARY_PACKAGES
-std::vector<std::string> g_stdlib;
-std::vector<std::string> g_site;
 std::atomic<bool> g_installed{false};
-std::atomic<bool> g_callSites{true};
 PyThreadState* g_mainTstate = nullptr;
-
-bool startsWith(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-// The first path component after `prefix` in `file`, without ".py": the
-// top-level package or module of an installed file.
-std::string topLevelName(const std::string& file, size_t from) {
-  size_t end = file.find('/', from);
-  std::string name = file.substr(from, end == std::string::npos ? std::string::npos : end - from);
-  if (end == std::string::npos) {
-    auto dot = name.find('.');
-    if (dot != std::string::npos) name.resize(dot);
-  }
-  return name.empty() ? "site-packages" : name;
-}
-
-enum class FrameKind : uint8_t {
-  User,       // the user's script or a package under development
-  Framework,  // an installed package or one the user listed (Lightning, Accelerate, ...)
-  Core,       // torch, torch_ext, the standard library: never named as the "via" frame
-};
-
-struct Classified {
-  FrameKind kind = FrameKind::User;
-  std::string library;  // empty for user code
-};
-
-// The rule of docs/architecture.md ("Whose line a call site names").
-Classified classifyFile(const std::string& file) {
-  if (startsWith(file, "<frozen")) return {FrameKind::Core, "stdlib"};
-  for (const auto& r : g_internal) {
-    if (startsWith(file, r.prefix)) return {FrameKind::Core, r.name};
-  }
-  for (const auto& r : g_listed) {
-    if (startsWith(file, r.prefix)) return {FrameKind::Framework, r.name};
-  }
-  for (const auto& p : g_site) {
-    if (startsWith(file, p)) return {FrameKind::Framework, topLevelName(file, p.size())};
-  }
-  // Any other site-packages/dist-packages folder (a user site, a system one seen
-  // through a venv) holds installed packages too.
-  for (const char* marker : {"/site-packages/", "/dist-packages/"}) {
-    auto pos = file.find(marker);
-    if (pos != std::string::npos) return {FrameKind::Framework, topLevelName(file, pos + std::strlen(marker))};
-  }
-  for (const auto& p : g_stdlib) {
-    if (startsWith(file, p)) return {FrameKind::Core, "stdlib"};
-  }
-  return {};
-}
-
-std::string attrString(PyObject* obj, const char* name) {
-  PyObject* v = PyObject_GetAttrString(obj, name);
-  if (v == nullptr) {
-    PyErr_Clear();
-    return "";
-  }
-  const char* s = PyUnicode_Check(v) ? PyUnicode_AsUTF8(v) : nullptr;
-  std::string out = s ? s : "";
-  if (s == nullptr) PyErr_Clear();
-  Py_DECREF(v);
-  return out;
-}
-
-// --- call sites (GIL held) ---------------------------------------------------
-
-struct CodeInfo {
-  FrameKind kind = FrameKind::User;
-  std::string library;
-  std::string filename;
-  std::string function;
-};
-
-// A call site is the user's frame and the innermost framework frame above it
-// (code object and instruction of each; the framework half is null when the
-// user's code called torch directly), then its path: the user frames that
-// called it, up to kCallers (issue 67: look-alike collectives issued through
-// one helper differ a frame or two up, at the line that called the helper).
-constexpr size_t kCallers = 3;
-// How many frames above the user's frame a capture reads at most for its
-// callers: a path is a few user frames up, not the whole stack (under a
-// framework, user frames are far apart; what is past this bound is left out).
-constexpr int kCallerWalk = 16;
-
-struct SiteKey {
-  PyCodeObject* code;
-  int lasti;
-  PyCodeObject* viaCode;
-  int viaLasti;
-  std::array<PyCodeObject*, kCallers> callerCode{};
-  std::array<int, kCallers> callerLasti{};
-  bool operator==(const SiteKey& o) const {
-    return code == o.code && lasti == o.lasti && viaCode == o.viaCode && viaLasti == o.viaLasti &&
-           callerCode == o.callerCode && callerLasti == o.callerLasti;
-  }
-};
-struct SiteKeyHash {
-  size_t operator()(const SiteKey& k) const {
-    size_t h = std::hash<void*>()(k.code) ^ (static_cast<size_t>(k.lasti) * 0x9e3779b97f4a7c15ULL);
-    h ^= (std::hash<void*>()(k.viaCode) * 31u) ^ (static_cast<size_t>(k.viaLasti) * 0xc2b2ae3d27d4eb4fULL);
-    for (size_t i = 0; i < kCallers; ++i) {
-      h = h * 0x100000001b3ULL ^ std::hash<void*>()(k.callerCode[i]) ^ static_cast<size_t>(k.callerLasti[i]);
-    }
-    return h;
-  }
-};
-
-// Both caches hold a reference to their code objects, so an address is never
-// reused for another code object while cached. Accessed only with the GIL.
-std::unordered_map<PyCodeObject*, CodeInfo>* g_codes = nullptr;
-std::unordered_map<SiteKey, uint32_t, SiteKeyHash>* g_sites = nullptr;
-
-const CodeInfo& codeInfo(PyCodeObject* code) {
-  auto it = g_codes->find(code);
-  if (it != g_codes->end()) return it->second;
-  CodeInfo info;
-  info.filename = attrString(reinterpret_cast<PyObject*>(code), "co_filename");
-  info.function = attrString(reinterpret_cast<PyObject*>(code), "co_qualname");
-  if (info.function.empty()) info.function = attrString(reinterpret_cast<PyObject*>(code), "co_name");
-  Classified c = classifyFile(info.filename);
-  info.kind = c.kind;
-  info.library = std::move(c.library);
-  Py_INCREF(code);
-  return g_codes->emplace(code, std::move(info)).first->second;
-}
-
-[[maybe_unused]] int frameLasti(PyFrameObject* frame) {  // used where the frame walk is the public API
-#if PY_VERSION_HEX >= 0x030B0000
-  return PyFrame_GetLasti(frame);
-#else
-  return PyFrame_GetLineNumber(frame);
-#endif
-}
-
-Frame frameOf(PyFrameObject* frame, const CodeInfo& info) {
-  return Frame{info.filename, PyFrame_GetLineNumber(frame), info.function, info.library};
-}
-
-// One frame of a call-site walk. The code object is borrowed: every frame on
-// the walking thread's own stack is executing, so its code object lives at
-// least as long as the walk. `lasti` is the instruction offset in bytes (the
-// line number before Python 3.11).
-struct WalkedFrame {
-  PyCodeObject* code = nullptr;
-  int lasti = -1;
-  const CodeInfo* info = nullptr;
-};
-
-int lineAt(PyCodeObject* code, int lasti) {
-#if PY_VERSION_HEX >= 0x030B0000
-  return PyCode_Addr2Line(code, lasti);
-#else
-  (void)code;
-  return lasti;
-#endif
-}
-
-// Walks from the innermost frame (`next` yields them, innermost first) to the
-// first user frame, remembering the innermost framework frame on the way. Per
-// frame this costs one lookup of the code object's cached decision; the strings
-// are built once per distinct (user frame, framework frame) pair. With no user
-// frame on the stack (a collective issued entirely by library code) the
-// innermost framework frame is the call site.
-template <typename Next>
-uint32_t siteOfStack(Next&& next) {
-  WalkedFrame f, user, via;
-  while (next(&f)) {
-    f.info = &codeInfo(f.code);
-    if (f.info->kind == FrameKind::User) {
-      user = f;
-      break;
-    }
-    if (f.info->kind == FrameKind::Framework && via.code == nullptr) via = f;
-  }
-  std::array<WalkedFrame, kCallers> callers{};
-  size_t nCallers = 0;
-  if (user.code == nullptr) {
-    if (via.code == nullptr) return 0;
-    user = via;  // no user frame: the framework frame stands alone
-    via = WalkedFrame{};
-  } else {
-    // The user frames that called it (the program's top level included).
-    for (int walked = 0; nCallers < kCallers && walked < kCallerWalk && next(&f); ++walked) {
-      f.info = &codeInfo(f.code);
-      if (f.info->kind == FrameKind::User) callers[nCallers++] = f;
-    }
-  }
-  SiteKey key{user.code, user.lasti, via.code, via.code != nullptr ? via.lasti : -1};
-  for (size_t i = 0; i < nCallers; ++i) {
-    key.callerCode[i] = callers[i].code;
-    key.callerLasti[i] = callers[i].lasti;
-  }
-  auto it = g_sites->find(key);
-  if (it != g_sites->end()) return it->second;
-  std::vector<Frame> frames{
-      Frame{user.info->filename, lineAt(user.code, user.lasti), user.info->function, user.info->library}};
-  if (via.code != nullptr) {
-    frames.push_back(Frame{via.info->filename, lineAt(via.code, via.lasti), via.info->function, via.info->library});
-  }
-  for (size_t i = 0; i < nCallers; ++i) {
-    const WalkedFrame& c = callers[i];
-    frames.push_back(Frame{c.info->filename, lineAt(c.code, c.lasti), c.info->function, c.info->library});
-  }
-  const uint32_t id = CallSites::instance().intern(frames);
-  // The cache keeps its code objects alive (see above).
-  Py_INCREF(user.code);
-  Py_XINCREF(via.code);
-  for (size_t i = 0; i < nCallers; ++i) Py_INCREF(callers[i].code);
-  g_sites->emplace(key, id);
-  return id;
-}
-
-// The current thread's call site; GIL held.
-uint32_t siteOfThisThread() {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
-  // CPython 3.11: read the interpreter's own frame records. The public route
-  // (PyEval_GetFrame, PyFrame_GetBack) turns every frame it passes into a
-  // frame object, which the interpreter must then keep and tear down with the
-  // frame: most of the cost of a capture (issue 11). This skips incomplete
-  // frames exactly as PyFrame_GetBack does, and yields the same instruction
-  // offsets as PyFrame_GetLasti.
-  _PyInterpreterFrame* cur = PyThreadState_Get()->cframe->current_frame;
-  return siteOfStack([&cur](WalkedFrame* f) {
-    while (cur != nullptr && _PyFrame_IsIncomplete(cur)) cur = cur->previous;
-    if (cur == nullptr) return false;
-    const int lasti = _PyInterpreterFrame_LASTI(cur);
-    f->code = cur->f_code;
-    f->lasti = lasti < 0 ? -1 : lasti * static_cast<int>(sizeof(_Py_CODEUNIT));
-    cur = cur->previous;
-    return true;
-  });
-#else
-  // Other versions: the public API. Frame objects of executing frames are kept
-  // by the interpreter, so the references taken here are dropped at once.
-  PyFrameObject* cur = PyEval_GetFrame();  // borrowed
-  return siteOfStack([&cur](WalkedFrame* f) {
-    if (cur == nullptr) return false;
-    PyCodeObject* code = PyFrame_GetCode(cur);
-    Py_DECREF(code);
-    f->code = code;
-    f->lasti = frameLasti(cur);
-    PyFrameObject* back = PyFrame_GetBack(cur);
-    Py_XDECREF(back);
-    cur = back;
-    return true;
-  });
-#endif
-}
-
-uint32_t captureCallSite() {
-  if (!g_installed.load(std::memory_order_acquire) || !g_callSites.load(std::memory_order_relaxed)) return 0;
-  // A thread without a Python thread state has no Python frames (e.g. autograd
-  // device threads): do not create one.
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return 0;
-  // A collective issued from Python holds the GIL: nothing to take.
-  if (PyGILState_Check()) return siteOfThisThread();
-  PyGILState_STATE gil = PyGILState_Ensure();
-  const uint32_t id = siteOfThisThread();
-  PyGILState_Release(gil);
-  return id;
-}
 
 // --- helper thread -----------------------------------------------------------
 
@@ -703,17 +424,7 @@ static bool resolveOrigin(const OriginRef& ref, Frame* out) {
 
 void installRuntime(const std::vector<std::string>& internal, const std::vector<std::string>& stdlib,
                     const std::vector<std::string>& sitePackages, unsigned long mainThreadId) {
-  g_internal.clear();
-  for (const auto& p : internal) {
-    // ".../torch/" -> "torch", ".../torch_ext/" -> "torch_ext"
-    std::string trimmed = p.substr(0, p.find_last_not_of('/') + 1);
-    auto slash = trimmed.find_last_of('/');
-    g_internal.push_back({p, slash == std::string::npos ? trimmed : trimmed.substr(slash + 1)});
-  }
-  g_stdlib = stdlib;
-  g_site = sitePackages;
-  if (g_codes == nullptr) g_codes = new std::unordered_map<PyCodeObject*, CodeInfo>();
-  if (g_sites == nullptr) g_sites = new std::unordered_map<SiteKey, uint32_t, SiteKeyHash>();
+  installFrames(internal, stdlib, sitePackages);
   g_mainTstate = findThreadState(mainThreadId);
   g_installed = true;
   CallSites::instance().setProvider(&captureCallSite);
@@ -751,17 +462,6 @@ void uninstallRuntime() {
   g_mainTstate = nullptr;
 }
 
-Frame frameOfCode(PyObject* code, int line) {
-  if (code == nullptr || !PyCode_Check(code)) return Frame{};
-  if (g_codes == nullptr) {  // runtime not installed: no classification
-    std::string function = attrString(code, "co_qualname");
-    if (function.empty()) function = attrString(code, "co_name");
-    return Frame{attrString(code, "co_filename"), line, std::move(function), ""};
-  }
-  const CodeInfo& info = codeInfo(reinterpret_cast<PyCodeObject*>(code));
-  return Frame{info.filename, line, info.function, info.library};
-}
-
 bool keepForLazyOrigin(PyObject* code) {
   if (code == nullptr || !PyCode_Check(code)) return false;
   auto* c = reinterpret_cast<PyCodeObject*>(code);
@@ -769,32 +469,6 @@ bool keepForLazyOrigin(PyObject* code) {
   if (!asciiWithoutGil(c->co_filename, &unused) || !asciiWithoutGil(nameOf(c), &unused)) return false;
   Py_INCREF(code);  // kept for good: LabelTable keeps its labels for good
   return true;
-}
-
-void setCallSitesEnabled(bool enabled) {
-  g_callSites = enabled;
-}
-
-void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& roots) {
-  std::vector<LibraryRoot> listed;
-  for (const auto& r : roots) listed.push_back({r.first, r.second});
-  // Longest prefix first: a listed subpackage wins over its parent.
-  std::sort(listed.begin(), listed.end(),
-            [](const LibraryRoot& a, const LibraryRoot& b) { return a.prefix.size() > b.prefix.size(); });
-  g_listed = std::move(listed);
-  // Decisions cached under the old list are stale. The caches own references to
-  // their code objects; drop them (the GIL is held).
-  if (g_sites != nullptr) {
-    for (auto& kv : *g_sites) {
-      Py_XDECREF(kv.first.code);
-      Py_XDECREF(kv.first.viaCode);
-    }
-    g_sites->clear();
-  }
-  if (g_codes != nullptr) {
-    for (auto& kv : *g_codes) Py_DECREF(kv.first);
-    g_codes->clear();
-  }
 }
 
 }  // namespace torch_ext::py

@@ -1,15 +1,8 @@
 #pragma once
 
-// PyRuntime: the Python side of guard/Runtime.h and guard/CallSite.h. This and
-// bindings.cpp are the only C++ files that touch the interpreter.
+// PyRuntime: the Python side of guard/Runtime.h. Only csrc/python touches the
+// interpreter (call sites and the frames' classes: PyFrames.h).
 //
-//  - Call sites: with the GIL re-taken briefly, walk the issuing thread's frames
-//    to the first frame of the user's code (not torch, torch_ext, the standard
-//    library, an installed package or a package listed in
-//    TORCH_EXT_LIBRARY_PACKAGES), remembering the innermost framework frame on
-//    the way ("via"). Each code object's kind is decided once and cached; the
-//    (code object, instruction) pairs of the two frames are cached, so the
-//    strings are built once per call site.
 //  - Main-thread stacks for hang reports: a helper thread takes the GIL and
 //    reads the main thread's frames. If the GIL cannot be had within the budget,
 //    the main thread is holding it in native code, so its frames are not moving
@@ -42,20 +35,11 @@ void uninstallRuntime();
 // Python's logging so far are written (interpreter exit: a report logged just
 // before an uncaught error must not be lost). True if they all were.
 bool flushLogs(std::chrono::milliseconds timeout);
-// With the GIL held: the frame a code object and line name, classified as call
-// sites are (the library it belongs to, if any; each code object's strings and
-// kind are cached). An empty frame for anything but a code object.
-Frame frameOfCode(_object* code, int line);
 // With the GIL held: true if `code` is a code object whose file name and
 // (qualified) name can be read later without the GIL (compact ASCII strings,
 // as faulthandler reads them); it then takes a reference to it, kept for good,
 // so LabelTable can resolve it when a label is first read (see resolveOrigin in
 // PyRuntime.cpp, installed as LabelTable's resolver).
 bool keepForLazyOrigin(_object* code);
-// Turns call-site capture on or off process-wide.
-void setCallSitesEnabled(bool enabled);
-// With the GIL held: (folder prefix, package name) of each package the user
-// listed as library code. Forgets the decisions cached so far.
-void setListedLibraries(const std::vector<std::pair<std::string, std::string>>& roots);
 
 }  // namespace torch_ext::py

@@ -25,6 +25,7 @@
 #include "guard/watchdog/Watchdog.h"
 #include "nccl_sim/NcclSimBackend.h"
 #include "python/PyErrors.h"
+#include "python/PyFrames.h"
 #include "python/PyRuntime.h"
 
 #include <pybind11/chrono.h>
