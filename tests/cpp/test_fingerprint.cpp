@@ -310,6 +310,23 @@ TEST(Fingerprint, TextsNamesAndNumel) {
   }
 }
 
+TEST(Fingerprint, SizesPastEightDimensionsAreHashedCountedAndNotKept) {
+  // A fingerprint keeps its sizes inline (it moves into the ledger as bytes, issue 70): the
+  // first Dims::kMax, every dimension in the hash, the element count and the rank.
+  const std::vector<int64_t> ten{1, 2, 1, 1, 1, 1, 1, 1, 3, 2};
+  auto fp = allReduce(f32(ten));
+  EXPECT_EQ(fp.describe(), "all_reduce(float32[1, 2, 1, 1, 1, 1, 1, 1, ... (10 dimensions)], SUM)");
+  EXPECT_EQ(fp.numel(), 12);
+  EXPECT_EQ(fp.metas[0].sizes.rank(), 10u);
+  EXPECT_EQ(fp.metas[0].sizes.size(), Dims::kMax);
+  std::vector<int64_t> other = ten;
+  other[9] = 1;
+  other[8] = 6;  // the same kept dimensions and element count, another shape
+  EXPECT_NE(allReduce(f32(other)).hash, fp.hash);
+  EXPECT_EQ(allReduce(f32({2, 3})).metas[0].sizes.rank(), 2u);
+  static_assert(std::is_trivially_copyable_v<TensorMeta>);
+}
+
 TEST(Fingerprint, OpNamesRoundTripForEveryOp) {
   std::set<std::string> names;
   for (size_t i = 0; i < static_cast<size_t>(Op::NumOps); ++i) {

@@ -9,7 +9,7 @@ namespace torch_ext {
 CollectiveChecks::CollectiveChecks(std::shared_ptr<GroupState> state)
     : state_(std::move(state)), mode_(state_->modePtr()) {}
 
-Operation CollectiveChecks::record(Fingerprint fp, c10::DeviceType device, bool streamOrdered,
+Operation CollectiveChecks::record(Fingerprint&& fp, c10::DeviceType device, bool streamOrdered,
                                    const c10d::Backend& inner, const InBandRequest* inBand, bool coalescing) {
   fp.device = device;  // the device whose inner backend runs it (a barrier has no tensor to tell)
   Operation o;

@@ -29,7 +29,7 @@ class CollectiveChecks {
   // Records `fp` in the ledger and describes the operation: its call site,
   // label and seq, and the route the mode picks (`inBand`: the collective
   // could carry its check; null if not).
-  Operation record(Fingerprint fp, c10::DeviceType device, bool streamOrdered, const c10d::Backend& inner,
+  Operation record(Fingerprint&& fp, c10::DeviceType device, bool streamOrdered, const c10d::Backend& inner,
                    const InBandRequest* inBand, bool coalescing);
   // Before the inner call. Throws the group's CollectiveMismatchError (every
   // rank does) on a difference, or the transport's error if the check itself

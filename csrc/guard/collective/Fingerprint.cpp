@@ -2,6 +2,8 @@
 
 #include "guard/TorchCompat.h"
 
+#include <c10/util/accumulate.h>
+
 #include <sstream>
 
 namespace torch_ext {
@@ -59,6 +61,7 @@ std::string TensorMeta::describe() const {
   for (size_t i = 0; i < sizes.size(); ++i) {
     os << (i ? ", " : "") << sizes[i];
   }
+  if (sizes.rank() > sizes.size()) os << ", ... (" << sizes.rank() << " dimensions)";
   os << "]";
   return os.str();
 }
@@ -83,9 +86,7 @@ bool Fingerprint::mayFinishAlone(int me, bool gated) const {
 
 int64_t Fingerprint::numel() const {
   if (metas.empty()) return 0;
-  int64_t n = 1;
-  for (auto s : metas[0].sizes) n *= s;
-  return n;
+  return metas[0].numel;
 }
 
 uint64_t Fingerprint::p2pPairHash() const {
@@ -189,6 +190,7 @@ void FingerprintBuilder::addMeta(c10::ScalarType dtype, c10::IntArrayRef sizes, 
     TensorMeta& m = fp_.metas.emplace_back();
     m.dtype = dtype;
     m.sizes.assign(sizes.begin(), sizes.end());
+    m.numel = c10::multiply_integers(sizes);
   }
   ++fp_.numTensors;
 }

@@ -11,7 +11,7 @@
 // are equal exactly when every rank receives what its peers send.
 //
 // Building one costs a handful of multiplications per tensor and no allocation for
-// up to kInlineMetas tensors of up to 4 dimensions: it runs on every collective.
+// up to kInlineMetas tensors (sizes kept inline, Dims): it runs on every collective.
 
 #include "guard/report/Op.h"
 #include "guard/report/OpFacts.h"
@@ -23,8 +23,11 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <array>
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace torch_ext {
@@ -34,11 +37,56 @@ c10d::OpType toOpType(Op op);
 const char* reduceOpName(int reduceOp);    // c10d::ReduceOp::RedOpType, -1: ""
 std::string dtypeName(c10::ScalarType t);  // "float32"
 
+// A tensor's sizes, kept inline: a fingerprint then moves into its ledger slot
+// as plain bytes, on every collective (issue 70). The hash covers every
+// dimension; past kMax the kept copy holds the first kMax and rank() counts all.
+class Dims {
+ public:
+  static constexpr size_t kMax = 8;
+  Dims() = default;
+  Dims(std::initializer_list<int64_t> dims) {
+    assign(dims.begin(), dims.end());
+  }
+  template <typename It>
+  void assign(It first, It last) {
+    kept_ = 0;
+    rank_ = 0;
+    for (; first != last; ++first, ++rank_) {
+      if (kept_ < kMax) d_[kept_++] = *first;
+    }
+  }
+  const int64_t* begin() const {
+    return d_.data();
+  }
+  const int64_t* end() const {
+    return d_.data() + kept_;
+  }
+  size_t size() const {  // kept
+    return kept_;
+  }
+  bool empty() const {
+    return kept_ == 0;
+  }
+  int64_t operator[](size_t i) const {
+    return d_[i];
+  }
+  size_t rank() const {  // the tensor's dimensions, kept or not
+    return rank_;
+  }
+
+ private:
+  std::array<int64_t, kMax> d_{};
+  uint8_t kept_ = 0;
+  uint8_t rank_ = 0;
+};
+
 struct TensorMeta {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  c10::SmallVector<int64_t, 4> sizes;
+  Dims sizes;
+  int64_t numel = 0;             // of every dimension
   std::string describe() const;  // "float32[4, 8]"
 };
+static_assert(std::is_trivially_copyable_v<TensorMeta>, "a fingerprint moves into the ledger as bytes");
 
 namespace detail {
 inline uint64_t mix64(uint64_t x) {
@@ -70,7 +118,7 @@ struct Fingerprint {
   uint32_t numTensors = 0;
   c10::DeviceType device = c10::DeviceType::CPU;
   // The first kInlineMetas rank-invariant tensors; numTensors counts them all.
-  c10::SmallVector<TensorMeta, 2> metas;
+  c10::SmallVector<TensorMeta, kInlineMetas> metas;
   // All-to-all: elements sent to / received from each peer (first 16 peers kept).
   c10::SmallVector<int64_t, 4> sendSplits, recvSplits;
   bool splitsTruncated = false;

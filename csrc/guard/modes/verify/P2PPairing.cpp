@@ -118,6 +118,7 @@ class PairedReceiveWork : public c10d::Work {
         TensorMeta m;
         m.dtype = static_cast<c10::ScalarType>(w[kDtype]);
         m.sizes = {w[kNumel]};
+        m.numel = w[kNumel];
         send.metas.push_back(m);
         send.numTensors = 1;
       }
