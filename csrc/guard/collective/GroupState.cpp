@@ -173,6 +173,10 @@ void GroupState::notify() {
 }
 
 bool GroupState::waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
+  // Done already (a wait on a work that finished while the program computed, a
+  // synchronous inner backend): no lock. The predicates read atomics and
+  // futures, which synchronise themselves; the lock orders only the sleep.
+  if (pred()) return true;
   std::unique_lock<std::mutex> lock(mu_);
   auto done = [&] { return failed() || pred(); };
   if (timeout.count() <= 0) {

@@ -172,7 +172,9 @@ class GroupState {
   // Wakes threads blocked in waitUntil() (a work completed or the group failed).
   void notify();
   // Waits until pred() or failed(); returns false if `timeout` (> 0) passed first.
-  // pred() runs with this object's lock held: it must not call back into it.
+  // pred() runs once without this object's lock (a wait on a finished work
+  // takes none), then with it held: it must be thread-safe and must not call
+  // back into this object.
   bool waitUntil(const std::function<bool()>& pred, std::chrono::milliseconds timeout);
 
  private:
