@@ -353,11 +353,14 @@ def test_straggler_example_names_the_slow_rank_and_where_the_others_waited(tmp_p
     run, post = out.split("$ python -m torch_ext.diagnose")
     assert sorted(re.findall(r"rank (\d) exit code: (-?\d+)", run)) == [(str(r), "0") for r in range(4)], run
     m = re.search(r'straggler on group "default_pg": rank 2 \(host [^)]+\) is the straggler: the other 3 ranks waited '
-                  r"on average [\d.]+ ms per step \(([\d.]+) ms per collective\) for it over collectives \d+-40 "
+                  r"on average [\d.]+ ms per step \(([\d.]+) ms per collective\) for it over collectives \d+-(\d+) "
                   r"\(about \d+% of their time\), most at straggler.py:\d+ in train;", post)
     # rank 2 loads 10 ms longer per step; the others' extra wait carries the scheduling noise of a
     # loaded machine on top (12.7 ms in a clean-clone CI run three tests at a time)
     assert m and 7.5 <= float(m.group(1)) <= 15.0, post
+    # The range ends at the last window that named it: the last (37-40) or, on a machine loaded by
+    # other tests, the one before, where the others' noise hid rank 2's lateness (1-36 in one run).
+    assert 32 <= int(m.group(2)) <= 40, post
     assert (tmp_path / "trace.json").stat().st_size > 0
     doc_samples.check_source("straggler", out)
 
