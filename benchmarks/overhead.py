@@ -9,6 +9,7 @@ both alike. Prints the median latency of each and the ratio guard/gloo.
     python benchmarks/overhead.py --world 4 --check strict
     python benchmarks/overhead.py --added --rounds 31   # the guard's own cost per collective (world 1)
     python benchmarks/overhead.py --added --label       # ... and with a torch_ext.label active
+    python benchmarks/overhead.py --added --busy-thread --iters 200  # ... beside a busy Python thread (wall time)
     python benchmarks/overhead.py --device cuda --rounds 31  # host cost per collective over NCCL (one GPU, world 1)
 
 With ``--device cuda`` (a GPU machine; ``scripts/gpu.sh`` runs it) it measures the
@@ -27,6 +28,7 @@ import os
 import resource
 import statistics
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import NamedTuple
@@ -87,7 +89,7 @@ class Added(NamedTuple):
 LABELLED = "guard(fake), label active"
 
 
-def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
+def _added_cost(rounds: int, iters: int, with_label: bool = False, busy_thread: bool = False) -> Added:
     """The guard's own cost per collective, in one process (world 1).
 
     Against torch's no-op ``fake`` backend the guard's work is the whole
@@ -96,8 +98,12 @@ def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
     completion path across threads. Each round times every group once, in a
     shuffled order, as CPU time of all threads per call; returns the per-round
     figures of each group. ``with_label``: one more guard(fake) group, timed
-    inside ``torch_ext.label(...)`` (a label with an origin), in the same rounds."""
+    inside ``torch_ext.label(...)`` (a label with an origin), in the same rounds.
+    ``busy_thread``: another Python thread spins beside the loop (a data or logging
+    thread), so every GIL hand-off waits for it; the figures are then wall time per
+    call (the process's CPU time counts the spinner)."""
     import random
+    import threading
 
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
 
@@ -124,27 +130,41 @@ def _added_cost(rounds: int, iters: int, with_label: bool = False) -> Added:
             dist.all_reduce(t, group=g)
     rng = random.Random(0)
     origin = torch_ext.here()
+    clock = time.perf_counter if busy_thread else time.process_time
+    stop = threading.Event()
+    spinner = threading.Thread(target=lambda: _spin(stop), daemon=True)
+    if busy_thread:
+        spinner.start()
     for _ in range(rounds):
         order = list(groups.items())
         rng.shuffle(order)
         for name, g in order:
             s0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
             with torch_ext.label("metric 'loss'", origin=origin) if name == LABELLED else contextlib.nullcontext():
-                c0, m0 = time.process_time(), time.thread_time()
+                c0, m0 = clock(), time.thread_time()
                 for _ in range(iters):
                     dist.all_reduce(t, group=g)
-                c1, m1 = time.process_time(), time.thread_time()
+                c1, m1 = clock(), time.thread_time()
             cpu[name].append((c1 - c0) / iters)
             main[name].append((m1 - m0) / iters)
             switches[name].append((resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - s0) / iters)
+    stop.set()
+    if busy_thread:
+        spinner.join()
     dist.destroy_process_group()
     return Added(cpu, main, switches)
 
 
-def _print_added(added: Added, rounds: int, iters: int) -> None:
+def _spin(stop: threading.Event) -> None:
+    while not stop.is_set():  # pure Python: holds the GIL but for the switch interval
+        pass
+
+
+def _print_added(added: Added, rounds: int, iters: int, busy_thread: bool = False) -> None:
     cpu = added.cpu
-    print(f"world 1, all_reduce of 1 float, CPU time of all threads per call: "
-          f"{rounds} shuffled rounds x {iters} calls;")
+    what = ("wall time per call, a Python thread spinning beside the loop" if busy_thread
+            else "CPU time of all threads per call")
+    print(f"world 1, all_reduce of 1 float, {what}: {rounds} shuffled rounds x {iters} calls;")
     print("median [quartiles] over rounds; 'added' is per round, against the baseline timed in the same round")
     for name, xs in cpu.items():
         q1, m, q3 = _quartiles(xs)
@@ -269,6 +289,9 @@ def main() -> None:
                     help="measure only the guard's own added cost per collective at world 1 (no network)")
     ap.add_argument("--label", action="store_true",
                     help="--added: also time guard(fake) with a torch_ext.label active, in the same rounds")
+    ap.add_argument("--busy-thread", action="store_true",
+                    help="--added: another Python thread spins beside the loop (wall time per call); each GIL "
+                         "hand-off waits for it")
     ap.add_argument("--iters", type=int, default=None,
                     help="--added: calls per group per round (default 4000); --device cuda: per group and size "
                          "(default 500)")
@@ -296,7 +319,8 @@ def main() -> None:
     if args.added:
         os.environ["TORCH_EXT_CHECK"] = args.check
         iters = args.iters or 4000
-        _print_added(_added_cost(args.rounds, iters, args.label), args.rounds, iters)
+        _print_added(_added_cost(args.rounds, iters, args.label, args.busy_thread), args.rounds, iters,
+                     args.busy_thread)
         return
     print("median latency per backend; ratio = median of the per-round guard/gloo ratios (rounds interleave")
     print("the two backends, so each ratio compares measurements taken moments apart), with its quartiles")

@@ -33,6 +33,15 @@ def test_overhead_added_prints_every_figure():
     assert "voluntary context switches per call: gloo" in text, text
 
 
+def test_overhead_added_beside_a_busy_thread_prints_wall_time():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--added", "--busy-thread", "--rounds", "2",
+         "--iters", "20"], capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "wall time per call, a Python thread spinning beside the loop" in out.stdout, out.stdout
+    assert "guard(fake) adds" in out.stdout and "guard(gloo) / gloo =" in out.stdout, out.stdout
+
+
 @pytest.mark.timeout(120)
 def test_labels_prints_every_figure():
     needs("lightning")
