@@ -90,6 +90,9 @@ struct SiteKeyHash {
 std::unordered_map<PyCodeObject*, CodeInfo>* g_codes = nullptr;
 std::unordered_map<SiteKey, uint32_t, SiteKeyHash>* g_sites = nullptr;
 
+// siteOfStack<false>: a frame or a site this thread has not seen with the GIL.
+constexpr uint32_t kMiss = UINT32_MAX;
+
 // What the GIL-held path decided, per thread, read without the GIL (issue 70):
 // torch's binding releases the GIL before a collective reaches the guard, and
 // taking it back for the call site was a second GIL hand-off per collective
@@ -97,9 +100,6 @@ std::unordered_map<SiteKey, uint32_t, SiteKeyHash>* g_sites = nullptr;
 // Only the owning thread touches its copy. Kinds are copied, not pointed to:
 // setListedLibraries frees the global cache's entries, and bumps the epoch so
 // that each thread drops its copy before its next capture.
-// siteOfStack<false>: a frame or a site this thread has not seen with the GIL.
-constexpr uint32_t kMiss = UINT32_MAX;
-
 class ThreadSites {
  public:
   // Drops what was learnt under an older epoch (setListedLibraries).
@@ -150,13 +150,14 @@ class ThreadSites {
   SiteKey lastKey_{};
   uint32_t lastId_ = kMiss;
 };
+
 // Out of line: the caller keeps the address. Inlined, -O1 reads the thread-local
 // address anew (__tls_get_addr) at nearly every use.
 [[gnu::noinline]] ThreadSites& threadSites() {
   thread_local ThreadSites sites;
   return sites;
 }
-std::atomic<uint64_t> g_epoch{1};
+std::atomic<uint64_t> g_epoch{1};  // bumped by setListedLibraries
 
 [[maybe_unused]] int frameLasti(PyFrameObject* frame) {  // used where the frame walk is the public API
 #if PY_VERSION_HEX >= 0x030B0000
