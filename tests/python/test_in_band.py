@@ -120,6 +120,19 @@ def test_an_all_reduce_read_through_its_future_or_only_polled_completes_with_its
         assert v["in_band"] >= 40 and v["verified_seq"] == v["issued_seq"], (v, text)
 
 
+@pytest.mark.timeout(120)
+def test_carried_all_reduces_in_flight_together_start_no_rounds(tmp_path):
+    # Eight carried all_reduces in flight at once (world 3: RingCarry), as a
+    # program issues its metrics asynchronously: each gets its verdict with its
+    # data. The completion of the first must not start rounds for the seven
+    # behind it (it did: about one round per eight collectives).
+    results, records, text = _launch(tmp_path, "inflight", world=3)
+    want = [[float(sum(r + i + j for r in range(3))) for j in range(8)] for i in range(30)]
+    for v in _every_rank_read(results, records, text, "inflight", want):
+        assert v["in_band"] >= 235 and v["verified_seq"] == v["issued_seq"], (v, text)
+        assert v["rounds"] <= 5, (v, text)
+
+
 @pytest.mark.timeout(150)
 def test_one_integer_element_among_four_ranks_carries_one_word(tmp_path):
     results, records, text = _launch(tmp_path, "one", world=4)

@@ -18,6 +18,7 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
            signs beside a plain gloo group's (their bits)
   future   no difference: async all_reduces read through get_future() (and then()), or only
            polled with is_completed(), never waited
+  inflight no difference: 30 times, 8 async float32[16] all_reduces in flight at once, then waited
   onecount float32[1] against float32[2] (int64 at more than two ranks)
   onedtype float32[1] against float64[1] (int32 against int64 at more than two ranks)
   oneop    float32[1] SUM against int32[1] MAX (at two ranks both packed in one int64)
@@ -117,6 +118,14 @@ try:
                 assert time.monotonic() < deadline, "an all_reduce polled with is_completed() never completed"
                 time.sleep(0.001)
             got.append(u.tolist())
+    if kind == "inflight":
+        got = record["inflight"] = []
+        for i in range(30):
+            ts = [torch.full((16,), float(rank + i + j)) for j in range(8)]
+            works = [dist.all_reduce(t, async_op=True) for t in ts]
+            for w in works:
+                w.wait()
+            got.append([t[0].item() for t in ts])
     n = 200 if kind == "none" else 3
     for i in range(n):
         t = torch.full((4,), float(rank + i))

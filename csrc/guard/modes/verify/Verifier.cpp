@@ -111,6 +111,7 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
       // pair) is found by the status ring (Watchdog::exchange).
       return;
     }
+    lastUncarried_ = std::max(lastUncarried_, seq);
     switch (pacing_.issued(nowNs_())) {
       case BurstPacing::OnIssue::StartRound:
         // Started at issue, not only at completion: a mismatch can leave the
@@ -157,6 +158,7 @@ void Verifier::kick() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (pacing_.predicting() || pending_.empty()) return;
+    if (lastUncarried_ <= verifiedSeq_.load(std::memory_order_relaxed)) return;  // carried: verdicts on their way
     wantedSeq_ = std::max(wantedSeq_, pending_.rbegin()->first);
   }
   maybeStartRound();

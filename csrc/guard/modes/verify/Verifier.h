@@ -87,7 +87,9 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   }
   // A collective completed on this rank (the inner backend's callback):
   // start a round over what is issued, unless one is in flight or bursts are
-  // predicted.
+  // predicted, or nothing issued past the verified needs one (collectives
+  // that carry their check get their verdicts with their data: DDP's buckets
+  // in flight behind the one that completed are not rounds' work).
   void kick() override;
   // Someone needs #seq's verdict now (wait(), is_completed(), the exit drain):
   // a round starts at once, or right after the one in flight.
@@ -183,9 +185,9 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   std::thread pacer_;
   bool stopped_ = false;
   std::atomic<uint64_t> inBandVerified_{0};
-  std::atomic<uint64_t> lastCarried_{0};
-  uint64_t agreedPastSplit_ = 0;  // an in-band agreement waiting for a round past an uneven all_to_all  // the last
-                                  // collective issued that carries its check
+  std::atomic<uint64_t> lastCarried_{0};  // the last collective issued that carries its check
+  uint64_t lastUncarried_ = 0;            // the last collective issued that needs a round
+  uint64_t agreedPastSplit_ = 0;          // an in-band agreement waiting for a round past an uneven all_to_all
   std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
   uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
