@@ -402,8 +402,11 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::compactAllreduce(c10d::Backend& inne
 c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
                                                       const c10d::AllgatherOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
-  // As bytes: [rolling (8), input] from each rank, whatever the dtype.
   constexpr int64_t kHead = sizeof(uint64_t);
+  if (inner.getBackendName() == "gloo" && kHead % input.element_size() == 0) {
+    return gatherBeside(inner, output, input, rolling, worldSize, std::move(verdict));
+  }
+  // As bytes: [rolling (8), input] from each rank, whatever the dtype.
   const int64_t nb = bytesOf(input);
   at::Tensor in = at::empty({kHead + nb}, input.options().dtype(at::kByte));
   at::Tensor out = at::empty({worldSize * (kHead + nb)}, in.options());
@@ -423,6 +426,44 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::
           std::memcpy(&theirs, block, kHead);
           same = same && theirs == rolling;
           std::memcpy(dst + r * nb, block + kHead, nb);
+        }
+        return same;
+      },
+      std::move(verdict));
+}
+
+c10::intrusive_ptr<c10d::Work> InBandCheck::gatherBeside(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                         uint64_t rolling, int worldSize, Verdict verdict) {
+  // gloo's coalesced all_gather flattens [input, head] into one buffer, gathers
+  // it and copies each rank's input to its place in the user's output and its
+  // head beside, as its all_gather copies the inputs out of its own flat
+  // buffer: the same bytes where plain gloo puts them, and no copy of the
+  // output here. The head is this rank's rolling hash in the input's dtype
+  // (8 bytes: its bits are moved, never combined).
+  constexpr int64_t kHead = sizeof(uint64_t);
+  const int64_t n = input.numel();
+  const int64_t per = kHead / static_cast<int64_t>(input.element_size());
+  const auto bytes = input.options().dtype(at::kByte);
+  at::Tensor head = at::empty({kHead}, bytes);
+  std::memcpy(head.data_ptr<uint8_t>(), &rolling, kHead);
+  at::Tensor heads = at::empty({worldSize * kHead}, bytes);
+  std::vector<at::Tensor> inputs{input.view({n}), head.view(input.scalar_type())};
+  const at::Tensor flat = output.view({-1});
+  const at::Tensor headsTyped = heads.view(input.scalar_type());
+  std::vector<std::vector<at::Tensor>> outputs(worldSize);
+  for (int r = 0; r < worldSize; ++r) {
+    outputs[r] = {flat.narrow(0, r * n, n), headsTyped.narrow(0, r * per, per)};
+  }
+  at::Tensor user = output;
+  return finishing(
+      c10d::OpType::_ALLGATHER_BASE, inner.allgather_coalesced(outputs, inputs), user,
+      [heads, worldSize, rolling] {
+        const auto* q = heads.data_ptr<uint8_t>();
+        bool same = true;
+        for (int r = 0; r < worldSize; ++r) {
+          uint64_t theirs = 0;
+          std::memcpy(&theirs, q + r * kHead, kHead);
+          same = same && theirs == rolling;
         }
         return same;
       },

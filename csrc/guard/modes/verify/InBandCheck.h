@@ -162,6 +162,11 @@ class InBandCheck {
   static c10::intrusive_ptr<c10d::Work> exchangeAllreduce(c10d::Backend& inner, at::Tensor user,
                                                           const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                           Verdict verdict);
+  // On gloo, an all_gather_into_tensor of a dtype whose element divides 8
+  // bytes: [input, rolling hash] through gloo's coalesced all_gather, straight
+  // into the user's output (allgather() in the .cpp).
+  static c10::intrusive_ptr<c10d::Work> gatherBeside(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
+                                                     uint64_t rolling, int worldSize, Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);

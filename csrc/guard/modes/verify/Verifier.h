@@ -188,8 +188,8 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   std::atomic<uint64_t> lastCarried_{0};  // the last collective issued that carries its check
   uint64_t lastUncarried_ = 0;            // the last collective issued that needs a round
   uint64_t agreedPastSplit_ = 0;          // an in-band agreement waiting for a round past an uneven all_to_all
-  std::atomic<uint64_t> agreedSeq_{0};  // set by a difference's scan: the last collective that agrees
-  uint64_t blockedFrom_ = 0;            // 0: not blocked; else the first seq that cannot be released
+  std::atomic<uint64_t> agreedSeq_{0};    // set by a difference's scan: the last collective that agrees
+  uint64_t blockedFrom_ = 0;              // 0: not blocked; else the first seq that cannot be released
   std::vector<Parked> parked_;
   uint64_t rounds_ = 0;
   std::atomic<uint64_t> gatherMicros_{0};
