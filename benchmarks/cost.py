@@ -7,12 +7,14 @@
 
 The syncs a training loop waits for at once, each a loop of synchronous all_reduces: a loss
 (float32[1] SUM), a metric vector (float32[16] SUM), a count (int64[1] SUM) and an early-stop flag
-(float32[1] MAX). Every rank creates a plain ``gloo`` group and ``guard`` groups in ``verify`` (the
-default) and ``async``; a round times ``--iters`` all_reduces on each group in turn (shuffled
-order, after a barrier), and the ratio to gloo is taken per round. Each world runs quiet, then with
-one more process keeping a core busy beside the ranks (``--no-busy`` leaves that out). Prints, per
-world and sync, gloo's microseconds per all_reduce and each mode's ratio, median [quartiles] over
-rounds.
+(float32[1] MAX); and an FSDP2 layer's two collectives at FSDP2's sizes, synchronous too: the
+all_gather_into_tensor of its parameters (1 MiB of float32 gathered from a shard per rank) and the
+reduce_scatter_tensor of its gradients (1 MiB, AVG), each a tenth of ``--iters`` calls. Every
+rank creates a plain ``gloo`` group and ``guard`` groups in ``verify`` (the default) and
+``async``; a round times ``--iters`` calls on each group in turn (shuffled order, after a
+barrier), and the ratio to gloo is taken per round. Each world runs quiet, then with one more
+process keeping a core busy beside the ranks (``--no-busy`` leaves that out). Prints, per world
+and sync, gloo's microseconds per call and each mode's ratio, median [quartiles] over rounds.
 
 ``--inner nccl_sim``: the baseline is plain ``nccl_sim`` (NCCL's host semantics on CPU: an
 all_reduce returns at once, the result is there after ``nccl_sim.synchronize()``), the modes
@@ -38,14 +40,31 @@ import _modes  # noqa: E402
 import _ranks  # noqa: E402
 from waited import _busy  # noqa: E402
 
-SYNCS = {  # name: (dtype, elements, op)
-    "loss float32[1] SUM": (torch.float32, 1, "sum"),
-    "metrics float32[16] SUM": (torch.float32, 16, "sum"),
-    "count int64[1] SUM": (torch.int64, 1, "sum"),
-    "flag float32[1] MAX": (torch.float32, 1, "max"),
+SYNCS = {  # name: (dtype, elements, op, collective); the FSDP2 rows: elements of the whole layer (1 MiB)
+    "loss float32[1] SUM": (torch.float32, 1, "sum", "all_reduce"),
+    "metrics float32[16] SUM": (torch.float32, 16, "sum", "all_reduce"),
+    "count int64[1] SUM": (torch.int64, 1, "sum", "all_reduce"),
+    "flag float32[1] MAX": (torch.float32, 1, "max", "all_reduce"),
+    "FSDP2 gather float32[1 MiB]": (torch.float32, 1 << 18, "", "all_gather"),
+    "FSDP2 grads float32[1 MiB] AVG": (torch.float32, 1 << 18, "avg", "reduce_scatter"),
 }
 MODES = ("gloo", "verify", "async")
-OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
+BIG = 10  # the FSDP2 rows run a tenth of --iters (each call moves a megabyte)
+
+
+def _call(name: str, world: int):
+    """The timed call of sync `name` on a group: an all_reduce of a loop's sync, or an FSDP2 layer's
+    all_gather_into_tensor (its parameters, a shard per rank) or reduce_scatter_tensor (its gradients)."""
+    dtype, n, op, collective = SYNCS[name]
+    if collective == "all_reduce":
+        t = torch.ones(n, dtype=dtype)
+        return lambda g: dist.all_reduce(t, op=OPS[op], group=g)
+    shard = n // world
+    whole, part = torch.ones(shard * world, dtype=dtype), torch.ones(shard, dtype=dtype)
+    if collective == "all_gather":
+        return lambda g: dist.all_gather_into_tensor(whole, part, group=g)
+    return lambda g: dist.reduce_scatter_tensor(part, whole, op=OPS[op], group=g)
 
 
 def _groups(inner: str) -> dict:
@@ -77,11 +96,11 @@ def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: in
     rng = random.Random(1234)  # the same order on every rank
     times: dict[str, list[float]] = {}
     for name in syncs:
-        dtype, n, op = SYNCS[name]
-        t = torch.ones(n, dtype=dtype)
+        call = _call(name, world)
+        n = iters if SYNCS[name][3] == "all_reduce" else max(1, iters // BIG)
         for g in groups.values():
-            for _ in range(50):
-                dist.all_reduce(t, op=OPS[op], group=g)
+            for _ in range(50 if n == iters else 5):
+                call(g)
                 sync(g)
         for _ in range(rounds):
             order = list(MODES)
@@ -90,13 +109,13 @@ def _body(rank: int, world: int, store, syncs: list[str], iters: int, rounds: in
                 dist.barrier()
                 issue = 0.0
                 t0 = time.perf_counter()
-                for _ in range(iters):
+                for _ in range(n):
                     i0 = time.perf_counter()
-                    dist.all_reduce(t, op=OPS[op], group=groups[mode])
+                    call(groups[mode])
                     issue += time.perf_counter() - i0
                     sync(groups[mode])  # where NCCL code reads the result (.item()): nccl_sim's sync point
-                times.setdefault(f"{name}/{mode}", []).append((time.perf_counter() - t0) / iters * 1e6)
-                times.setdefault(f"issue:{name}/{mode}", []).append(issue / iters * 1e6)
+                times.setdefault(f"{name}/{mode}", []).append((time.perf_counter() - t0) / n * 1e6)
+                times.setdefault(f"issue:{name}/{mode}", []).append(issue / n * 1e6)
     dist.destroy_process_group()
     return times
 
@@ -148,10 +167,11 @@ def main() -> None:
     print(f"inner {args.inner}" + (" (the baseline column is plain nccl_sim; each call: all_reduce, then "
                                      "nccl_sim.synchronize(); issue: the all_reduce call alone)"
                                      if args.inner == "nccl_sim" else "") + "; "
-          f"{args.rounds} rounds of {args.iters} synchronous all_reduces per mode and sync, interleaved; "
+          f"{args.rounds} rounds of {args.iters} synchronous all_reduces (FSDP2 rows: {max(1, args.iters // BIG)} "
+          f"calls) per mode and sync, interleaved; "
           f"median [quartiles] over rounds; {cores} cores" +
           ("" if args.no_busy else "; busy: one more process keeps a core busy beside the ranks"))
-    head = f"{'world':>5} | {'sync':<24} | {'column':<6} | " + " | ".join(f"{m:>20}" for m in MODES)
+    head = f"{'world':>5} | {'sync':<30} | {'column':<6} | " + " | ".join(f"{m:>20}" for m in MODES)
     print(head + "\n" + "-" * len(head))
     plotted = []
     for world in args.worlds:
@@ -161,10 +181,10 @@ def main() -> None:
             for name in args.syncs:
                 cells = _cells(times, name)
                 note = "" if world <= cores else "  (ranks share cores)"
-                print(f"{world:>5} | {name:<24} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells) + note)
+                print(f"{world:>5} | {name:<30} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells) + note)
                 if args.inner != "gloo":
                     cells = _cells(times, name, kind="issue:")
-                    print(f"{'':>5} | {'  issue':<24} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells))
+                    print(f"{'':>5} | {'  issue':<30} | {column:<6} | " + " | ".join(f"{c:>20}" for c in cells))
                 ratio = _modes.median_quartiles([a / b for a, b in zip(times[f"{name}/verify"],
                                                                         times[f"{name}/gloo"])])[0]
                 plotted.append((world, name, column, ratio))

@@ -116,14 +116,14 @@ def test_cost_prints_the_table_quiet_and_busy_and_writes_the_plot(tmp_path):
     svg = tmp_path / "cost.svg"
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "cost.py"), "--worlds", "2", "--syncs", "loss float32[1] SUM",
-         "flag float32[1] MAX", "--iters", "10", "--rounds", "2", "--svg", str(svg)],
+         "flag float32[1] MAX", "FSDP2 grads float32[1 MiB] AVG", "--iters", "10", "--rounds", "2", "--svg", str(svg)],
         capture_output=True, text=True, timeout=100, cwd=ROOT, env=dict(os.environ, BENCHMARK_TEST_MARK=str(tmp_path)))
     assert out.returncode == 0, out.stderr[-4000:]
     rows = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("2 |")]
-    assert len(rows) == 4, out.stdout  # two syncs, quiet and busy
+    assert len(rows) == 6, out.stdout  # three syncs (an FSDP2 layer's reduce_scatter among them), quiet and busy
     assert all(" us [" in row and row.count("x [") == 2 for row in rows), out.stdout
-    assert sum("| busy " in row for row in rows) == 2, out.stdout
-    assert svg.read_text().count("<rect") == 4, svg.read_text()
+    assert sum("| busy " in row for row in rows) == 3, out.stdout
+    assert svg.read_text().count("<rect") == 6, svg.read_text()
     assert not _spinning(str(tmp_path)), "the busy process outlived the benchmark"
 
 
