@@ -403,7 +403,8 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allgather(c10d::Backend& inner, at::
                                                       const c10d::AllgatherOptions& opts, uint64_t rolling,
                                                       int worldSize, Verdict verdict) {
   constexpr int64_t kHead = sizeof(uint64_t);
-  if (inner.getBackendName() == "gloo" && kHead % input.element_size() == 0) {
+  // Typed: a bool's bytes other than 0 and 1 (a hash's) need not survive a bool copy.
+  if (inner.getBackendName() == "gloo" && kHead % input.element_size() == 0 && input.scalar_type() != at::kBool) {
     return gatherBeside(inner, output, input, rolling, worldSize, std::move(verdict));
   }
   // As bytes: [rolling (8), input] from each rank, whatever the dtype.
