@@ -40,10 +40,11 @@
 // The two collectives FSDP2 waits on at once (its parameters' all_gather, its
 // gradients' reduce_scatter) carry their check the same way, up to
 // kMaxCopyBytes (their data is copied into the carried buffer and back):
-//  - all_gather_into_tensor gathers [this rank's rolling hash (8 bytes), its
-//    input] from every rank, as bytes: every rank reads all W hashes, and
-//    they agree when they are equal (bytes are moved, never combined: any
-//    dtype);
+//  - all_gather_into_tensor gathers this rank's rolling hash (8 bytes) beside
+//    its input from every rank: every rank reads all W hashes, and they agree
+//    when they are equal (bytes are moved, never combined: any dtype). On gloo
+//    through its coalesced all_gather, straight into the user's output
+//    (gatherBeside); elsewhere [hash, input] as bytes, copied out;
 //  - reduce_scatter_tensor reduces [words, chunk] for each rank's chunk: each
 //    rank reads the reduced words in front of its own chunk, as an all_reduce
 //    does (integer types only, as the all_reduce: FSDP2's floating gradients

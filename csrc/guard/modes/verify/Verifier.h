@@ -88,8 +88,8 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   // A collective completed on this rank (the inner backend's callback):
   // start a round over what is issued, unless one is in flight or bursts are
   // predicted, or nothing issued past the verified needs one (collectives
-  // that carry their check get their verdicts with their data: DDP's buckets
-  // in flight behind the one that completed are not rounds' work).
+  // that carry their check get their verdicts with their data: async metric
+  // all_reduces in flight behind the one that completed are not rounds' work).
   void kick() override;
   // Someone needs #seq's verdict now (wait(), is_completed(), the exit drain):
   // a round starts at once, or right after the one in flight.
