@@ -14,6 +14,8 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 using torch_ext::RingCarry;
@@ -98,6 +100,21 @@ TEST(RingCarry, TheCheapestLayoutsForALossAFlagAndFullChunks) {
   EXPECT_EQ(full->length(), 24);
   EXPECT_EQ(full->at(4), 6);
   EXPECT_GE(full->bits(), 62);
+  // A full last chunk with more than half the chunks in use: each segment grows by one over those
+  // chunks only, and no chunk more holds data (float32[4] at world 3: 1.34x gloo with a chunk more).
+  for (auto [n, world, length] : {std::tuple<int64_t, int, int64_t>{4, 3, 8}, {6, 4, 12}, {12, 4, 18}, {10, 8, 20}}) {
+    auto g = RingCarry::plan(n, at::kFloat, c10d::ReduceOp::SUM, world);
+    ASSERT_TRUE(g.has_value());
+    EXPECT_EQ(g->length(), length) << n << " at world " << world;
+    EXPECT_EQ(chunksHoldingData(g->length(), 4, world), chunksHoldingData(n, 4, world)) << n << " at world " << world;
+  }
+  // Half of them or fewer: the segments would spread into other chunks; one chunk more instead.
+  for (auto [n, world] : {std::pair<int64_t, int>{2, 3}, {2, 4}, {4, 4}, {8, 3}}) {
+    auto g = RingCarry::plan(n, at::kFloat, c10d::ReduceOp::SUM, world);
+    ASSERT_TRUE(g.has_value());
+    EXPECT_EQ(chunksHoldingData(g->length(), 4, world), chunksHoldingData(n, 4, world) + 1)
+        << n << " at world " << world;
+  }
   // AVG of a floating type; not of an integer one, nor other dtypes and ops.
   EXPECT_TRUE(RingCarry::plan(4, at::kFloat, c10d::ReduceOp::AVG, 3).has_value());
   EXPECT_FALSE(RingCarry::plan(4, at::kLong, c10d::ReduceOp::AVG, 3).has_value());
@@ -198,7 +215,8 @@ TEST(RingCarry, AReduceScattersChunkComesBackFromItsPlaceInTheCarriedLayout) {
 }
 
 TEST(RingCarry, PackThenUnpackGivesTheElementsBackAndTheWordsApart) {
-  for (int64_t n : {1, 5, 16, 24}) {  // appended, the next chunk, widened segments (16 and 24 at world 4)
+  // appended, the next chunk, widened segments over the used chunks (6) and over all (16, 24 at world 4)
+  for (int64_t n : {1, 5, 6, 16, 24}) {
     auto c = *RingCarry::plan(n, at::kFloat, c10d::ReduceOp::SUM, 4);
     at::Tensor user = at::arange(1, n + 1, at::kFloat);
     at::Tensor carried = at::empty({c.length()}, at::kFloat);

@@ -40,13 +40,14 @@ def lengths(world: int, full: bool) -> list[int]:
     The carry's bounds (one element: the one-word carry; fewer elements than
     ranks; kWordSlots = 128 and the carried lengths 256, 512...; 64 KiB of
     data: 16384 float32), gloo's ring segments and chunks (a multiple of the
-    world size and one either side; 2W - 2 and 2W, 4W: the last chunk holding
-    data full, where RingCarry takes the next chunk or widens the segments).
+    world size and one either side; 2W - 2 and 2W, 4(W - 1), 4W: the last
+    chunk holding data full, where RingCarry widens the segments of the chunks
+    in use, takes the next chunk, or widens every segment).
     """
     n = {1, 2, 3, world - 1, world, world + 1, 2 * world - 2, 2 * world, 2 * world + 1, 127, 128, 129, 255, 256, 257}
     if full:
-        n |= {7, 31, 33, 4 * world - 1, 4 * world, 4 * world + 2, 6 * world, 8 * world, 64 * world - 1, 64 * world + 1,
-              1000, 4095, 4097, 8191, 8193, 16383, 16384, 16385, 32769}
+        n |= {7, 31, 33, 4 * (world - 1), 4 * world - 1, 4 * world, 4 * world + 2, 6 * world, 8 * world,
+              64 * world - 1, 64 * world + 1, 1000, 4095, 4097, 8191, 8193, 16383, 16384, 16385, 32769}
     return sorted(k for k in n if k >= 1)
 
 

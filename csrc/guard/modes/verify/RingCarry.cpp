@@ -88,25 +88,40 @@ std::optional<RingCarry> RingCarry::plan(int64_t n, at::ScalarType dtype, const 
   if ((m + 1) * bytesPerElement(dtype) > kGlooMaxSegmentBytes) return std::nullopt;
   c.userChunk_ = c.chunk_ = 2 * m;
   const int64_t used = (n + c.userChunk_ - 1) / c.userChunk_;  // chunks holding data
-  int64_t room = used * c.userChunk_ - n;
-  if (room < need && used < worldSize) room += c.userChunk_;  // one chunk more
-  if (room >= need) {
-    const int64_t k = std::min(want, room) / step * step;
-    for (int64_t i = 0; i < k; ++i) c.wordAt_.push_back(n + i);
-    c.length_ = n + k;
-    if (segment(c.length_, worldSize) != m) return std::nullopt;  // the segments stay gloo's
-    return c;
-  }
-  // Every chunk holds data: one element more per segment, the user's
-  // elements of chunk j at the front of the new chunk j.
+  const int64_t room = used * c.userChunk_ - n;
+  if (room >= need) return c.appended(room, want, step, m);
+  // The last chunk is full: grown segments over the chunks in use where gloo
+  // then cuts no more of them (a chunk more costs the most: RingCarry.h); else
+  // the words in one chunk more; else, every chunk holding data, grown
+  // segments over all of them.
+  if (std::optional<RingCarry> g = c.grown(used, want, need, step, m)) return g;
+  if (used < worldSize && room + c.userChunk_ >= need) return c.appended(room + c.userChunk_, want, step, m);
+  return c.grown(worldSize, want, need, step, m);
+}
+
+std::optional<RingCarry> RingCarry::appended(int64_t room, int64_t want, int64_t step, int64_t m) const {
+  // In the free places behind the user's last element: every chunk stays as it is.
+  RingCarry c = *this;
+  const int64_t k = std::min(want, room) / step * step;
+  for (int64_t i = 0; i < k; ++i) c.wordAt_.push_back(n_ + i);
+  c.length_ = n_ + k;
+  if (segment(c.length_, worldSize_) != m) return std::nullopt;  // the segments stay gloo's
+  return c;
+}
+
+std::optional<RingCarry> RingCarry::grown(int64_t chunks, int64_t want, int64_t need, int64_t step, int64_t m) const {
+  // One element more per segment, the user's elements of chunk j at the front
+  // of the new chunk j: the same chunks hold them, a few bytes longer.
+  RingCarry c = *this;
   c.chunk_ = c.userChunk_ + 2;
-  c.length_ = worldSize * c.chunk_;
-  for (int64_t j = 0; j < worldSize && static_cast<int64_t>(c.wordAt_.size()) < want; ++j) {
-    for (int64_t p = usersIn(j, n, c.userChunk_); p < c.chunk_; ++p) c.wordAt_.push_back(j * c.chunk_ + p);
+  c.length_ = chunks * c.chunk_;
+  if (segment(c.length_, worldSize_) != m + 1) return std::nullopt;  // gloo would cut other chunks
+  for (int64_t j = 0; j < chunks && static_cast<int64_t>(c.wordAt_.size()) < want; ++j) {
+    for (int64_t p = usersIn(j, n_, c.userChunk_); p < c.chunk_; ++p) c.wordAt_.push_back(j * c.chunk_ + p);
   }
   const int64_t k = std::min<int64_t>(want, static_cast<int64_t>(c.wordAt_.size())) / step * step;
   c.wordAt_.resize(k);
-  if (k < need || segment(c.length_, worldSize) != m + 1) return std::nullopt;
+  if (k < need) return std::nullopt;
   return c;
 }
 

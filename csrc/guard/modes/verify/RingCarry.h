@@ -22,11 +22,16 @@
 // of the verifier, one helper all_gather, about 1.8 ms). So the words go:
 //  - in the free places of the last chunk the user's elements reach
 //    (appended: the segment length, and so every chunk, stays the same);
-//  - where that chunk is full and a chunk is left empty, into the next one
-//    (one chunk more, which costs less than a round);
-//  - where every chunk is full, each segment grows by one element (the
-//    user's elements of chunk c move to the front of the new chunk c: same
-//    chunks, and the same number of them, a few bytes longer).
+//  - where that chunk is full, each segment grows by one element over the
+//    chunks holding data (the user's elements of chunk c move to the front of
+//    the new chunk c: the same chunks, and the same number of them, a few
+//    bytes longer), if gloo then cuts the longer buffer into segments that
+//    leave the other chunks empty (used chunks x (m + 1) > W x m: at world
+//    3, float32[4]; at world 4, float32[6] and [12]);
+//  - else, with a chunk left empty, into the next one (one chunk more, which
+//    costs less than a round: float32[2] at worlds 3 and 4, about 2.4x);
+//  - else (every chunk holds data) each segment grows by one element over
+//    all of them.
 //
 // The words: under SUM, integers below 2^(exact - ceil(log2 W)) with the top
 // bit set (exact: 24 bits for float32, 31 for int32, 53 otherwise), so that W of them add up exactly in any order, and
@@ -109,6 +114,15 @@ class RingCarry {
   RingCarry() = default;
   // Hash bits per word (SUM) or per pair (MAX, MIN).
   int bitsPerWord() const;
+  // This plan (its chunks of 2m elements, no words yet) with up to `want`
+  // words (a multiple of `step`) in the `room` places behind the user's last
+  // element, or none where that length changes gloo's segment m.
+  std::optional<RingCarry> appended(int64_t room, int64_t want, int64_t step, int64_t m) const;
+  // This plan over the first `chunks` chunks, each segment one element
+  // longer (m + 1), the words in the places the user's elements leave; none
+  // where gloo would cut that length into segments other than m + 1 (other
+  // chunks would hold data) or the words carry fewer than `need`.
+  std::optional<RingCarry> grown(int64_t chunks, int64_t want, int64_t need, int64_t step, int64_t m) const;
 
   int64_t n_ = 0;
   int64_t length_ = 0;
