@@ -89,6 +89,11 @@ TEST(RingCarry, TheCheapestLayoutsForALossAFlagAndFullChunks) {
   EXPECT_EQ(one->bits(), 21);
   // float64[1]: one word of 50 bits.
   EXPECT_EQ(RingCarry::plan(1, at::kDouble, c10d::ReduceOp::SUM, 4)->bits(), 50);
+  // float32[2] fills its chunk: one word in the next chunk's first segment (21 bits), not two
+  // words over both its segments (a segment holding data costs the ring a step).
+  auto two = RingCarry::plan(2, at::kFloat, c10d::ReduceOp::SUM, 3);
+  EXPECT_EQ(two->length(), 3);
+  EXPECT_EQ(two->bits(), 21);
   // MAX needs a pair: the next chunk.
   EXPECT_EQ(RingCarry::plan(1, at::kFloat, c10d::ReduceOp::MAX, 3)->length(), 3);
   // float32[16] at world 3: segments of 3, two places free in the last chunk.

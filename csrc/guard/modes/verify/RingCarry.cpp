@@ -92,10 +92,14 @@ std::optional<RingCarry> RingCarry::plan(int64_t n, at::ScalarType dtype, const 
   if (room >= need) return c.appended(room, want, step, m);
   // The last chunk is full: grown segments over the chunks in use where gloo
   // then cuts no more of them (a chunk more costs the most: RingCarry.h); else
-  // the words in one chunk more; else, every chunk holding data, grown
-  // segments over all of them.
+  // the words in one chunk more, in its first segment where they fit (each
+  // segment holding data costs the ring a step); else, every chunk holding
+  // data, grown segments over all of them.
   if (std::optional<RingCarry> g = c.grown(used, want, need, step, m)) return g;
-  if (used < worldSize && room + c.userChunk_ >= need) return c.appended(room + c.userChunk_, want, step, m);
+  if (used < worldSize) {
+    if ((room + m) / step * step >= need) return c.appended(room + m, want, step, m);
+    if (room + c.userChunk_ >= need) return c.appended(room + c.userChunk_, want, step, m);
+  }
   return c.grown(worldSize, want, need, step, m);
 }
 

@@ -29,7 +29,9 @@
 //    leave the other chunks empty (used chunks x (m + 1) > W x m: at world
 //    3, float32[4]; at world 4, float32[6] and [12]);
 //  - else, with a chunk left empty, into the next one (one chunk more, which
-//    costs less than a round: float32[2] at worlds 3 and 4, about 2.4x);
+//    costs less than a round), in its first segment where enough bits
+//    fit there (a segment holding data costs a step: float32[2] at worlds 3
+//    and 4, about 1.95x gloo);
 //  - else (every chunk holds data) each segment grows by one element over
 //    all of them.
 //
