@@ -90,11 +90,11 @@ std::optional<RingCarry> RingCarry::plan(int64_t n, at::ScalarType dtype, const 
   const int64_t used = (n + c.userChunk_ - 1) / c.userChunk_;  // chunks holding data
   const int64_t room = used * c.userChunk_ - n;
   if (room >= need) return c.appended(room, want, step, m);
-  // The last chunk is full: grown segments over the chunks in use where gloo
-  // then cuts no more of them (a chunk more costs the most: RingCarry.h); else
-  // the words in one chunk more, in its first segment where they fit (each
-  // segment holding data costs the ring a step); else, every chunk holding
-  // data, grown segments over all of them.
+  // Too little room in the last chunk: grown segments over the chunks in use
+  // where gloo then cuts no more of them (a chunk more costs the most:
+  // RingCarry.h); else the words in one chunk more, in its first segment where
+  // they fit (each segment holding data costs the ring a step); else, every
+  // chunk holding data, grown segments over all of them.
   if (std::optional<RingCarry> g = c.grown(used, want, need, step, m)) return g;
   if (used < worldSize) {
     if ((room + m) / step * step >= need) return c.appended(room + m, want, step, m);
