@@ -125,6 +125,11 @@ def _abort_releases(rank: int, world: int, how: str) -> dict:
     waiter.start()
     waiter.join(timeout=1.0)
     blocked = waiter.is_alive()  # the stall never ends by itself: still blocked after 1 s
+    # No rank aborts before every rank has looked: a rank that reached its look late (a loaded
+    # machine) would otherwise see its peer's abort end the wait within its second.
+    store = dist.distributed_c10d._get_default_store()
+    store.set(f"looked/{how}/{rank}", "1")
+    store.wait([f"looked/{how}/{r}" for r in range(world)])
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     backend.abort() if how == "abort" else backend.shutdown()
     waiter.join(timeout=30)
