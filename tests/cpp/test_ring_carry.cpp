@@ -105,15 +105,17 @@ TEST(RingCarry, TheCheapestLayoutsForALossAFlagAndFullChunks) {
   EXPECT_EQ(full->length(), 24);
   EXPECT_EQ(full->at(4), 6);
   EXPECT_GE(full->bits(), 62);
-  // A full last chunk with more than half the chunks in use: each segment grows by one over those
-  // chunks only, and no chunk more holds data (float32[4] at world 3: 1.34x gloo with a chunk more).
+  // A full last chunk where used chunks x (m + 1) > W x m (with one-element segments, more than half
+  // of them in use): each segment grows by one over those chunks only, and no chunk more holds data
+  // (float32[4] at world 3: 1.34x gloo with a chunk more).
   for (auto [n, world, length] : {std::tuple<int64_t, int, int64_t>{4, 3, 8}, {6, 4, 12}, {12, 4, 18}, {10, 8, 20}}) {
     auto g = RingCarry::plan(n, at::kFloat, c10d::ReduceOp::SUM, world);
     ASSERT_TRUE(g.has_value());
     EXPECT_EQ(g->length(), length) << n << " at world " << world;
     EXPECT_EQ(chunksHoldingData(g->length(), 4, world), chunksHoldingData(n, 4, world)) << n << " at world " << world;
   }
-  // Half of them or fewer: the segments would spread into other chunks; one chunk more instead.
+  // Elsewhere the grown segments would spread into other chunks (float32[8] at world 3: two of three
+  // chunks in use, but segments of two elements); one chunk more instead.
   for (auto [n, world] : {std::pair<int64_t, int>{2, 3}, {2, 4}, {4, 4}, {8, 3}}) {
     auto g = RingCarry::plan(n, at::kFloat, c10d::ReduceOp::SUM, world);
     ASSERT_TRUE(g.has_value());
