@@ -96,10 +96,9 @@ std::optional<RingCarry> RingCarry::plan(int64_t n, at::ScalarType dtype, const 
   // they fit (each segment holding data costs the ring a step); else, every
   // chunk holding data, grown segments over all of them.
   if (std::optional<RingCarry> g = c.grown(used, want, need, step, m)) return g;
-  if (used < worldSize) {
-    if ((room + m) / step * step >= need) return c.appended(room + m, want, step, m);
-    if (room + c.userChunk_ >= need) return c.appended(room + c.userChunk_, want, step, m);
-  }
+  if (used == worldSize) return std::nullopt;  // that was every chunk
+  if ((room + m) / step * step >= need) return c.appended(room + m, want, step, m);
+  if (room + c.userChunk_ >= need) return c.appended(room + c.userChunk_, want, step, m);
   return c.grown(worldSize, want, need, step, m);
 }
 
