@@ -1,5 +1,7 @@
 #include "nccl_sim/SimStream.h"
 
+#include "guard/collective/InnerFuture.h"
+
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -255,12 +257,8 @@ bool SimStream::agree(StreamOp& op, std::string* error) {
 }
 
 bool SimStream::await(const c10::intrusive_ptr<c10d::Work>& work, std::string* error) {
-  c10::intrusive_ptr<c10::ivalue::Future> fut;
-  try {
-    fut = work->getFuture();
-  } catch (const std::exception&) {
-    // gloo's send/recv works have no future: wait on the work, which abort() can release.
-  }
+  // gloo's send/recv works have no future: wait on the work, which abort() can release.
+  c10::intrusive_ptr<c10::ivalue::Future> fut = futureOf(*work);
   if (fut) {
     std::weak_ptr<SimStream> weak = weak_from_this();
     fut->addCallback([weak](c10::ivalue::Future&) {

@@ -1,6 +1,7 @@
 #include "guard/collective/GuardWork.h"
 
 #include "guard/Runtime.h"
+#include "guard/collective/InnerFuture.h"
 #include "guard/collective/WorkRetirement.h"
 
 #include <c10/util/Exception.h>
@@ -18,12 +19,8 @@ c10::intrusive_ptr<GuardWork> GuardWork::wrap(const std::shared_ptr<GroupState>&
     state->ledger().pollLater(id, inner, /*reportFailure=*/true);
     return c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Completion::Device, nullptr);
   }
-  c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
-  try {
-    innerFuture = inner->getFuture();
-  } catch (const std::exception&) {
-    // gloo's send/recv works have no future: observe completion in wait().
-  }
+  // gloo's reduce_scatter, send and recv works have no future: completion is observed in wait().
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture = futureOf(*inner);
   if (!innerFuture) {
     state->ledger().pollLater(id, inner);
     auto work = c10::make_intrusive<GuardWork>(state, std::move(inner), id, seq, op, Completion::Blocking, nullptr);

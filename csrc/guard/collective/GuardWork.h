@@ -21,6 +21,7 @@
 
 #include "guard/collective/Fingerprint.h"
 #include "guard/collective/GroupState.h"
+#include "guard/collective/InnerFuture.h"
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -31,7 +32,7 @@
 
 namespace torch_ext {
 
-class GuardWork : public c10d::Work {
+class GuardWork : public c10d::Work, public ForwardsFuture {
  public:
   enum class Completion : uint8_t { Future, Blocking, Device };
 
@@ -129,7 +130,7 @@ class GuardWork : public c10d::Work {
 
 // The work of an emulated coalescing block (inner backends without native
 // coalescing, e.g. gloo): the block's ops ran one by one; this waits for all.
-class CoalescedWork : public c10d::Work {
+class CoalescedWork : public c10d::Work, public ForwardsFuture {
  public:
   explicit CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works);
   bool isCompleted() override;

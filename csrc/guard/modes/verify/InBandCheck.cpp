@@ -3,6 +3,7 @@
 #include "guard/modes/verify/PairExchange.h"
 #include "guard/modes/verify/RingCarry.h"
 #include "guard/TorchCompat.h"
+#include "guard/collective/InnerFuture.h"
 
 #include <ATen/ATen.h>
 
@@ -26,7 +27,7 @@ bool pairEncoded(const c10d::ReduceOp& op) {
 // reduce_scatter), `then` runs once, on the first wait() or isCompleted()
 // (the user's or the watchdog's poll) to see the inner work done; the work
 // then has no future either, as the inner one.
-class InBandWork : public c10d::Work {
+class InBandWork : public c10d::Work, public ForwardsFuture {
  public:
   InBandWork(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> done,
              std::function<void()> then, std::vector<at::Tensor> outputs)
@@ -153,12 +154,8 @@ int64_t bytesOf(const at::Tensor& t) {
 // after the verdict.
 c10::intrusive_ptr<c10d::Work> finishing(c10d::OpType type, c10::intrusive_ptr<c10d::Work> inner, at::Tensor user,
                                          std::function<bool()> then, InBandCheck::Verdict verdict) {
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  try {
-    future = inner->getFuture();
-  } catch (const std::exception&) {
-    // gloo's reduce_scatter has none: `then` runs in wait() / isCompleted().
-  }
+  // gloo's reduce_scatter has none: `then` runs in wait() / isCompleted().
+  c10::intrusive_ptr<c10::ivalue::Future> future = futureOf(*inner);
   if (!future) {
     return c10::make_intrusive<InBandWork>(
         type, std::move(inner), nullptr, [then = std::move(then), verdict = std::move(verdict)] { verdict(then()); },

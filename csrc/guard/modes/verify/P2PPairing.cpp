@@ -5,6 +5,7 @@
 #include "guard/Errors.h"
 #include "guard/collective/CallSite.h"
 #include "guard/collective/Fingerprint.h"
+#include "guard/collective/InnerFuture.h"
 #include "guard/collective/LabelTable.h"
 #include "guard/collective/StoreExchange.h"
 
@@ -32,7 +33,7 @@ at::Tensor wordsOf(const Fingerprint& fp, uint32_t callSite) {
 }
 
 // A receive whose result is handed out once its sender's words pair with it.
-class PairedReceiveWork : public c10d::Work {
+class PairedReceiveWork : public c10d::Work, public ForwardsFuture {
  public:
   PairedReceiveWork(std::shared_ptr<GroupState> state, c10::intrusive_ptr<c10d::Work> data,
                     c10::intrusive_ptr<c10d::Work> words, at::Tensor buffer, Fingerprint fp, uint64_t ordinal,
