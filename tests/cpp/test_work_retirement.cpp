@@ -68,6 +68,36 @@ TEST(WorkRetirement, ASweepKeepsWhatIsStillHeld) {
   EXPECT_EQ(a.load(), std::this_thread::get_id());
 }
 
+TEST(WorkRetirement, WhatTheWorkerLetGoOfIsFreedByTheNextCollective) {
+  // gloo's worker lets go of each work just after completing it; the user's
+  // thread has dropped its own by then. The next collective's sweep frees them,
+  // far below the count that starts a full scan.
+  WorkRetirement r;  // its own: other tests' works, held elsewhere, would stand first in line
+  constexpr int kWorks = 3;
+  std::vector<std::atomic<std::thread::id>> where(kWorks);
+  std::vector<c10::intrusive_ptr<Tracked>> workers;
+  for (int i = 0; i < kWorks; ++i) {
+    auto w = c10::make_intrusive<Tracked>(&where[i]);
+    workers.push_back(w);
+    r.retire(std::move(w));
+  }
+  std::atomic<std::thread::id> last{};
+  auto heldByLedger = c10::make_intrusive<Tracked>(&last);  // the newest, still held elsewhere
+  r.retire(heldByLedger);
+  std::thread worker([held = std::move(workers)]() mutable { held.clear(); });
+  worker.join();
+  const size_t scans = r.scans();
+  r.sweep();  // what the next collective does
+  for (auto& w : where) EXPECT_EQ(w.load(), std::this_thread::get_id()) << "freed by the next issue, on its thread";
+  EXPECT_EQ(last.load(), std::thread::id{}) << "one still held elsewhere stays kept";
+  EXPECT_EQ(r.kept(), 1u);
+  EXPECT_EQ(r.scans(), scans) << "no full scan for it";
+  heldByLedger.reset();
+  r.sweep();
+  EXPECT_EQ(last.load(), std::this_thread::get_id());
+  EXPECT_EQ(r.kept(), 0u);
+}
+
 TEST(WorkRetirement, WorksHeldElsewhereForLongAreNotScannedAtEveryCollective) {
   // NCCL and send/recv works stay held by the ledger until the watchdog's next
   // poll: thousands of them at NCCL's rate. sweep() runs once per collective, so

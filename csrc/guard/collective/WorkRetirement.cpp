@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 namespace torch_ext {
 
@@ -49,6 +50,24 @@ void WorkRetirement::sweepSlow() {
       // At least kMinKept, so that a few works held elsewhere do not make
       // every issue scan; otherwise twice what is left (amortised O(1)).
       sweepAbove_.store(std::max<size_t>(2 * refs_.size(), kMinKept), std::memory_order_relaxed);
+    }
+    if (last.empty()) return;
+    last.clear();  // freed here, outside the lock, on the issuing thread
+  }
+}
+
+void WorkRetirement::sweepOldest() {
+  // Freeing a Work can leave its future ours alone, next in line: a few passes.
+  for (int pass = 0; pass < 4; ++pass) {
+    std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> last;
+    {
+      std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+      if (!lock.owns_lock()) return;  // another issuing thread is sweeping
+      while (!refs_.empty() && refs_.front().use_count() == 1) {
+        last.push_back(std::move(refs_.front()));
+        refs_.pop_front();
+      }
+      kept_.store(refs_.size(), std::memory_order_relaxed);
     }
     if (last.empty()) return;
     last.clear();  // freed here, outside the lock, on the issuing thread

@@ -15,19 +15,23 @@
 // next issuing thread (sweep), and the references still here at exit are never
 // released (the container is leaked on purpose), so no free runs after it.
 //
-// Cost: nothing is kept when the worker has let go already (the common case);
-// otherwise a Work stays until a later collective is issued. A sweep scans
-// everything kept, so it runs only once the count has doubled since the last
-// one: works that stay held elsewhere for a while (NCCL and send/recv works
-// wait in the ledger for the watchdog's next poll, thousands per tick at
-// NCCL's rate) cost amortised O(1) per collective, not a scan each.
+// Cost: nothing is kept when the worker has let go already; otherwise a Work
+// stays until the next collective is issued, whose sweep frees the oldest kept
+// ones that only this still holds (the worker lets go of its works in the order
+// it completes them) and stops at the first still held elsewhere: the user's
+// tensors are freed a collective later than under the inner backend alone, not
+// a batch of collectives later (before, an FSDP2 job at world 2 under
+// check="off" peaked some 40 MB above plain gloo's). A full scan runs only once
+// the count has doubled since the last one: works that stay held elsewhere for
+// a while (NCCL and send/recv works wait in the ledger for the watchdog's next
+// poll, thousands per tick at NCCL's rate) cost amortised O(1) per collective.
 
 #include <c10/util/intrusive_ptr.h>
 
 #include <atomic>
 #include <cstddef>
+#include <deque>
 #include <mutex>
-#include <vector>
 
 namespace torch_ext {
 
@@ -44,9 +48,16 @@ class WorkRetirement {
   // whose destructor would join the thread it runs on).
   void keep(c10::intrusive_ptr<c10::intrusive_ptr_target> ref);
 
-  // Frees what only this holds any more; cheap when nothing is kept.
+  // Frees, oldest first, what only this holds any more; everything of the kind
+  // once the count has doubled. One relaxed load when nothing is kept.
   void sweep() {
-    if (kept_.load(std::memory_order_relaxed) > sweepAbove_.load(std::memory_order_relaxed)) sweepSlow();
+    const size_t kept = kept_.load(std::memory_order_relaxed);
+    if (kept == 0) return;
+    if (kept > sweepAbove_.load(std::memory_order_relaxed)) {
+      sweepSlow();
+    } else {
+      sweepOldest();
+    }
   }
   // Frees what only this holds any more, whatever the count (shutdown).
   void sweepAll() {
@@ -63,13 +74,14 @@ class WorkRetirement {
 
  private:
   void sweepSlow();
+  void sweepOldest();
 
   static constexpr size_t kMinKept = 16;
   std::mutex mu_;
-  std::vector<c10::intrusive_ptr<c10::intrusive_ptr_target>> refs_;
+  std::deque<c10::intrusive_ptr<c10::intrusive_ptr_target>> refs_;  // oldest first
   std::atomic<size_t> kept_{0};
   // sweep() scans when more than this is kept: twice what the last scan left.
-  std::atomic<size_t> sweepAbove_{0};
+  std::atomic<size_t> sweepAbove_{kMinKept};
   std::atomic<size_t> scans_{0};
 };
 
