@@ -15,8 +15,8 @@
 // wrappers answer as the work they wrap (a carried reduce_scatter has none, a
 // carried all_reduce has one), so they derive from ForwardsFuture and are
 // asked every time. A foreign wrapper that answered per instance would, once
-// remembered, lose nothing but promptness: a work without a future is
-// observed in wait() and the watchdog's poll (GuardWork's Blocking).
+// remembered, be taken for a work without a future, as gloo's reduce_scatter
+// is: observed in wait() and the watchdog's poll (GuardWork's Blocking).
 
 #include <ATen/core/ivalue.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
