@@ -114,9 +114,23 @@ def _launch_once(args: list[str], world_size: int, store: str, deadline: float, 
         logs.append(log)
     watch = set(range(world_size) if wait_for is None else wait_for)
     ended: dict[int, float] = {}
-    # Woken by each process's end (a pidfd becomes readable when it exits).
-    pidfds = {os.pidfd_open(p.pid): r for r, p in enumerate(procs)}
     port_lost = False
+
+    def end(r: int) -> None:
+        nonlocal port_lost
+        ended[r] = time.time()
+        if r == 0 and store == "rank0":
+            logs[0].seek(0)
+            port_lost = lost_store_port(logs[0].read())
+
+    # Woken by each process's end (a pidfd becomes readable when it exits).
+    pidfds = {}
+    for r, p in enumerate(procs):
+        try:
+            pidfds[os.pidfd_open(p.pid)] = r
+        except ProcessLookupError:  # ended and reaped by the warm interpreter already (a CI run)
+            p.wait(timeout=30)
+            end(r)
     try:
         while not watch <= set(ended) and not port_lost:
             remaining = deadline - time.monotonic()
@@ -126,10 +140,7 @@ def _launch_once(args: list[str], world_size: int, store: str, deadline: float, 
             for fd in ready:
                 r = pidfds[fd]
                 if procs[r].poll() is not None:
-                    ended[r] = time.time()
-                    if r == 0 and store == "rank0":
-                        logs[0].seek(0)
-                        port_lost = lost_store_port(logs[0].read())
+                    end(r)
     finally:
         for fd in pidfds:
             os.close(fd)
