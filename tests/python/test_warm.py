@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -90,6 +91,23 @@ def test_a_signal_ends_it_as_it_ends_a_fresh_one_and_wait_has_a_timeout(tmp_path
         p.terminate()
         assert p.wait(timeout=10) == -signal.SIGTERM
         p.kill()  # after the end: no signal reaches a pid the zygote has reaped
+
+
+def test_a_run_past_its_timeout_says_what_it_printed_and_where_each_process_stood(tmp_path):
+    # A hung program's test failure names which of its processes hung, and in what: a child that
+    # the program started (as a DataLoader starts workers) is found by the folder it works in.
+    code = ("import subprocess, sys, time; child = subprocess.Popen(['sleep', '60']); "
+            "print('started', child.pid, flush=True); print('to stderr', file=sys.stderr, flush=True); "
+            "time.sleep(60)")
+    with pytest.raises(_warm.ProgramTimeout) as got:
+        _warm.run(["-c", code], cwd=tmp_path, timeout=5)
+    text = str(got.value)
+    child = re.search(r"started (\d+)", text).group(1)
+    assert "timed out after 5 seconds" in text and "--- its stderr, last 3000 characters:\nto stderr" in text, text
+    program = re.search(rf"pid {child} \(parent (\d+)\) S in \S+: sleep 60", text).group(1)
+    assert re.search(rf"pid {program} \(parent \d+\) S in \S+: \S*python", text), text  # forked: the zygote's line
+    assert "threads: " in text, text
+    os.kill(int(child), signal.SIGKILL)
 
 
 def test_import_time_settings_that_differ_get_an_interpreter_of_their_own():

@@ -361,6 +361,68 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
     return WarmProcess(zygote, pid, args)
 
 
+class ProgramTimeout(subprocess.TimeoutExpired):
+    """:func:`run`'s timeout: its message carries the end of what the program printed and where each of its
+    processes stood when the time ran out (a test's failure then says which process hung, and in what)."""
+
+    def __init__(self, cmd: list[str], timeout: float, output: bytes | None = None, stderr: bytes | None = None, *,
+                 processes: str = "") -> None:
+        super().__init__(cmd, timeout, output, stderr)
+        self.processes = processes
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        for name, data in (("stdout", self.output), ("stderr", self.stderr)):
+            if data:
+                text += f"\n--- its {name}, last 3000 characters:\n" + data.decode(errors="replace")[-3000:]
+        return text + "\n--- its processes when the time ran out:\n" + (self.processes or "(none found)")
+
+
+def _proc(pid: int | str, name: str) -> str:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _stood(path: str) -> str:
+    """``STATE in WCHAN`` of a process or thread, from its /proc directory."""
+    stat = _proc(path, "stat")
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    return f"{state} in {_proc(path, 'wchan') or '?'}"
+
+
+def processes(root: int, cwd: Any = None) -> str:
+    """One line per process of a program: ``root`` and, where ``cwd`` is a folder of the program's own (not this
+    process's), every process working there (forked ranks are the zygote's children, not the program's; a
+    DataLoader's workers are theirs): pid, parent, state and kernel wait, command line, its threads' names and
+    states (Linux /proc; empty elsewhere)."""
+    own = os.path.realpath(os.fspath(cwd)) if cwd is not None else None
+    if own == os.path.realpath(os.getcwd()):
+        own = None
+    lines = []
+    for name in sorted(os.listdir("/proc") if os.path.isdir("/proc") else [], key=lambda n: (len(n), n)):
+        if not name.isdigit():
+            continue
+        try:
+            ours = int(name) == root or (own is not None and os.readlink(f"/proc/{name}/cwd") == own)
+        except OSError:
+            continue
+        if not ours:
+            continue
+        stat = _proc(name, "stat")
+        ppid = stat.rsplit(")", 1)[-1].split()[1] if ")" in stat else "?"
+        command = _proc(name, "cmdline").replace("\0", " ").strip()[:300]
+        threads: dict[str, int] = {}
+        for tid in sorted(os.listdir(f"/proc/{name}/task")) if os.path.isdir(f"/proc/{name}/task") else []:
+            label = f"{_proc(f'{name}/task/{tid}', 'comm').strip()}: {_stood(f'{name}/task/{tid}')}"
+            threads[label] = threads.get(label, 0) + 1
+        listed = ", ".join(f"{label}" + (f" (x{n})" if n > 1 else "") for label, n in threads.items())
+        lines.append(f"pid {name} (parent {ppid}) {_stood(name)}: {command}\n    threads: {listed}")
+    return "\n".join(lines)
+
+
 def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, timeout: float | None = None,
         merge: bool = False, warm_executable: bool = False) -> subprocess.CompletedProcess:
     """``subprocess.run([sys.executable, *args], capture_output=True, text=True, ...)``, warm where it can be;
@@ -381,10 +443,11 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, 
         while open_fds:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
+                stood = processes(proc.pid, cwd)  # before the kill: which process hung, and where
                 proc.kill()
                 proc.wait()
                 outputs = [b"".join(chunks[r]) for r in readers]
-                raise subprocess.TimeoutExpired([sys.executable, *args], timeout, *outputs)
+                raise ProgramTimeout([sys.executable, *args], timeout, *outputs, processes=stood)
             ready, _, _ = select.select(open_fds, [], [], left)
             for fd in ready:
                 data = os.read(fd, 1 << 16)
