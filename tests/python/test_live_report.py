@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,8 +29,8 @@ import torch.distributed as dist
 from harness import ROOT, assert_all_ok, run_ranks, run_script
 
 # No deadline fires while the job is looked at (about 10 s, 30 on a loaded runner): what the report shows
-# is live. The replay of its dumps reaches the hang's verdict at this warn_after (it was 120 s: the
-# replay alone took two minutes).
+# is live. The replay of its dumps looks at 10 s, not at this warn_after (repro caps it: its ranks compute
+# nothing, so the absent ones are as absent then).
 ENV = {"TORCH_EXT_WARN_AFTER": "45", "TORCH_EXT_ABORT_AFTER": "240", "TORCH_EXT_INTERVAL": "0.1"}
 DEADLINE_S = 5.0
 
@@ -228,6 +229,9 @@ def test_live_report_of_a_running_job_from_another_process(tmp_path, store):
         assert replay.returncode == 0, replay.stdout[-6000:] + replay.stderr[-3000:]
         assert "torch_ext replay: the same verdict as the job" in replay.stdout, replay.stdout[-6000:]
         assert "rank 1 has not arrived" in replay.stdout and "rank 2 has not arrived" in replay.stdout
+        assert "Note: warn_after is 10 s here (the job's: 45s)" in open(repro_file).read()
+        took = float(re.search(r"the same verdict as the job \((\d+(?:\.\d+)?) s\)", replay.stdout).group(1))
+        assert took < 45, replay.stdout[-3000:]  # the verdict came at the capped look, not the job's
 
 
 def _plain_job(rank: int, world: int, ctl: str, gone_rank: int) -> dict:

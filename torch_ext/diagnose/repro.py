@@ -41,6 +41,9 @@ _REPLAYED_OPS = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_
 MAX_WORLD = 64
 # A replay that waits for abort_after waits at most this long past warn_after.
 _ABORT_CAP_S = 6.0
+# The longest warn_after a replay waits for (the guard's default): its ranks compute nothing between
+# operations, so a rank that never arrives is as absent at this look as at the job's later one.
+_WARN_CAP_S = 10.0
 _P2P = ("send", "recv", "recv_any_source")
 _SPLITS = re.compile(r"send=\[([\d,]*)\], recv=\[([\d,]*)\]")
 
@@ -136,6 +139,12 @@ def _settings(config: dict[str, str]) -> tuple[dict[str, str], list[str]]:
             value = f"{secs:g}"
         env["TORCH_EXT_" + key.upper()] = value
     warn = _seconds(config.get("warn_after", "10")) or 10.0
+    if warn > _WARN_CAP_S:
+        notes.append(f"warn_after is {_WARN_CAP_S:g} s here (the job's: {config['warn_after']}): the replay's ranks "
+                     "compute nothing between operations, so a rank that never arrives shows at this look as at "
+                     "the job's")
+        warn = _WARN_CAP_S
+        env["TORCH_EXT_WARN_AFTER"] = f"{warn:g}"
     abort = _seconds(config.get("abort_after", ""))
     if abort is None or abort > warn + _ABORT_CAP_S:
         capped = warn + _ABORT_CAP_S
