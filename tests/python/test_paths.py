@@ -167,6 +167,32 @@ def test_a_size_mismatch_that_gloo_would_terminate_a_rank_for_ends_typed_on_ever
             assert f"all_gather_into_tensor(float32[{n}])  at size_mismatch_job.py:26" in rec["message"], rec["message"]
 
 
+def _terminate_without_an_exception(rank: int, world: int) -> dict:
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(1))
+    if rank == 1:  # as a std::thread destroyed while joinable does: std::terminate with nothing in flight
+        ctypes.CDLL("libstdc++.so.6")._ZSt9terminatev()
+    return {}
+
+
+def test_a_terminate_with_no_exception_says_on_which_thread_and_where():
+    # Nothing names the cause of such an end (the C++ runtime says only "terminate called without an
+    # active exception"), so the guard's words carry the thread and its native stack.
+    results = run_ranks(_terminate_without_an_exception, 2, store="parent", timeout=60, check=False, env=DEFAULTS)
+    out = results[1].log
+    assert results[1].exitcode == -6, out  # SIGABRT: the handler hands over to the runtime's, which aborts
+    assert "is being terminated by an exception nobody caught" in out, out
+    assert 'std::terminate was called with no exception in flight (a std::thread destroyed while still joinable, ' \
+           'or a direct call), on thread "' in out, out
+    stack = out.split("names a frame):", 1)[1].split(" Pending here:")[0].splitlines()
+    assert "/_C." in stack[1] and "libstdc++" in stack[2], out  # the handler, then std::terminate
+    assert any("_ctypes" in line for line in stack), out  # the caller: the job's ctypes call
+
+
 def test_with_the_check_off_the_rank_gloo_terminates_says_why(tmp_path):
     # No check could report it, so the process ends as gloo has it, after
     # torch_ext's words on its stderr: a collective mismatch, and which one.

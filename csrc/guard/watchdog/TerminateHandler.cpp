@@ -8,12 +8,15 @@
 #include "guard/store/StoreKeys.h"
 #include "guard/watchdog/Watchdog.h"
 
+#include <execinfo.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -106,6 +109,24 @@ std::string describePending() {
   return os.str();
 }
 
+// std::terminate with no exception in flight: a std::thread destroyed while still joinable, or a
+// direct call. Nothing else says where, so the terminating thread's name and native stack do
+// (library and offset per frame: the extension's own symbols are hidden, addr2line names them).
+std::string noExceptionStack() {
+  std::ostringstream os;
+  char name[32] = "?";
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  os << "\n  std::terminate was called with no exception in flight (a std::thread destroyed while still "
+        "joinable, or a direct call), on thread \""
+     << name << "\"; its native stack (addr2line -f -C -e LIBRARY +OFFSET names a frame):";
+  void* frames[48];
+  const int n = backtrace(frames, 48);
+  char** symbols = backtrace_symbols(frames, n);
+  for (int i = 0; i < n; ++i) os << "\n    " << (symbols != nullptr ? symbols[i] : "?");
+  free(symbols);  // NOLINT: backtrace_symbols' one malloc'd block
+  return os.str();
+}
+
 // Each returns only where the process is to end as before.
 void parkTransportThread(const std::string& what);
 void parkAfterFailure();
@@ -114,6 +135,7 @@ void parkAfterFailure();
 // lingering for peers), each step bounded; it runs once and must be read as one.
 [[noreturn]] void onTerminate() {
   std::string what;
+  const bool hadException = std::current_exception() != nullptr;
   if (auto e = std::current_exception()) {
     try {
       std::rethrow_exception(e);
@@ -188,6 +210,7 @@ void parkAfterFailure();
               "before any data moves, so that no process dies)";
       }
       os << ".";
+      if (!hadException) os << noExceptionStack();
       if (!box->done) {
         os << "\n  (its pending collectives could not be read within 1 s)";
       } else if (!box->pending.empty()) {
