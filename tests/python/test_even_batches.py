@@ -346,7 +346,9 @@ _WORKERS_SCRIPT = textwrap.dedent(
 def test_dataloader_workers_shut_down_cleanly(tmp_path, policy):
     script = tmp_path / "workers.py"
     script.write_text(_WORKERS_SCRIPT)
-    proc = run_script([str(script), policy], tmp_path, timeout=120, nproc=2)
+    # PYTHONFAULTHANDLER: should it hang (twice under "join" in 2026-12-07's local full passes: one rank's
+    # second DataLoader worker alone in a futex from its start), the timeout shows every process's stack.
+    proc = run_script([str(script), policy], tmp_path, timeout=120, nproc=2, PYTHONFAULTHANDLER="1")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "exited unexpectedly" not in out, out

@@ -103,11 +103,16 @@ def test_a_run_past_its_timeout_says_what_it_printed_and_where_each_process_stoo
         _warm.run(["-c", code], cwd=tmp_path, timeout=5)
     text = str(got.value)
     child = re.search(r"started (\d+)", text).group(1)
-    assert "timed out after 5 seconds" in text and "--- its stderr, last 3000 characters:\nto stderr" in text, text
+    assert "timed out after 5 seconds" in text and "--- its stderr, last 8000 characters:\nto stderr" in text, text
     program = re.search(rf"pid {child} \(parent (\d+)\) S in \S+: sleep 60", text).group(1)
     assert re.search(rf"pid {program} \(parent \d+\) S in \S+: \S*python", text), text  # forked: the zygote's line
     assert "threads: " in text, text
     os.kill(int(child), signal.SIGKILL)
+    # With faulthandler on, each of its processes is asked for its Python stacks before the kill.
+    code = "import time\ndef _hang_here():\n    time.sleep(60)\n_hang_here()\n"
+    with pytest.raises(_warm.ProgramTimeout) as got:
+        _warm.run(["-c", code], cwd=tmp_path, timeout=5, env=dict(os.environ, PYTHONFAULTHANDLER="1"))
+    assert "Fatal Python error: Aborted" in str(got.value) and 'line 3 in _hang_here' in str(got.value), got.value
 
 
 def test_import_time_settings_that_differ_get_an_interpreter_of_their_own():

@@ -363,7 +363,8 @@ def popen(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None
 
 class ProgramTimeout(subprocess.TimeoutExpired):
     """:func:`run`'s timeout: its message carries the end of what the program printed and where each of its
-    processes stood when the time ran out (a test's failure then says which process hung, and in what)."""
+    processes stood when the time ran out (a test's failure then says which process hung, and in what). Run
+    with PYTHONFAULTHANDLER set, its processes were sent SIGABRT first: their Python stacks are in the output."""
 
     def __init__(self, cmd: list[str], timeout: float, output: bytes | None = None, stderr: bytes | None = None, *,
                  processes: str = "") -> None:
@@ -374,7 +375,7 @@ class ProgramTimeout(subprocess.TimeoutExpired):
         text = super().__str__()
         for name, data in (("stdout", self.output), ("stderr", self.stderr)):
             if data:
-                text += f"\n--- its {name}, last 3000 characters:\n" + data.decode(errors="replace")[-3000:]
+                text += f"\n--- its {name}, last 8000 characters:\n" + data.decode(errors="replace")[-8000:]
         return text + "\n--- its processes when the time ran out:\n" + (self.processes or "(none found)")
 
 
@@ -393,24 +394,51 @@ def _stood(path: str) -> str:
     return f"{state} in {_proc(path, 'wchan') or '?'}"
 
 
-def processes(root: int, cwd: Any = None) -> str:
-    """One line per process of a program: ``root`` and, where ``cwd`` is a folder of the program's own (not this
-    process's), every process working there (forked ranks are the zygote's children, not the program's; a
-    DataLoader's workers are theirs): pid, parent, state and kernel wait, command line, its threads' names and
-    states (Linux /proc; empty elsewhere)."""
+def _read(open_fds: list[int], chunks: dict[int, list[bytes]], end: float | None) -> None:
+    """Reads the pipes in ``open_fds`` into ``chunks`` until each is at its end (removed) or ``end`` passes."""
+    while open_fds:
+        left = None if end is None else end - time.monotonic()
+        if left is not None and left <= 0:
+            return
+        ready, _, _ = select.select(open_fds, [], [], left)
+        for fd in ready:
+            data = os.read(fd, 1 << 16)
+            if data:
+                chunks[fd].append(data)
+            else:
+                open_fds.remove(fd)
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass  # ended meanwhile
+
+
+def _program_pids(root: int, cwd: Any = None) -> list[int]:
+    """``root`` and, where ``cwd`` is a folder of the program's own (not this process's), every process working
+    there: forked ranks are the zygote's children, not the program's; a DataLoader's workers are theirs."""
     own = os.path.realpath(os.fspath(cwd)) if cwd is not None else None
     if own == os.path.realpath(os.getcwd()):
         own = None
-    lines = []
-    for name in sorted(os.listdir("/proc") if os.path.isdir("/proc") else [], key=lambda n: (len(n), n)):
-        if not name.isdigit():
-            continue
+    pids = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
         try:
-            ours = int(name) == root or (own is not None and os.readlink(f"/proc/{name}/cwd") == own)
+            if name.isdigit() and (int(name) == root or (own is not None and os.readlink(f"/proc/{name}/cwd") == own)):
+                pids.append(int(name))
         except OSError:
             continue
-        if not ours:
-            continue
+    return sorted(pids)
+
+
+def processes(root: int, cwd: Any = None) -> str:
+    """One line per process of a program (:func:`_program_pids`): pid, parent, state and kernel wait, command
+    line, its threads' names and states (Linux /proc; empty elsewhere)."""
+    lines = []
+    for pid in _program_pids(root, cwd):
+        name = str(pid)
         stat = _proc(name, "stat")
         ppid = stat.rsplit(")", 1)[-1].split()[1] if ")" in stat else "?"
         command = _proc(name, "cmdline").replace("\0", " ").strip()[:300]
@@ -440,21 +468,18 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, 
     open_fds = list(readers)
     end = None if timeout is None else time.monotonic() + timeout
     try:
-        while open_fds:
-            left = None if end is None else end - time.monotonic()
-            if left is not None and left <= 0:
-                stood = processes(proc.pid, cwd)  # before the kill: which process hung, and where
-                proc.kill()
-                proc.wait()
-                outputs = [b"".join(chunks[r]) for r in readers]
-                raise ProgramTimeout([sys.executable, *args], timeout, *outputs, processes=stood)
-            ready, _, _ = select.select(open_fds, [], [], left)
-            for fd in ready:
-                data = os.read(fd, 1 << 16)
-                if data:
-                    chunks[fd].append(data)
-                else:
-                    open_fds.remove(fd)
+        _read(open_fds, chunks, end)
+        if open_fds:  # the time ran out
+            pids = _program_pids(proc.pid, cwd)
+            stood = processes(proc.pid, cwd)  # before the kill: which process hung, and where
+            if (env or os.environ).get("PYTHONFAULTHANDLER"):
+                # Its processes dump their Python threads' stacks on SIGABRT (faulthandler) into the output.
+                _signal_all(pids, 6)
+                _read(open_fds, chunks, time.monotonic() + 5.0)
+            proc.kill()
+            proc.wait()
+            outputs = [b"".join(chunks[r]) for r in readers]
+            raise ProgramTimeout([sys.executable, *args], timeout, *outputs, processes=stood)
         left = None if end is None else max(0.0, end - time.monotonic())
         try:
             code = proc.wait(timeout=left)
