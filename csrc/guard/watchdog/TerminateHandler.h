@@ -17,7 +17,9 @@
 //  - writes to stderr, ahead of the C++ runtime's own "terminate called after
 //    throwing ..." text, that torch_ext sees this process being terminated,
 //    with its pending collectives and their call sites, and what a byte-count
-//    difference means (a collective mismatch);
+//    difference means (a collective mismatch); with no exception in flight (a
+//    std::thread destroyed while joinable, a direct call), the terminating
+//    thread's name and native stack, which nothing else would show;
 //  - publishes, per group, this rank's snapshot (its ledger window) under
 //    keys::lastWords(rank), so the other ranks' mismatch report describes this
 //    rank's call instead of "did not answer";
