@@ -50,6 +50,7 @@ import pickle
 import re
 import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -308,13 +309,9 @@ class WarmProcess:
             os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGTERM)
 
 
@@ -474,7 +471,7 @@ def run(args: list[str], *, env: dict[str, str] | None = None, cwd: Any = None, 
             stood = processes(proc.pid, cwd)  # before the kill: which process hung, and where
             if (env or os.environ).get("PYTHONFAULTHANDLER"):
                 # Its processes dump their Python threads' stacks on SIGABRT (faulthandler) into the output.
-                _signal_all(pids, 6)
+                _signal_all(pids, signal.SIGABRT)
                 _read(open_fds, chunks, time.monotonic() + 5.0)
             proc.kill()
             proc.wait()
