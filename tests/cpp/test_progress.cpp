@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <ctime>
 #include <string>
 #include <thread>
 
@@ -97,6 +98,26 @@ TEST(Progress, ThisProcesssMainThreadIsSeenRunning) {
   // It ran a good share of the window, far above the 5% that counts as busy; not most of it: CI runs
   // this suite at idle priority beside the Python tests, where the spin got half a core (0.50 s of 1.00 s).
   EXPECT_GT(f.cpuNs, f.windowNs / 10);
+}
+
+TEST(Progress, TheMainThreadsCpuIsReadToTheNanosecondNotTheClockTick) {
+  // A clock-tick reading (10 ms) moves by 0 or 10 ms over 1 ms of CPU; one tick in a 200 ms window is
+  // the 5% that counts as busy, so a blocked main thread could read busy.
+  ProgressSampler p;
+  p.sample(steadyNs());
+  timespec t0{}, t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  const auto cpu = [](const timespec& a) { return int64_t{a.tv_sec} * kSec + a.tv_nsec; };
+  volatile uint64_t x = 0;
+  do {
+    for (int i = 0; i < 1000; ++i) x = x + i;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  } while (cpu(t) - cpu(t0) < 1'000'000);
+  p.sample(steadyNs());
+  const ProgressFacts f = p.facts(steadyNs());
+  ASSERT_TRUE(f.known);
+  EXPECT_GE(f.cpuNs, 900'000);  // the spin's 1 ms, give or take the reads around it
+  EXPECT_LT(f.cpuNs, 5'000'000);
 }
 
 }  // namespace test_progress

@@ -2,7 +2,7 @@
 
 // ProgressSampler: this process's progress over its last seconds (issue 68:
 // busy is not hung), sampled by the watchdog thread on its ticks: the CPU
-// time of the main thread (Linux: /proc/self/task/<pid>/stat, the thread whose
+// time of the main thread (Linux: /proc/self/task/<pid>/schedstat, to the ns, or stat in clock ticks; the thread whose
 // id is the process's) and the storage bytes the process read and wrote
 // (/proc/self/task/<pid>/io: the main thread's own, so the guard's dump writes
 // and code pages other threads fault in are not counted). A snapshot carries what it says (report/Progress.h), so a
