@@ -231,6 +231,52 @@ def test_a_one_element_reduction_between_two_ranks_carried_in_a_word_is_gloos():
         assert v["carried"] >= v["issued"], v  # each was carried (verified in band), not sent to rounds
 
 
+# One float32 operand per rank for the picks below: both zeros, NaNs of both signs with distinct payloads
+# (a signalling one too), infinities, and numbers. Which operand gloo keeps shows in the bits.
+_PICK_BITS = [0x00000000, 0x80000000, 0x7FC00001, 0xFFC00002, 0x7F800003, 0x3F800000, 0xBF800000, 0x7F800000,
+              0xFF800000, 0x40200000]
+
+
+def _one_element_picks(rank: int, world: int, combos: int) -> dict:
+    """A one-element MAX and MIN of float32 and int32 on plain gloo and through guard, every combination of the
+    operands above (or `combos` of them, drawn alike on every rank): bits, and how many carried their check."""
+    import random
+
+    plain = dist.new_group(backend="gloo")
+    guard = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(inner="cpu:gloo", check="verify"))
+    before = torch_ext.group_state(guard)["verifier"]["in_band"]
+    every = list(itertools.product(range(len(_PICK_BITS)), repeat=world))
+    picked = every if combos >= len(every) else random.Random(world).sample(every, combos)
+    differ, issued = [], 0
+    for combo in picked:
+        bits = _PICK_BITS[combo[rank]]
+        for dtype, op_name in itertools.product((torch.float32, torch.int32), ("max", "min")):
+            x = torch.tensor([bits - (1 << 32) if bits >= 1 << 31 else bits], dtype=torch.int32).view(dtype)
+            a, b = x.clone(), x.clone()
+            dist.all_reduce(a, op=OPS[op_name], group=plain)
+            dist.all_reduce(b, op=OPS[op_name], group=guard)
+            issued += 1
+            if not torch.equal(_bits(a), _bits(b)):
+                differ.append(f"{dtype} {op_name} {[hex(_PICK_BITS[i]) for i in combo]}: gloo {hex(_bits(a).item())}, "
+                              f"guard {hex(_bits(b).item())}")
+    return {"differ": differ, "issued": issued,
+            "carried": torch_ext.group_state(guard)["verifier"]["in_band"] - before}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world,combos", [(3, 1000), (4, 300)])
+def test_a_one_element_max_or_min_among_more_ranks_carried_as_keys_is_gloos(world, combos):
+    # Among three or more ranks a one-element MAX/MIN of float32 or int32 (an early-stop flag) travels as
+    # keys inside two int64 words (KeyedPick): gloo keeps the lowest rank's of two equal operands (0 and -0)
+    # and drops a NaN, and what follows it in the ring, unless rank 0 holds it. Every combination at
+    # world 3 (NaNs ahead of the largest number too: there the ranks exchange their elements), a draw at 4.
+    values = assert_all_ok(run_ranks(_one_element_picks, world, combos, backend="gloo", timeout=240))
+    for rank, v in enumerate(values):
+        assert not v["differ"], f"rank {rank}: {len(v['differ'])} of {v['issued']} differ:\n" + \
+            "\n".join(v["differ"][:20])
+        assert v["carried"] >= v["issued"], v  # each was carried (verified in band), not sent to rounds
+
+
 def _fsdp2_steps(rank: int, world: int, steps: int) -> dict:
     """The same FSDP2 training on a plain gloo group and on a guard group (the default check), from the same
     weights and data: every parameter's bits after `steps` steps, and how many collectives carried their check."""

@@ -202,6 +202,17 @@ def test_a_ring_carried_float_all_reduce_among_three_ranks_against_another_fails
     _fails_every_rank_typed(tmp_path, kind, calls, 3)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("kind,calls", [
+    ("flagop", ("all_reduce(float32[1], MAX)", "all_reduce(float32[1], MIN)")),  # the same two keyed words
+    ("flagdtype", ("all_reduce(float32[1], MAX)", "all_reduce(int32[1], MAX)")),
+])
+def test_a_keyed_flag_among_three_ranks_against_another_fails_every_rank_typed(tmp_path, kind, calls):
+    # A one-element MAX/MIN travels as keys inside two int64 words (KeyedPick): a MIN, or an int32, sends
+    # gloo the same bytes; the check bits in the words tell, and no rank reads the mixed keys.
+    _fails_every_rank_typed(tmp_path, kind, calls, 3)
+
+
 def _fails_every_rank_typed(tmp_path, kind: str, calls: tuple[str, str], world: int) -> None:
     results, records, text = _launch(tmp_path, kind, world)
     assert len(results) == world, text

@@ -22,6 +22,8 @@ the guard's default settings. Rank 1 is the odd one out at collective #4+:
   onecount float32[1] against float32[2] (int64 at more than two ranks)
   onedtype float32[1] against float64[1] (int32 against int64 at more than two ranks)
   oneop    float32[1] SUM against int32[1] MAX (at two ranks both packed in one int64)
+  flagop   float32[1] MAX against float32[1] MIN (at three ranks and more both keyed, the same two int64 words)
+  flagdtype float32[1] MAX against int32[1] MAX (keyed alike)
   gather   all_gather_into_tensor of float32[4] against float32[6]
   scatter  reduce_scatter_tensor of int64 SUM against MAX
 Each rank writes OUT/rank<r>.json: what it read, or the error it raised.
@@ -163,6 +165,12 @@ try:
     elif kind == "oneop":
         a = torch.ones(1, dtype=torch.int32 if odd else torch.float32)
         dist.all_reduce(a, op=dist.ReduceOp.MAX if odd else dist.ReduceOp.SUM)
+    elif kind == "flagop":
+        a = torch.full((1,), float(rank))
+        dist.all_reduce(a, op=dist.ReduceOp.MIN if odd else dist.ReduceOp.MAX)
+    elif kind == "flagdtype":
+        a = torch.full((1,), rank, dtype=torch.int32 if odd else torch.float32)
+        dist.all_reduce(a, op=dist.ReduceOp.MAX)
     elif kind == "gather":
         a = torch.ones(6 if odd else 4)
         dist.all_gather_into_tensor(torch.zeros(a.numel() * 2), a)

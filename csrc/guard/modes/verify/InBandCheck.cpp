@@ -258,7 +258,7 @@ bool InBandCheck::carriesReduceScatter(const at::Tensor& output, const at::Tenso
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                      int worldSize, Verdict verdict) {
+                                                      int worldSize, Verdict verdict, Exchange exchange) {
   at::Tensor user = tensors[0];
   // Between two ranks on gloo, an exchange carried by summed words; else one
   // element summed beside a word, the ring's cheap path; else the words.
@@ -267,6 +267,11 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   }
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
+  }
+  if (exchange) {
+    if (std::optional<KeyedPick> keyed = keyedPick(tensors, opts.reduceOp, worldSize, inner)) {
+      return keyedAllreduce(inner, user, opts, rolling, *keyed, std::move(verdict), std::move(exchange));
+    }
   }
   if (std::optional<RingCarry> ring = ringCarry(tensors, opts.reduceOp, worldSize, inner)) {
     at::Tensor buffer = at::empty({ring->length()}, user.options());
@@ -329,6 +334,40 @@ std::optional<RingCarry> InBandCheck::ringCarry(const std::vector<at::Tensor>& t
     return std::nullopt;
   }
   return RingCarry::plan(tensors[0].numel(), tensors[0].scalar_type(), op, worldSize);
+}
+
+std::optional<KeyedPick> InBandCheck::keyedPick(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                                int worldSize, const c10d::Backend& inner) {
+  // The order of gloo's ring (KeyedPick.h): gloo's only.
+  if (tensors.size() != 1 || !denseCpu(tensors[0]) || tensors[0].numel() != 1 || inner.getBackendName() != "gloo") {
+    return std::nullopt;
+  }
+  return KeyedPick::plan(tensors[0].scalar_type(), op, worldSize);
+}
+
+c10::intrusive_ptr<c10d::Work> InBandCheck::keyedAllreduce(c10d::Backend& inner, at::Tensor user,
+                                                           const c10d::AllreduceOptions& opts, uint64_t rolling,
+                                                           const KeyedPick& plan, Verdict verdict, Exchange exchange) {
+  uint32_t mine = 0;
+  std::memcpy(&mine, user.data_ptr(), sizeof mine);
+  const KeyedPick::Words own = plan.words(mine, inner.getRank(), rolling);
+  at::Tensor carried = at::empty({2}, user.options().dtype(at::kLong));
+  std::memcpy(carried.data_ptr(), own.data(), sizeof own);
+  c10d::AllreduceOptions max = opts;
+  max.reduceOp = c10d::ReduceOp::MAX;  // an integer MAX of the keys, whatever the user's op
+  std::vector<at::Tensor> words{carried};
+  return finishing(
+      c10d::OpType::ALLREDUCE, inner.allreduce(words, max), user,
+      [carried, user, rolling, mine, plan, exchange = std::move(exchange)] {
+        KeyedPick::Words reduced{};
+        std::memcpy(reduced.data(), carried.data_ptr(), sizeof reduced);
+        if (!plan.agree(reduced, rolling)) return false;  // the rounds report it; nothing is released
+        std::optional<uint32_t> bits = plan.result(reduced);
+        if (!bits) bits = plan.fold(exchange(mine));  // a NaN ahead of the largest number: every rank's element
+        std::memcpy(user.data_ptr(), &*bits, sizeof *bits);
+        return true;
+      },
+      std::move(verdict));
 }
 
 bool InBandCheck::compact(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op, int worldSize) {
@@ -529,6 +568,7 @@ bool InBandCheck::carries(const InBandRequest& r, const c10d::Backend& inner, in
     case InBandRequest::Kind::AllReduce:
       return InBandCheck::exchanges(*r.tensors, r.allreduce->reduceOp, worldSize, inner) ||
              InBandCheck::compact(*r.tensors, r.allreduce->reduceOp, worldSize) ||
+             InBandCheck::keyedPick(*r.tensors, r.allreduce->reduceOp, worldSize, inner).has_value() ||
              InBandCheck::ringCarry(*r.tensors, r.allreduce->reduceOp, worldSize, inner).has_value() ||
              InBandCheck::words(*r.tensors, r.allreduce->reduceOp, worldSize) > 0;
     case InBandRequest::Kind::AllGather:
@@ -541,10 +581,11 @@ bool InBandCheck::carries(const InBandRequest& r, const c10d::Backend& inner, in
 }
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
-                                                  int worldSize, Verdict verdict) {
+                                                  int worldSize, Verdict verdict, Exchange exchange) {
   switch (r.kind) {
     case InBandRequest::Kind::AllReduce:
-      return InBandCheck::allreduce(inner, *r.tensors, *r.allreduce, rolling, worldSize, std::move(verdict));
+      return InBandCheck::allreduce(inner, *r.tensors, *r.allreduce, rolling, worldSize, std::move(verdict),
+                                    std::move(exchange));
     case InBandRequest::Kind::AllGather:
       return InBandCheck::allgather(inner, *r.output, *r.input, *r.allgather, rolling, worldSize, std::move(verdict));
     case InBandRequest::Kind::ReduceScatter:

@@ -51,6 +51,7 @@
 //    wait for a round).
 
 #include "guard/collective/InBandRequest.h"
+#include "guard/modes/verify/KeyedPick.h"
 #include "guard/modes/verify/RingCarry.h"
 
 #include <ATen/core/Tensor.h>
@@ -95,13 +96,17 @@ class InBandCheck {
   // first callback (without a future: in the wait() or isCompleted() that
   // sees it done, before it returns); an inner failure is its failure.
   using Verdict = std::function<void(bool)>;
+  // Every rank's 32-bit element of this collective, in group rank order, from
+  // this rank's `mine`: where a KeyedPick's words cannot tell gloo's result
+  // (KeyedPick.h). Every rank calls it for the same collective, or none does.
+  using Exchange = std::function<std::vector<uint32_t>(uint32_t mine)>;
   // Whether the collective `r` describes carries its check, and issuing it so.
   static bool carries(const InBandRequest& r, const c10d::Backend& inner, int worldSize);
   static c10::intrusive_ptr<c10d::Work> issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
-                                              int worldSize, Verdict verdict);
+                                              int worldSize, Verdict verdict, Exchange exchange);
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,
-                                                  Verdict verdict);
+                                                  Verdict verdict, Exchange exchange = nullptr);
   static c10::intrusive_ptr<c10d::Work> allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
                                                   const c10d::AllgatherOptions& opts, uint64_t rolling, int worldSize,
                                                   Verdict verdict);
@@ -140,6 +145,12 @@ class InBandCheck {
   // element in its chunk, and so its result bit for bit (RingCarry.h).
   static std::optional<RingCarry> ringCarry(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
                                             int worldSize, const c10d::Backend& inner);
+  // Among three or more ranks on gloo, a one-element MAX or MIN of float32 or
+  // int32 (an early-stop flag) travels inside two int64 words, as keys behind
+  // the check (KeyedPick.h): the ring's two-element path, where RingCarry's
+  // pair beside the element needs a second chunk.
+  static std::optional<KeyedPick> keyedPick(const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& op,
+                                            int worldSize, const c10d::Backend& inner);
   // On gloo, a reduce_scatter_tensor (FSDP2's gradients, floating ones too)
   // is carried as the all_reduce gloo makes of it, in RingCarry's layout.
   static std::optional<RingCarry> ringScatter(const at::Tensor& output, const at::Tensor& input,
@@ -168,6 +179,9 @@ class InBandCheck {
   // into the user's output (allgather() in the .cpp).
   static c10::intrusive_ptr<c10d::Work> gatherBeside(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
                                                      uint64_t rolling, int worldSize, Verdict verdict);
+  static c10::intrusive_ptr<c10d::Work> keyedAllreduce(c10d::Backend& inner, at::Tensor user,
+                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
+                                                       const KeyedPick& plan, Verdict verdict, Exchange exchange);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);

@@ -52,6 +52,8 @@ class VerifyMode : public Mode {
   GroupState& st_;                      // the group, which owns this mode
   std::shared_ptr<Verifier> verifier_;  // null: nothing to check (world size 1, no helper)
   std::unique_ptr<P2PPairing> pairing_;
+  // The helper group, for the rare exchange a KeyedPick needs (InBandCheck::Exchange).
+  c10::weak_intrusive_ptr<c10d::Backend> helper_{c10::intrusive_ptr<c10d::Backend>()};
 };
 
 }  // namespace torch_ext
