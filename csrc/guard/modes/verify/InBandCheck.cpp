@@ -258,7 +258,7 @@ bool InBandCheck::carriesReduceScatter(const at::Tensor& output, const at::Tenso
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                      int worldSize, Verdict verdict, Exchange exchange) {
+                                                      int worldSize, Verdict verdict, const Reading& reading) {
   at::Tensor user = tensors[0];
   // Between two ranks on gloo, an exchange carried by summed words; else one
   // element summed beside a word, the ring's cheap path; else the words.
@@ -268,9 +268,9 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::allreduce(c10d::Backend& inner, std:
   if (compact(tensors, opts.reduceOp, worldSize)) {
     return compactAllreduce(inner, user, opts, rolling, worldSize, std::move(verdict));
   }
-  if (exchange) {
+  if (reading.exchange) {
     if (std::optional<KeyedPick> keyed = keyedPick(tensors, opts.reduceOp, worldSize, inner)) {
-      return keyedAllreduce(inner, user, opts, rolling, *keyed, std::move(verdict), std::move(exchange));
+      return keyedAllreduce(inner, user, opts, rolling, *keyed, std::move(verdict), reading);
     }
   }
   if (std::optional<RingCarry> ring = ringCarry(tensors, opts.reduceOp, worldSize, inner)) {
@@ -347,7 +347,8 @@ std::optional<KeyedPick> InBandCheck::keyedPick(const std::vector<at::Tensor>& t
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::keyedAllreduce(c10d::Backend& inner, at::Tensor user,
                                                            const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                           const KeyedPick& plan, Verdict verdict, Exchange exchange) {
+                                                           const KeyedPick& plan, Verdict verdict,
+                                                           const Reading& reading) {
   uint32_t mine = 0;
   std::memcpy(&mine, user.data_ptr(), sizeof mine);
   const KeyedPick::Words own = plan.words(mine, inner.getRank(), rolling);
@@ -358,12 +359,12 @@ c10::intrusive_ptr<c10d::Work> InBandCheck::keyedAllreduce(c10d::Backend& inner,
   std::vector<at::Tensor> words{carried};
   return finishing(
       c10d::OpType::ALLREDUCE, inner.allreduce(words, max), user,
-      [carried, user, rolling, mine, plan, exchange = std::move(exchange)] {
+      [carried, user, rolling, mine, plan, reading] {
         KeyedPick::Words reduced{};
         std::memcpy(reduced.data(), carried.data_ptr(), sizeof reduced);
         if (!plan.agree(reduced, rolling)) return false;  // the rounds report it; nothing is released
         std::optional<uint32_t> bits = plan.result(reduced);
-        if (!bits) bits = plan.fold(exchange(mine));  // a NaN ahead of the largest number: every rank's element
+        if (!bits) bits = plan.fold((*reading.exchange)(mine, reading.seq));  // a NaN ahead of the largest number
         std::memcpy(user.data_ptr(), &*bits, sizeof *bits);
         return true;
       },
@@ -581,11 +582,10 @@ bool InBandCheck::carries(const InBandRequest& r, const c10d::Backend& inner, in
 }
 
 c10::intrusive_ptr<c10d::Work> InBandCheck::issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
-                                                  int worldSize, Verdict verdict, Exchange exchange) {
+                                                  int worldSize, Verdict verdict, const Reading& reading) {
   switch (r.kind) {
     case InBandRequest::Kind::AllReduce:
-      return InBandCheck::allreduce(inner, *r.tensors, *r.allreduce, rolling, worldSize, std::move(verdict),
-                                    std::move(exchange));
+      return InBandCheck::allreduce(inner, *r.tensors, *r.allreduce, rolling, worldSize, std::move(verdict), reading);
     case InBandRequest::Kind::AllGather:
       return InBandCheck::allgather(inner, *r.output, *r.input, *r.allgather, rolling, worldSize, std::move(verdict));
     case InBandRequest::Kind::ReduceScatter:

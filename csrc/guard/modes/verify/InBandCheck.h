@@ -60,10 +60,24 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
 namespace torch_ext {
+
+// Every rank's 32-bit element of collective #seq, in group rank order, from
+// this rank's `mine`: where a KeyedPick's words cannot tell gloo's result
+// (KeyedPick.h). Every rank calls it for the same collective, or none does.
+// One per group (the caller's), shared by the collectives that may need it.
+using InBandExchange = std::function<std::vector<uint32_t>(uint32_t mine, uint64_t seq)>;
+
+// What a carried collective may need beyond its verdict: the group's exchange
+// (none: no KeyedPick), and its seq.
+struct InBandReading {
+  std::shared_ptr<const InBandExchange> exchange;
+  uint64_t seq = 0;
+};
 
 class InBandCheck {
  public:
@@ -96,17 +110,15 @@ class InBandCheck {
   // first callback (without a future: in the wait() or isCompleted() that
   // sees it done, before it returns); an inner failure is its failure.
   using Verdict = std::function<void(bool)>;
-  // Every rank's 32-bit element of this collective, in group rank order, from
-  // this rank's `mine`: where a KeyedPick's words cannot tell gloo's result
-  // (KeyedPick.h). Every rank calls it for the same collective, or none does.
-  using Exchange = std::function<std::vector<uint32_t>(uint32_t mine)>;
+  using Exchange = InBandExchange;
+  using Reading = InBandReading;
   // Whether the collective `r` describes carries its check, and issuing it so.
   static bool carries(const InBandRequest& r, const c10d::Backend& inner, int worldSize);
   static c10::intrusive_ptr<c10d::Work> issue(const InBandRequest& r, c10d::Backend& inner, uint64_t rolling,
-                                              int worldSize, Verdict verdict, Exchange exchange);
+                                              int worldSize, Verdict verdict, const Reading& reading);
   static c10::intrusive_ptr<c10d::Work> allreduce(c10d::Backend& inner, std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts, uint64_t rolling, int worldSize,
-                                                  Verdict verdict, Exchange exchange = nullptr);
+                                                  Verdict verdict, const Reading& reading = Reading());
   static c10::intrusive_ptr<c10d::Work> allgather(c10d::Backend& inner, at::Tensor& output, at::Tensor& input,
                                                   const c10d::AllgatherOptions& opts, uint64_t rolling, int worldSize,
                                                   Verdict verdict);
@@ -181,7 +193,7 @@ class InBandCheck {
                                                      uint64_t rolling, int worldSize, Verdict verdict);
   static c10::intrusive_ptr<c10d::Work> keyedAllreduce(c10d::Backend& inner, at::Tensor user,
                                                        const c10d::AllreduceOptions& opts, uint64_t rolling,
-                                                       const KeyedPick& plan, Verdict verdict, Exchange exchange);
+                                                       const KeyedPick& plan, Verdict verdict, const Reading& reading);
   static c10::intrusive_ptr<c10d::Work> compactAllreduce(c10d::Backend& inner, at::Tensor user,
                                                          const c10d::AllreduceOptions& opts, uint64_t rolling,
                                                          int worldSize, Verdict verdict);

@@ -129,6 +129,39 @@ void Verifier::issued(uint64_t seq, uint64_t rolling, uint64_t hash, uint64_t sp
   if (start) maybeStartRound();
 }
 
+std::vector<uint32_t> Verifier::exchange(uint32_t mine, uint64_t seq) {
+  c10::intrusive_ptr<c10d::Backend> helper;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    helper = helper_;
+  }
+  auto st = state_.lock();
+  TORCH_CHECK(helper && st, "torch_ext: collective #", seq, " could not be read: its group is shut down");
+  const int me = helper->getRank();
+  const int tag = kExchangeTags | static_cast<int>(seq & 0xFFFFFF);
+  at::Tensor own = at::full({1}, static_cast<int64_t>(mine), at::kLong);
+  at::Tensor from = at::empty({size_}, at::kLong);
+  try {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (int p = 0; p < size_; ++p) {
+      if (p == me) continue;
+      std::vector<at::Tensor> out{own};
+      works.push_back(helper->send(out, p, tag));
+      std::vector<at::Tensor> in{from.narrow(0, p, 1)};
+      works.push_back(helper->recv(in, p, tag));
+    }
+    for (auto& w : works) w->wait(kExchangeWithin);
+  } catch (const std::exception& e) {
+    if (st->failed()) st->throwFailure("all_reduce");  // a peer gone: the group's report says so
+    TORCH_CHECK(false, "torch_ext: collective #", seq, " (a one-element MAX/MIN) on group \"", st->label(),
+                "\": every rank's element, exchanged to read its result, did not come: ", e.what());
+  }
+  std::vector<uint32_t> all(size_);
+  const int64_t* p = from.data_ptr<int64_t>();
+  for (int r = 0; r < size_; ++r) all[r] = r == me ? mine : static_cast<uint32_t>(p[r]);
+  return all;
+}
+
 void Verifier::inBandVerdict(uint64_t seq, bool agree) {
   if (!agree) {
     want(seq);  // every rank read the same words: the rounds decide, and report a difference

@@ -78,6 +78,18 @@ class Verifier : public ReleaseGate, public std::enable_shared_from_this<Verifie
   // check words, and they say whether all ranks' rolling hashes at #seq agree.
   // Agreeing verifies up to #seq here; otherwise a round decides (and reports).
   void inBandVerdict(uint64_t seq, bool agree);
+  // Every rank's 32-bit element of carried collective #seq, in group rank
+  // order: sent to and received from every other rank on the helper group
+  // (point-to-point, under a tag of #seq's), where a KeyedPick's words cannot
+  // tell gloo's result (KeyedPick.h). Every rank calls it for #seq, or none.
+  // Raises the group's failure, or what the helper raised, within
+  // kExchangeWithin.
+  std::vector<uint32_t> exchange(uint32_t mine, uint64_t seq);
+  static constexpr std::chrono::milliseconds kExchangeWithin{30'000};
+  // Tags of those messages: one per seq modulo 2^24, above the tags programs
+  // use (docs/architecture.md, Known limits). gloo keeps point-to-point slots
+  // apart from its collectives', so the rounds never meet them.
+  static constexpr int kExchangeTags = 0x7E000000;
   // Some collective that carries its check is not verified yet. Such a
   // collective starts no round, so one whose peers are in another collective
   // (which gloo cannot pair: it never completes) is found by the status ring

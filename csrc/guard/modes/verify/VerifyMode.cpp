@@ -4,44 +4,7 @@
 #include "guard/modes/verify/P2PPairing.h"
 #include "guard/modes/verify/Verifier.h"
 
-#include <ATen/ATen.h>
-
 namespace torch_ext {
-
-namespace {
-
-// Tags of the helper group's point-to-point messages that exchange a
-// KeyedPick's elements: one per collective seq (modulo 2^24), above the tags
-// programs use (docs/architecture.md, Known limits). gloo keeps point-to-point
-// slots apart from its collectives', so the rounds never meet them.
-constexpr int kExchangeTags = 0x7E000000;
-
-// Every rank's 32-bit element, sent to and received from every other rank of
-// the helper group, which has the user group's ranks.
-std::vector<uint32_t> exchangeOn(c10d::Backend& helper, uint32_t mine, uint64_t seq) {
-  const int world = helper.getSize();
-  const int me = helper.getRank();
-  const int tag = kExchangeTags | static_cast<int>(seq & 0xFFFFFF);
-  at::Tensor own = at::full({1}, static_cast<int64_t>(mine), at::kLong);
-  std::vector<at::Tensor> from(world);
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (int p = 0; p < world; ++p) {
-    if (p == me) continue;
-    std::vector<at::Tensor> out{own};
-    works.push_back(helper.send(out, p, tag));
-    from[p] = at::empty({1}, at::kLong);
-    std::vector<at::Tensor> in{from[p]};
-    works.push_back(helper.recv(in, p, tag));
-  }
-  for (auto& w : works) w->wait();
-  std::vector<uint32_t> all(world, mine);
-  for (int p = 0; p < world; ++p) {
-    if (p != me) all[p] = static_cast<uint32_t>(from[p].item<int64_t>());
-  }
-  return all;
-}
-
-}  // namespace
 
 std::shared_ptr<Mode> VerifyMode::make(const std::shared_ptr<GroupState>& state,
                                        c10::intrusive_ptr<c10d::Backend> helper) {
@@ -51,8 +14,13 @@ std::shared_ptr<Mode> VerifyMode::make(const std::shared_ptr<GroupState>& state,
 VerifyMode::VerifyMode(const std::shared_ptr<GroupState>& state, c10::intrusive_ptr<c10d::Backend> helper)
     : Mode(Answers{true, true, state->config().callPaths == CallPathMode::On}), st_(*state) {
   if (!helper || state->id().size <= 1) return;
-  helper_ = c10::weak_intrusive_ptr<c10d::Backend>(helper);
   verifier_ = std::make_shared<Verifier>(state, helper);
+  std::weak_ptr<Verifier> weak = verifier_;
+  exchange_ = std::make_shared<const InBandCheck::Exchange>([weak](uint32_t mine, uint64_t seq) {
+    std::shared_ptr<Verifier> v = weak.lock();
+    TORCH_CHECK(v, "torch_ext: collective #", seq, " could not be read: its group is gone");
+    return v->exchange(mine, seq);
+  });
   pairing_ = std::make_unique<P2PPairing>(state, helper);
   if (state->streamOrdered() && state->config().streamGate != StreamGateMode::Off) {
     state->setStreamGate(std::make_shared<device::StreamGate>(state->config().streamGate == StreamGateMode::On));
@@ -89,12 +57,8 @@ c10::intrusive_ptr<c10d::Work> VerifyMode::carry(const Operation& op, c10d::Back
   auto verdict = [weak, seq = op.seq](bool agree) {
     if (auto v = weak.lock()) v->inBandVerdict(seq, agree);
   };
-  auto exchange = [helper = helper_, seq = op.seq](uint32_t mine) {
-    c10::intrusive_ptr<c10d::Backend> h = helper.lock();
-    TORCH_CHECK(h, "torch_ext: the group's helper backend is gone before collective #", seq, " could be read");
-    return exchangeOn(*h, mine, seq);
-  };
-  return InBandCheck::issue(inBand, inner, op.rolling, st_.id().size, std::move(verdict), std::move(exchange));
+  return InBandCheck::issue(inBand, inner, op.rolling, st_.id().size, std::move(verdict),
+                            InBandCheck::Reading{exchange_, op.seq});
 }
 
 void VerifyMode::afterInner(const Operation& op, bool issued) {

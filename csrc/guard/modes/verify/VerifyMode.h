@@ -15,7 +15,10 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 namespace torch_ext {
 
@@ -52,8 +55,8 @@ class VerifyMode : public Mode {
   GroupState& st_;                      // the group, which owns this mode
   std::shared_ptr<Verifier> verifier_;  // null: nothing to check (world size 1, no helper)
   std::unique_ptr<P2PPairing> pairing_;
-  // The helper group, for the rare exchange a KeyedPick needs (InBandCheck::Exchange).
-  c10::weak_intrusive_ptr<c10d::Backend> helper_{c10::intrusive_ptr<c10d::Backend>()};
+  // The verifier's exchange, for the rare KeyedPick that needs every rank's element (one per group).
+  std::shared_ptr<const std::function<std::vector<uint32_t>(uint32_t, uint64_t)>> exchange_;
 };
 
 }  // namespace torch_ext
