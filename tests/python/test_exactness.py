@@ -198,6 +198,14 @@ def test_the_whole_sweep(world, inner):
     _check(world, inner, full=True, timeout=3500)
 
 
+def _on_both(x: torch.Tensor, op, plain, guard) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """`x` all_reduced on the plain group and through guard: both results, and whether their bits are equal."""
+    a, b = x.clone(), x.clone()
+    dist.all_reduce(a, op=op, group=plain)
+    dist.all_reduce(b, op=op, group=guard)
+    return a, b, torch.equal(_bits(a), _bits(b))
+
+
 def _one_element_sums(rank: int, world: int, inner: str, count: int) -> dict:
     plain = dist.new_group(backend=inner)
     guard = dist.new_group(backend="guard", pg_options=torch_ext.GuardOptions(inner=f"cpu:{inner}", check="verify"))
@@ -207,11 +215,9 @@ def _one_element_sums(rank: int, world: int, inner: str, count: int) -> dict:
         dtype, op = DTYPES[dt_name], OPS[op_name]
         values = torch.cat([_data(91 + rank, rank, dtype, count, "spread"), _data(92, rank, dtype, count, "special")])
         for i in range(values.numel()):
-            a, b = values[i:i + 1].clone(), values[i:i + 1].clone()
-            dist.all_reduce(a, op=op, group=plain)
-            dist.all_reduce(b, op=op, group=guard)
+            a, b, same = _on_both(values[i:i + 1], op, plain, guard)
             issued += 1
-            if not torch.equal(_bits(a), _bits(b)):
+            if not same:
                 differ.append(f"{dt_name} {op_name} #{i}: {values[i].item()!r} -> gloo {a.item()!r}, "
                               f"guard {b.item()!r}")
     return {"differ": differ, "issued": issued,
@@ -252,11 +258,9 @@ def _one_element_picks(rank: int, world: int, combos: int) -> dict:
         bits = _PICK_BITS[combo[rank]]
         for dtype, op_name in itertools.product((torch.float32, torch.int32), ("max", "min")):
             x = torch.tensor([bits - (1 << 32) if bits >= 1 << 31 else bits], dtype=torch.int32).view(dtype)
-            a, b = x.clone(), x.clone()
-            dist.all_reduce(a, op=OPS[op_name], group=plain)
-            dist.all_reduce(b, op=OPS[op_name], group=guard)
+            a, b, same = _on_both(x, OPS[op_name], plain, guard)
             issued += 1
-            if not torch.equal(_bits(a), _bits(b)):
+            if not same:
                 differ.append(f"{dtype} {op_name} {[hex(_PICK_BITS[i]) for i in combo]}: gloo {hex(_bits(a).item())}, "
                               f"guard {hex(_bits(b).item())}")
     return {"differ": differ, "issued": issued,
