@@ -149,12 +149,14 @@ void Watchdog::add(const std::shared_ptr<GroupState>& state) {
     stop_ = false;
     threadDone_ = false;
     thread_ = std::thread([this] {
-      pthread_setname_np(pthread_self(), "torch_ext_watch");
       loop();
       std::lock_guard<std::mutex> done(mu_);
       threadDone_ = true;
       cv_.notify_all();
     });
+    // Named here, not by the thread once it runs: under load that came after
+    // the first collectives, and a listing of the threads missed it.
+    pthread_setname_np(thread_.native_handle(), "torch_ext_watch");
     threadId_ = thread_.get_id();
   }
 }
