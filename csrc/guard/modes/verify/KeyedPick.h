@@ -33,11 +33,11 @@
 // 0's key when its rank is below r*; else no pair of per-rank keys can tell
 // it (the pick over a prefix whose end only the others know), and every rank,
 // reading the same words, asks for every rank's element and folds them as
-// gloo does (fold(): InBandCheck exchanges the elements on the helper group,
-// a NaN flag whose largest number sits behind it: rare, and exact).
+// gloo does (fold(); Verifier::exchange sends them on the helper group: a
+// NaN flag whose largest number sits behind it, rare, and exact).
 //
 // Check bits: int32 31; float32 30 - ceil(log2(W + 1)) (28 at world 3, 27 at
-// world 4, 16 at 16,383 ranks and more: not carried above). Ranks that differ
+// world 4, 16 at 16,383 ranks; not carried at more). Ranks that differ
 // pass with probability 2^-bits, and every later check compares again (the
 // rolling hash carries the collective on).
 
