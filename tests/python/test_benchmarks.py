@@ -152,6 +152,18 @@ def test_gloo_chunks_prints_each_size_with_its_chunks():
     assert chunks == {1: 1, 3: 2, 7: 2}, out.stdout
 
 
+@pytest.mark.timeout(120)
+def test_gloo_chunks_one_element_prints_each_shape_against_the_loss():
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gloo_chunks.py"), "--world", "3", "--one-element",
+         "--iters", "5", "--rounds", "2"],
+        capture_output=True, text=True, timeout=100, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = {ln.split("|")[0].strip(): ln for ln in out.stdout.splitlines() if " us [" in ln}
+    assert list(rows) == ["float32[1] SUM", "int64[2] SUM", "int64[2] MAX", "gather int64[1] a rank"], out.stdout
+    assert rows["float32[1] SUM"].rstrip().endswith("| 1.00x [1.00, 1.00]"), out.stdout  # the baseline itself
+
+
 # scripts/gpu.sh and the benchmarks' --device cuda: on a machine without a GPU they
 # stop at once with one line that says why (a GPU machine runs them for real).
 no_gpu_here = pytest.mark.skipif(
