@@ -175,6 +175,28 @@ def test_gpu_script_parses():
     assert out.returncode == 0, out.stderr
 
 
+def test_cpu_worlds_script_parses():
+    out = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "cpu_worlds.sh")], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("worlds, status, says", [("4 8", 1, "a core per rank"), ("4 x", 2, "not a whole number")])
+def test_cpu_worlds_script_with_too_few_cores_or_a_bad_world_stops_at_once_with_one_line(tmp_path, worlds, status,
+                                                                                          says):
+    import os
+
+    if os.cpu_count() > 8 and status == 1:
+        pytest.skip("this machine has the cores: scripts/cpu_worlds.sh runs for real here")
+    env = dict(os.environ, OUT=str(tmp_path / "report"), PYTHON=sys.executable, WORLDS=worlds)
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "cpu_worlds.sh")], capture_output=True, text=True, timeout=30,
+                         env=env)
+    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.strip()]
+    assert out.returncode == status and len(lines) == 1 and says in lines[0], (out.returncode, lines)
+    assert not (tmp_path / "report").exists()  # stopped before anything ran
+
+
 @no_gpu_here
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("nvidia_smi", [False, True], ids=["no-nvidia-smi", "driver-but-no-cuda-torch"])
