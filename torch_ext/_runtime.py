@@ -18,6 +18,9 @@ from torch_ext._ddp import explain
 from torch_ext.errors import GuardError
 
 _installed = False
+# The process that made this interpreter's guard groups; a process forked from it inherits them
+# (their threads stayed in the parent) and must leave them alone at its exit.
+_groups_pid: int | None = None
 
 
 def _prefix(path: str) -> str:
@@ -98,11 +101,44 @@ def _uncaught() -> str:
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
 
 
+def made_group() -> None:
+    """A guard group was made in this process: its exit speaks for the groups (see _at_exit)."""
+    global _groups_pid
+    _groups_pid = os.getpid()
+
+
+def _forked_child() -> bool:
+    return _groups_pid is not None and _groups_pid != os.getpid()
+
+
+def _leave_the_parents_groups() -> None:
+    """A process forked from one with groups (``os.fork()`` and a normal exit; multiprocessing's
+    children leave by ``os._exit``) inherits the groups' objects but none of their threads: the
+    watchdog's, the store's, gloo's. Tearing them down would join threads that are not there (a
+    hang, or std::terminate for a joinable std::thread), and saying "exited" for the parent's
+    rank would end its peers' waits on its behalf. So the child keeps torch's groups and their
+    stores for good: nothing of them is destroyed when the interpreter ends, and the child's own
+    exit status stands."""
+    try:
+        import torch.distributed.distributed_c10d as c10d
+
+        world = c10d._world
+        for pg, (_, store) in list(world.pg_map.items()):
+            _C._keep_forever(pg)
+            _C._keep_forever(store)
+    except Exception:  # noqa: BLE001 - a torch without these internals: the child ends as it would have
+        pass
+
+
 def _at_exit() -> None:
     """Interpreter exit (see install): a mismatch found while waiting for the
     verdict on the last collectives, or a group whose creation was refused after
     this rank concluded it, ends the process with status 1, never 0; an
-    uncaught exception is left as this rank's last words for its peers."""
+    uncaught exception is left as this rank's last words for its peers. A
+    forked child leaves its parent's groups alone (_leave_the_parents_groups)."""
+    if _forked_child():
+        _leave_the_parents_groups()
+        return
     try:
         uncaught = _uncaught()
     except Exception:  # noqa: BLE001 - the exit must go on whatever the exception's str() does

@@ -326,6 +326,7 @@ def _release_plain_gloo_ranks(store: Any, rank: int, size: int) -> None:
 def _create_guard(dist_opts: Any, pg_options: Any) -> Any:
     """Creator registered with ``Backend.register_backend(extended_api=True)``."""
     global _default_overrides
+    _runtime.made_group()
     # Labels for torchmetrics' and Accelerate's collectives, if they are imported.
     _libraries.install()
     overrides = _overrides_from(pg_options)

@@ -554,6 +554,10 @@ void bindRuntime(py::module& m) {
       },
       "Interpreter exit: says 'exited' for every guarded group, stops the watchdog without waiting on the store, "
       "keeps inner backends alive, and detaches the Python runtime.");
+  m.def(
+      "_keep_forever", [](const py::object& o) { o.inc_ref(); },
+      "Keeps an object alive to the end of the process: never destroyed, not even at interpreter exit (a forked "
+      "child's inherited groups, whose threads stayed in the parent).");
   m.def("_launcher_stop", &torch_ext::installLauncherStop, py::arg("error_file"),
         "Under torchrun: a SIGTERM from the launcher leaves this rank's report in the log, the dumps and the "
         "launcher's error file before the process ends (LauncherStop.h); false where SIGTERM has a handler already.");
