@@ -64,6 +64,8 @@ RULES: list[Rule] = [
     Rule(r"bash scripts/demo\.sh.*", "skip", _CI + " (the README's demo command)"),
     Rule(r"(?:[A-Z_]+=\S+ )*bash scripts/gpu\.sh.*", "skip", "needs a GPU (tests/python/test_benchmarks.py "
          "checks it parses and stops at once without one)"),
+    Rule(r"(?:[A-Z_]+=\S+ )*bash scripts/cpu_worlds\.sh.*", "skip", "needs a core per rank and one spare "
+         "(tests/python/test_benchmarks.py checks it parses and stops at once with fewer)"),
     Rule(r"bash scripts/test\.sh.*|scripts/test\.sh --cpu-profile|bash \.ci/run|d=\$\(mktemp -d\).*\.ci/run",
          "skip", _CI + " (the README's test command)"),
     Rule(r"scripts/setup\.sh (?:demo|test)", "skip", _CI),
